@@ -1,0 +1,241 @@
+"""The ``fedsuite`` command: simulate, list, partition, report.
+
+User errors (bad config, unknown names, missing data) print one line and exit with code 2, before
+any run directory is created.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedsuite import registry
+from fedsuite.config import ConfigError, build_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated-learning research suite on Flower.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _common_values(**options: Any) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if v is not None}
+
+
+@app.command()
+def simulate(
+    strategy: Optional[str] = typer.Option(None, "--strategy", "-s", help="method name (fedsuite list)"),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file"),
+    set_: list[str] = typer.Option([], "--set", help="override: key=value, e.g. fedprox.mu=0.01 (repeatable)"),
+    dataset: Optional[str] = typer.Option(None, help="dataset name"),
+    partitioner: Optional[str] = typer.Option(None, help="partitioner name"),
+    alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration"),
+    classes_per_client: Optional[int] = typer.Option(None, help="classes per client (pathological)"),
+    num_clients: Optional[int] = typer.Option(None, help="number of clients"),
+    clients_per_round: Optional[int] = typer.Option(None, help="cohort size K"),
+    fraction: Optional[float] = typer.Option(None, help="cohort fraction (if K unset)"),
+    rounds: Optional[int] = typer.Option(None, help="federated rounds"),
+    local_epochs: Optional[int] = typer.Option(None, help="local epochs"),
+    batch_size: Optional[int] = typer.Option(None, help="local batch size"),
+    lr: Optional[float] = typer.Option(None, help="local learning rate"),
+    model: Optional[str] = typer.Option(None, help="model name"),
+    seed: Optional[int] = typer.Option(None, help="random seed"),
+    output_dir: Optional[str] = typer.Option(None, help="parent folder of run directories"),
+    run_name: Optional[str] = typer.Option(None, help="run directory name"),
+    num_cpus: Optional[int] = typer.Option(None, help="CPU cores per simulated client"),
+    num_gpus: Optional[float] = typer.Option(None, help="GPU share per simulated client"),
+    eval_every: Optional[int] = typer.Option(None, help="evaluate the global model every k rounds"),
+    relaxed_init: Optional[float] = typer.Option(None, "--relaxed-init", help="FedInit's β: relaxed initialisation on any method"),
+    neuron_lr: Optional[str] = typer.Option(None, "--neuron-lr", help="FedNLR's neuron-wise lr preset on any method"),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted run in the same run directory"),
+) -> None:
+    """Run one federated simulation on Flower's Simulation Engine."""
+    from fedsuite import launch, runtime
+
+    values = _common_values(
+        strategy=strategy, dataset=dataset, partitioner=partitioner, alpha=alpha,
+        classes_per_client=classes_per_client, num_clients=num_clients, clients_per_round=clients_per_round,
+        fraction=fraction, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, model=model,
+        seed=seed, output_dir=output_dir, run_name=run_name, num_cpus=num_cpus, num_gpus=num_gpus,
+        eval_every=eval_every,
+    )
+    if relaxed_init is not None:
+        values["relaxed_init.beta"] = relaxed_init
+    if neuron_lr is not None:
+        values["neuron_lr.preset"] = neuron_lr
+    try:
+        cfg = build_config(config, set_, values)
+        check_plugins(cfg)
+        bundle = runtime.load_bundle(cfg)  # fail early on missing data, before any directory exists
+        runtime.client_indices(cfg, bundle, 0)
+    except ConfigError as exc:
+        fail(str(exc))
+    except Exception as exc:  # data errors from loaders and partitioners are user errors too
+        if exc.__class__.__name__ in ("DatasetError", "ValueError"):
+            fail(str(exc))
+        raise
+
+    run_dir = runtime.default_run_dir(cfg)
+    if run_dir.exists() and not resume:
+        fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
+    if resume and not (run_dir / "config.json").is_file():
+        fail(f"--resume: {run_dir} holds no run to continue")
+
+    console.print(f"[bold]fedsuite[/] {cfg.strategy} on {cfg.dataset} ({cfg.partitioner}), "
+                  f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds -> {run_dir}")
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        task = progress.add_task("starting Flower", total=cfg.rounds)
+
+        def on_progress(rows: list[dict[str, Any]]) -> None:
+            done = [r for r in rows if r["round"] > 0]
+            accs = [r["test_accuracy"] for r in rows if r.get("test_accuracy") is not None]
+            desc = f"round {done[-1]['round']}/{cfg.rounds}" if done else "starting Flower"
+            if accs:
+                desc += f"  acc {100 * accs[-1]:.2f}%"
+            progress.update(task, completed=done[-1]["round"] if done else 0, description=desc)
+
+        try:
+            outcome = launch.simulate(cfg, run_dir, on_progress)
+        except launch.LaunchError as exc:
+            fail(str(exc), code=1)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    if not outcome.ok:
+        err = run_dir / "error.txt"
+        detail = err.read_text().strip().splitlines()[-1] if err.is_file() else outcome.details
+        fail(f"run {outcome.status}: {detail} (logs: {run_dir / 'flower.log'})", code=1)
+    acc = summary.get("final_accuracy")
+    console.print(f"done: final accuracy {100 * acc:.2f}%" if acc is not None else "done", f"-> {run_dir}")
+
+
+def check_plugins(cfg) -> None:
+    """Reject a plug-in the chosen method cannot take, saying why."""
+    spec = cfg.method
+    from clients.plugins import plugin_classes
+
+    for name, cls in plugin_classes().items():
+        if cls.enabled(getattr(cfg, name)):
+            allowed = getattr(spec, name, True)
+            if allowed is not True:
+                raise ConfigError(f"config error: {name} does not apply to {spec.name}: {allowed}")
+
+
+@app.command("list")
+def list_(what: Optional[str] = typer.Argument(None, help="strategies | datasets | partitioners | models")) -> None:
+    """List the registered strategies, datasets, partitioners and models."""
+    tables = {
+        "strategies": {n: m.summary for n, m in registry.methods().items()},
+        "datasets": {n: (f.__doc__ or "").strip().splitlines()[0] if f.__doc__ else "" for n, f in registry.datasets().items()},
+        "partitioners": {n: (f.__doc__ or "").strip().splitlines()[0] if f.__doc__ else "" for n, f in registry.partitioners().items()},
+        "models": {n: (f.__doc__ or "").strip().splitlines()[0] if f.__doc__ else "" for n, f in registry.models().items()},
+    }
+    if what is not None and what not in tables:
+        fail(f"unknown list {what!r}; allowed: {', '.join(tables)}")
+    for name, rows in tables.items():
+        if what in (None, name):
+            table = Table(title=name, show_header=False, title_justify="left")
+            for key, desc in rows.items():
+                table.add_row(f"[bold]{key}[/]", desc)
+            console.print(table)
+
+
+@app.command()
+def partition(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file"),
+    set_: list[str] = typer.Option([], "--set", help="override: key=value"),
+    dataset: Optional[str] = typer.Option(None), partitioner: Optional[str] = typer.Option(None),
+    alpha: Optional[float] = typer.Option(None), classes_per_client: Optional[int] = typer.Option(None),
+    num_clients: Optional[int] = typer.Option(None), seed: Optional[int] = typer.Option(None),
+    out: Path = typer.Option(Path("partition.png"), help="where to save the label-histogram plot"),
+    show: int = typer.Option(20, help="clients shown in the table"),
+) -> None:
+    """Per-client label histogram of a dataset/partition choice (table + saved plot)."""
+    import numpy as np
+
+    from fedsuite import runtime
+    from fedsuite.data import label_histogram
+    from fedsuite.results import plot_partition
+
+    values = _common_values(dataset=dataset, partitioner=partitioner, alpha=alpha,
+                            classes_per_client=classes_per_client, num_clients=num_clients, seed=seed)
+    try:
+        cfg = build_config(config, set_, values)
+        bundle = runtime.load_bundle(cfg)
+        parts = [runtime.client_indices(cfg, bundle, i) for i in range(cfg.num_clients)]
+    except ConfigError as exc:
+        fail(str(exc))
+    except Exception as exc:
+        if exc.__class__.__name__ in ("DatasetError", "ValueError"):
+            fail(str(exc))
+        raise
+    hist = label_histogram(bundle.y_train.numpy(), parts, bundle.num_classes)
+    table = Table(title=f"{cfg.dataset} / {cfg.partitioner}: samples per class (first {min(show, len(parts))} clients)")
+    table.add_column("client")
+    table.add_column("n", justify="right")
+    for c in range(bundle.num_classes):
+        table.add_column(str(c), justify="right")
+    for i in range(min(show, len(parts))):
+        table.add_row(str(i), str(int(hist[i].sum())), *[str(int(v)) if v else "." for v in hist[i]])
+    console.print(table)
+    sizes = hist.sum(1)
+    console.print(f"clients: {len(parts)}  sizes min/median/max: {sizes.min()}/{int(np.median(sizes))}/{sizes.max()}")
+    plot_partition(hist, out, title=f"{cfg.dataset} {cfg.partitioner} (N={cfg.num_clients})")
+    console.print(f"plot -> {out}")
+
+
+@app.command()
+def report(
+    run_dirs: list[Path] = typer.Argument(..., help="run directories (several seeds of one setting are grouped)"),
+    target: Optional[float] = typer.Option(None, help="target accuracy in %, for rounds-to-target"),
+    last: int = typer.Option(1, help="final accuracy = mean of the last k evaluations of each run"),
+    out: Path = typer.Option(Path("report"), help="folder for report.md, report.json and accuracy.png"),
+) -> None:
+    """Table of final accuracy (mean ± std over seeds), rounds to a target, and a figure."""
+    from fedsuite.results import plot_groups
+    from fedsuite.results import report as make_report
+
+    missing = [str(d) for d in run_dirs if not (d / "config.json").is_file()]
+    if missing:
+        fail(f"not fedsuite run directories (no config.json): {', '.join(missing)}")
+    rows, curves = make_report(run_dirs, target=None if target is None else target / 100, last=last)
+    out.mkdir(parents=True, exist_ok=True)
+    table = Table(title="fedsuite report")
+    headers = ["setting", "seeds", "final acc (%)", "best acc (%)"] + ([f"rounds to {target:g}%"] if target else [])
+    for h in headers:
+        table.add_column(h)
+    md = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for r in rows:
+        cells = [
+            r["group"], str(r["seeds"]),
+            f"{100 * r['final_mean']:.2f} ± {100 * r['final_std']:.2f}" if r["final_mean"] is not None else "-",
+            f"{100 * r['best_mean']:.2f}" if r["best_mean"] is not None else "-",
+        ]
+        if target:
+            cells.append(f"{r['rounds_to_target']:.0f} ({r['reached']})" if r["rounds_to_target"] else f"∞ ({r['reached']})")
+        table.add_row(*cells)
+        md.append("| " + " | ".join(cells) + " |")
+    console.print(table)
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    (out / "report.json").write_text(json.dumps(rows, indent=2) + "\n")
+    plot_groups(curves, out / "accuracy.png")
+    console.print(f"-> {out / 'report.md'}, {out / 'accuracy.png'}")
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

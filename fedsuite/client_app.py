@@ -1,0 +1,95 @@
+"""fedsuite's Flower ClientApp (Message API). The same app runs in simulation and on real SuperNodes.
+
+``query``: answers the ServerApp's handshake with this node's partition id.
+``train``: rebuilds the model from the received arrays, runs the method's client rule through the
+shared loop (``fedsuite.training``) and replies with the arrays to aggregate plus metrics.
+
+Node config keys (``flower-supernode --node-config``): ``partition-id`` (required),
+``num-partitions``, ``state-dir`` (where per-client arrays are kept; default: the run directory in
+simulation, ``~/.cache/fedsuite/client-state`` on a real node), ``data-path`` (an ``.npz`` with this
+node's own ``x_train``/``y_train`` instead of a partition of the configured dataset).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from clients.plugins import active_plugins
+from fedsuite import runtime
+from fedsuite.state import ClientState
+from fedsuite.training import LocalData, LocalTask, run_local_training, seed_for
+
+app = ClientApp()
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    pid = int(context.node_config["partition-id"])
+    return Message(RecordDict({"info": MetricRecord({"partition-id": pid})}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    cfg, run_dir = runtime.split_run_config(dict(context.run_config))
+    pid = int(context.node_config["partition-id"])
+    torch.set_num_threads(cfg.num_cpus)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    device = runtime.device_for(cfg)
+    server_round = int(msg.content["config"]["server-round"])
+
+    bundle = runtime.load_bundle(cfg)
+    data = local_data(cfg, bundle, pid, context, device)
+    model = runtime.make_model(cfg, bundle).to(device)
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    received = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    extras = {
+        name: {k: torch.from_numpy(a.numpy()).to(device) for k, a in rec.items()}
+        for name, rec in msg.content.array_records.items()
+        if name != "arrays"
+    }
+    seed = seed_for(cfg.seed, pid, server_round)
+    torch.manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    state_dir = context.node_config.get("state-dir") or str(run_dir / "client-state")
+    task = LocalTask(
+        model=model, received=received, extras=extras, config=dict(msg.content["config"]), cfg=cfg,
+        data=data, state=ClientState(context, Path(state_dir).expanduser(), pid), partition_id=pid,
+        server_round=server_round, lr=float(msg.content["config"]["lr"]), device=device, generator=generator,
+    )
+    rule = cfg.method.client(plugins=active_plugins(cfg))
+    result = run_local_training(rule, task)
+
+    content = RecordDict({"arrays": _record(result.arrays)})
+    for name, arrays in result.extras.items():
+        content[name] = _record(arrays)
+    content["metrics"] = MetricRecord({**result.metrics, "partition-id": pid})
+    return Message(content, reply_to=msg)
+
+
+def local_data(cfg, bundle, pid: int, context: Context, device: torch.device) -> LocalData:
+    """This client's data: its partition of the run's dataset, or the node's own ``data-path``."""
+    path = context.node_config.get("data-path")
+    if path:
+        x, y = _node_data(str(path))
+    else:
+        idx = torch.from_numpy(np.asarray(runtime.client_indices(cfg, bundle, pid), dtype=np.int64))
+        x, y = bundle.x_train[idx], bundle.y_train[idx]
+    augment = bundle.augment if cfg.augment is None else ("crop-flip" if cfg.augment else "none")
+    return LocalData(x=x.to(device), y=y.to(device), bundle=bundle, augment=augment)
+
+
+@functools.cache
+def _node_data(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    with np.load(Path(path).expanduser()) as f:
+        return torch.from_numpy(f["x_train"]), torch.from_numpy(f["y_train"]).long()
+
+
+def _record(arrays: dict[str, torch.Tensor]) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.ascontiguousarray(v.detach().cpu().numpy())) for k, v in arrays.items()})

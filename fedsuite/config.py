@@ -1,0 +1,244 @@
+"""The run configuration: one pydantic v2 model, TOML files and ``--set key=value`` overrides.
+
+One set of names end to end: a field ``local_epochs`` is the TOML key ``local_epochs``, the CLI
+option ``--local-epochs`` and the Flower run-config key ``local_epochs``. A method's own
+hyperparameters live in the section named after the method (``[fedprox] mu = 0.01``,
+``--set fedprox.mu=0.01``); the plug-ins have sections ``[relaxed_init]`` and ``[neuron_lr]``.
+
+Bad input raises :class:`ConfigError` whose message is one line naming the field and what is
+allowed; the CLI prints it and exits with code 2 before anything is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+
+from fedsuite import registry
+
+
+class ConfigError(ValueError):
+    """A user error in the configuration (message is one line, ready to print)."""
+
+
+class BaseRunConfig(BaseModel):
+    """Settings shared by every method. Method sections are added by :func:`config_model`."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # --- what to run --------------------------------------------------------------------------
+    strategy: str = Field("fedavg", description="federated method (fedsuite list)")
+    model: str = Field("mlp", description="model architecture (fedsuite list)")
+    dataset: str = Field("synthetic", description="dataset (fedsuite list)")
+    data_root: str = Field("~/.cache/fedsuite/data", description="where datasets live / are downloaded")
+    dataset_options: dict[str, Any] = Field(
+        default_factory=dict, description="loader options, e.g. {label_mode='coarse'} for cifar100, {path=...} for npz"
+    )
+    # --- partition ----------------------------------------------------------------------------
+    partitioner: str = Field("dirichlet", description="how training data is split over clients")
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (dirichlet, dirichlet-equal)")
+    classes_per_client: int = Field(2, ge=1, description="classes per client (pathological)")
+    shards_per_client: int = Field(2, ge=1, description="shards per client (shards)")
+    min_partition_size: int = Field(10, ge=0, description="minimum samples per client (dirichlet)")
+    num_clients: int = Field(100, ge=1, description="number of clients (virtual SuperNodes)")
+    clients_per_round: int | None = Field(None, ge=1, description="cohort size K; default max(1, floor(fraction*N))")
+    fraction: float = Field(0.1, gt=0, le=1, description="cohort fraction, used when clients_per_round is unset")
+    # --- local training -----------------------------------------------------------------------
+    rounds: int = Field(20, ge=1, description="federated rounds")
+    local_epochs: int = Field(1, ge=1, description="local epochs per round")
+    batch_size: int = Field(50, ge=1, description="local batch size")
+    lr: float = Field(0.05, ge=0, description="local learning rate (round 1)")
+    lr_decay: float = Field(1.0, gt=0, le=1, description="local lr multiplied by this after every round")
+    momentum: float = Field(0.0, ge=0, lt=1, description="local SGD momentum (fresh each round)")
+    weight_decay: float = Field(0.0, ge=0, description="local L2 weight decay")
+    grad_clip: float | None = Field(None, gt=0, description="clip the local gradient to this global L2 norm")
+    augment: bool | None = Field(None, description="batch augmentation; default: the dataset's default")
+    # --- run ----------------------------------------------------------------------------------
+    seed: int = Field(0, description="fixes partitions, cohorts, initial weights and local shuffling")
+    eval_every: int = Field(1, ge=1, description="central evaluation of the global model every k rounds")
+    eval_batch_size: int = Field(1000, ge=1, description="batch size of central evaluation")
+    output_dir: str = Field("runs", description="parent folder of run directories")
+    run_name: str | None = Field(None, description="run directory name; default <strategy>-<dataset>-s<seed>-<time>")
+    num_cpus: int = Field(1, ge=1, description="CPU cores per simulated client (Ray actor)")
+    num_gpus: float = Field(0.0, ge=0, description="GPU share per simulated client, e.g. 0.25")
+    device: str = Field("auto", description="training device: auto (cuda if visible), cpu or cuda")
+
+    @model_validator(mode="after")
+    def _check_names(self) -> "BaseRunConfig":
+        _check_choice("strategy", self.strategy, registry.methods())
+        _check_choice("dataset", self.dataset, registry.datasets())
+        _check_choice("partitioner", self.partitioner, registry.partitioners())
+        _check_choice("model", self.model, registry.models())
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError("device must be one of: auto, cpu, cuda")
+        if self.cohort_size > self.num_clients:
+            raise ValueError(
+                f"clients_per_round ({self.cohort_size}) cannot exceed num_clients ({self.num_clients})"
+            )
+        return self
+
+    @property
+    def cohort_size(self) -> int:
+        """K = clients_per_round, else max(1, floor(fraction * num_clients))."""
+        if self.clients_per_round is not None:
+            return self.clients_per_round
+        return max(1, int(self.fraction * self.num_clients + 1e-9))
+
+    @property
+    def method(self) -> registry.MethodSpec:
+        return registry.methods()[self.strategy]
+
+    @property
+    def method_params(self) -> BaseModel:
+        """The active method's own hyperparameters (section ``[<strategy>]``)."""
+        return getattr(self, self.strategy)
+
+    def active_dump(self) -> dict[str, Any]:
+        """The resolved config with only the sections that apply to this run (for config.json)."""
+        sections = set(registry.methods()) | set(registry.plugins())
+        keep = {self.strategy, *registry.plugins()}
+        return {k: v for k, v in self.model_dump(mode="json").items() if k not in sections or k in keep}
+
+
+def _check_choice(field: str, value: str, allowed: dict) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {field} {value!r}; allowed: {', '.join(sorted(allowed))}")
+
+
+@functools.cache
+def config_model() -> type[BaseRunConfig]:
+    """``RunConfig``: the base fields plus one section per registered method and plug-in."""
+    sections: dict[str, Any] = {}
+    for name, spec in registry.methods().items():
+        sections[name] = (spec.params, Field(default_factory=spec.params))
+    for name, params in registry.plugins().items():
+        sections[name] = (params, Field(default_factory=params))
+    return create_model("RunConfig", __base__=BaseRunConfig, **sections)
+
+
+# ------------------------------------------------------------------------------------------------
+# building a config from files and overrides
+# ------------------------------------------------------------------------------------------------
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override's value as TOML (numbers, booleans, quoted strings, lists, inline tables);
+    anything that is not valid TOML is taken as a bare string (``--set dataset=fmnist``)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set a dotted ``key`` (``fedprox.mu``) in the nested dict ``data``."""
+    *parents, leaf = key.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config: {key!r}: {part!r} is a value, not a section")
+    node[leaf] = value
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
+
+
+def build_config(
+    file: str | Path | None = None,
+    overrides: list[str] | None = None,
+    values: dict[str, Any] | None = None,
+) -> BaseRunConfig:
+    """Defaults < TOML ``file`` < ``values`` (typed CLI options) < ``overrides`` (``key=value``)."""
+    data: dict[str, Any] = load_toml(file) if file else {}
+    for key, value in (values or {}).items():
+        apply_override(data, key, value)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, text = item.split("=", 1)
+        apply_override(data, key.strip(), parse_value(text.strip()))
+    return validate(data)
+
+
+def validate(data: dict[str, Any]) -> BaseRunConfig:
+    """Validate a nested dict, turning pydantic's report into one line per problem."""
+    model = config_model()
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, model)) from None
+
+
+def _format_errors(exc: ValidationError, model: type[BaseModel]) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            parent = _section_model(model, err["loc"][:-1])
+            allowed = ", ".join(sorted(parent.model_fields)) if parent else ""
+            msg = f"unknown key; allowed keys here: {allowed}"
+        elif "input" in err and err["type"] not in ("value_error", "missing"):
+            msg = f"{msg} (got {err['input']!r})"
+        lines.append(f"config error: {loc or 'config'}: {msg}" if loc else f"config error: {msg}")
+    return "\n".join(lines)
+
+
+def _section_model(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    return model
+
+
+# ------------------------------------------------------------------------------------------------
+# config <-> Flower run config (flat keys, dotted for sections)
+# ------------------------------------------------------------------------------------------------
+
+
+def to_run_config(cfg: BaseRunConfig) -> dict[str, Any]:
+    """Flatten to Flower's run-config form: ``{"rounds": 20, "fedprox.mu": 0.01}``.
+
+    ``None`` values are dropped (TOML has no null; the default fills them back in) and
+    ``dataset_options`` travels as a JSON string because its keys are free-form.
+    """
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, node: dict[str, Any]) -> None:
+        for key, value in node.items():
+            if value is None:
+                continue
+            if key == "dataset_options" and not prefix:
+                flat[key] = json.dumps(value, sort_keys=True)
+            elif isinstance(value, dict):
+                walk(f"{prefix}{key}.", value)
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    walk("", cfg.active_dump())
+    return flat
+
+
+def from_run_config(run_config: dict[str, Any]) -> BaseRunConfig:
+    """Inverse of :func:`to_run_config` (used by the ServerApp and ClientApp)."""
+    data: dict[str, Any] = {}
+    for key, value in run_config.items():
+        if key == "dataset_options":
+            value = json.loads(value) if value else {}
+        apply_override(data, key, value)
+    return validate(data)

@@ -1,0 +1,251 @@
+"""Drive Flower's supported path for one run: a private SuperLink plus ``flwr run``.
+
+``fedsuite simulate`` does, per run (see ../shared/notes/flower-1.41-note.md §2, §5):
+
+1. writes a thin Flower app (a ``pyproject.toml`` whose ``[tool.flwr.app.config]`` is the resolved
+   config) into ``<run>/app``; the components are the installed ``fedsuite`` apps;
+2. starts ``flower-superlink --simulation`` in its own process group, with ``FLWR_HOME`` in the run
+   directory, a free loopback port, runtime dependency installation disabled and telemetry off;
+3. submits with ``flwr run <app> fedsuite --federation-config ...`` (Ray CPU/GPU shares per
+   client from the config), follows ``flwr log --stream`` into ``<run>/flower.log`` and draws a
+   progress bar from ``metrics.jsonl``;
+4. reads the run's final status with ``flwr list`` (``flwr run``'s exit code hides a failed
+   ServerApp), and stops every process it started, by process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import psutil
+import tomli_w
+
+from fedsuite.config import BaseRunConfig, to_run_config
+from fedsuite.results import read_metrics
+from fedsuite.runtime import RUN_DIR_KEY
+
+CONNECTION = "fedsuite"
+
+
+class LaunchError(RuntimeError):
+    """The run could not be started or did not finish well."""
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    status: str  # "finished:completed" | "finished:failed" | ...
+    details: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished:completed"
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "FLWR_HOME": str(flwr_home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        "RAY_DEDUP_LOGS": "0",
+        "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": str(2 * 1024**3),
+        "PYTHONUNBUFFERED": "1",
+    })
+    # Flower starts flower-superexec / flwr-simulation by name: put this environment's scripts first
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # the subprocesses must import this very fedsuite (a checkout or an installed package)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bin_path(name: str) -> str:
+    """A console script of the running interpreter's environment (works without an activated venv)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else (shutil.which(name) or name)
+
+
+def write_app(app_dir: Path, cfg: BaseRunConfig, run_dir: Path) -> None:
+    """A Flower app directory holding only a pyproject.toml that points at the fedsuite apps."""
+    app_dir.mkdir(parents=True, exist_ok=True)
+    flat = {**to_run_config(cfg), RUN_DIR_KEY: str(run_dir)}
+    lines = [
+        "[build-system]", 'requires = ["hatchling"]', 'build-backend = "hatchling.build"', "",
+        "[project]", 'name = "fedsuite-run"', 'version = "1.0.0"', "dependencies = []", "",
+        "[tool.flwr.app]", 'publisher = "fedsuite"', "",
+        "[tool.flwr.app.components]", 'serverapp = "fedsuite.server_app:app"', 'clientapp = "fedsuite.client_app:app"', "",
+        "[tool.flwr.app.config]",
+    ]
+    body = tomli_w.dumps({k: flat[k] for k in sorted(flat)})
+    (app_dir / "pyproject.toml").write_text("\n".join(lines) + "\n" + body)
+
+
+def write_connection(flwr_home: Path, address: str) -> None:
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{address}"\ninsecure = true\n'
+    )
+
+
+def stop_tree(proc: subprocess.Popen, marker_env: tuple[str, str] | None = None, timeout: float = 10.0) -> None:
+    """Stop ``proc`` and everything it started: its descendants (collected before anything is
+    killed, since Flower detaches SuperExec into a new session) and any process whose environment
+    carries ``marker_env`` (our private ``FLWR_HOME``), e.g. Ray daemons re-parented to init."""
+    procs: dict[int, psutil.Process] = {}
+    try:
+        root = psutil.Process(proc.pid)
+        procs[root.pid] = root
+        procs.update({p.pid: p for p in root.children(recursive=True)})
+    except psutil.NoSuchProcess:
+        pass
+    if marker_env is not None:
+        key, value = marker_env
+        for p in psutil.process_iter():
+            try:
+                if p.pid not in procs and p.environ().get(key) == value:
+                    procs[p.pid] = p
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+    alive = list(procs.values())
+    for sig_fn in ("terminate", "kill"):
+        for p in alive:
+            try:
+                getattr(p, sig_fn)()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(alive, timeout=timeout if sig_fn == "terminate" else 5.0)
+        if not alive:
+            break
+    proc.poll()
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, log_path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LaunchError(f"flower-superlink exited early (code {proc.returncode}); see {log_path}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise LaunchError(f"flower-superlink did not open 127.0.0.1:{port} within {timeout:.0f}s; see {log_path}")
+
+
+@contextmanager
+def private_superlink(run_dir: Path, simulation: bool = True) -> Iterator[tuple[dict[str, str], str]]:
+    """Start a SuperLink owned by this process; yield (env for flwr commands, connection name)."""
+    flwr_home = run_dir / ".flwr"
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    write_connection(flwr_home, address)
+    env = flower_env(flwr_home)
+    log_path = run_dir / "superlink.log"
+    cmd = [bin_path("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
+           "--disable-runtime-dependency-installation", "--database", str(flwr_home / "state.db")]
+    if simulation:
+        cmd.append("--simulation")
+    with log_path.open("ab") as log_file:
+        proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for_port(port, proc, log_path)
+        yield env, CONNECTION
+    finally:
+        stop_tree(proc, ("FLWR_HOME", str(flwr_home)))
+
+
+def submit(app_dir: Path, env: dict[str, str], connection: str, federation_config: str | None) -> int:
+    cmd = [bin_path("flwr"), "run", str(app_dir), connection, "--format", "json"]
+    if federation_config:
+        cmd += ["--federation-config", federation_config]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=app_dir)
+    try:
+        data = json.loads(out.stdout)
+    except json.JSONDecodeError:
+        raise LaunchError(f"flwr run failed (code {out.returncode}): {out.stdout.strip()} {out.stderr.strip()}") from None
+    if not data.get("success", True) or "run-id" not in data:
+        raise LaunchError(f"flwr run refused the run: {data.get('error-message', data)}")
+    return int(data["run-id"])
+
+
+def run_status(run_id: int, env: dict[str, str], connection: str, cwd: Path) -> tuple[str, str]:
+    out = subprocess.run([bin_path("flwr"), "list", connection, "--run-id", str(run_id), "--format", "json"],
+                         env=env, capture_output=True, text=True, cwd=cwd)
+    try:
+        run = json.loads(out.stdout)["runs"][0]
+    except (json.JSONDecodeError, KeyError, IndexError):
+        return "unknown", out.stdout + out.stderr
+    return str(run.get("status", "unknown")), str(run.get("status-details", ""))
+
+
+def follow(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
+           on_progress: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+    """Stream the run's logs into flower.log until the run ends, reporting metrics as they land."""
+    with (run_dir / "flower.log").open("ab") as log_file:
+        proc = subprocess.Popen([bin_path("flwr"), "log", str(run_id), connection, "--stream"], env=env,
+                                stdout=log_file, stderr=subprocess.STDOUT, cwd=run_dir, start_new_session=True)
+    seen = -1
+    try:
+        while True:
+            if on_progress is not None:
+                rows = read_metrics(run_dir)
+                if len(rows) != seen:
+                    seen = len(rows)
+                    on_progress(rows)
+            if proc.poll() is not None:
+                break
+            time.sleep(0.5)
+    finally:
+        stop_tree(proc, timeout=3.0)
+    if on_progress is not None:
+        on_progress(read_metrics(run_dir))
+
+
+def federation_config(cfg: BaseRunConfig, num_supernodes: int | None = None) -> str:
+    n = num_supernodes or cfg.num_clients
+    return (f"num-supernodes={n} client-resources-num-cpus={cfg.num_cpus} "
+            f"client-resources-num-gpus={float(cfg.num_gpus)} init-args-logging-level='ERROR' "
+            f"init-args-log-to-driver=false")
+
+
+def simulate(cfg: BaseRunConfig, run_dir: Path,
+             on_progress: Callable[[list[dict[str, Any]]], None] | None = None) -> RunOutcome:
+    """Run ``cfg`` on Flower's Simulation Engine; results land in ``run_dir``."""
+    run_dir = run_dir.resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    app_dir = run_dir / "app"
+    write_app(app_dir, cfg, run_dir)
+    with private_superlink(run_dir) as (env, connection):
+        run_id = submit(app_dir, env, connection, federation_config(cfg))
+        (run_dir / "flower-run-id").write_text(f"{run_id}\n")
+        follow(run_id, env, connection, run_dir, on_progress)
+        status, details = _final_status(run_id, env, connection, run_dir)
+    return RunOutcome(run_dir, status, details)
+
+
+def _final_status(run_id: int, env: dict[str, str], connection: str, run_dir: Path) -> tuple[str, str]:
+    deadline = time.monotonic() + 60
+    while True:
+        status, details = run_status(run_id, env, connection, run_dir)
+        if status.startswith("finished") or time.monotonic() > deadline:
+            return status, details
+        time.sleep(0.5)

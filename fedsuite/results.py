@@ -1,0 +1,206 @@
+"""Run directories: metrics, summary, checkpoint, plots; and ``fedsuite report`` over many runs.
+
+A run directory holds::
+
+    config.json      the resolved config
+    metrics.jsonl    one line per round: round, test_accuracy, test_loss, train_loss, wall_seconds,
+                     bytes_sent, bytes_received, cohort, dropped (+ method metrics)
+    summary.json     final/best accuracy, rounds, total time, status
+    checkpoint.pt    global arrays + strategy state + round (rewritten atomically every round)
+    accuracy.png     test accuracy versus round
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class RunRecorder:
+    """Appends per-round metrics and keeps summary and plot up to date (called by the ServerApp)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.metrics_path = run_dir / "metrics.jsonl"
+
+    def append(self, row: dict[str, Any]) -> None:
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(_clean(row), sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def finish(self, status: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        rows = read_metrics(self.run_dir)
+        summary = summarize(rows)
+        summary.update({"status": status, **(extra or {})})
+        write_json(self.run_dir / "summary.json", summary)
+        if rows:
+            plot_accuracy({self.run_dir.name: rows}, self.run_dir / "accuracy.png")
+        return summary
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    evals = [(r["round"], r["test_accuracy"]) for r in rows if r.get("test_accuracy") is not None]
+    out: dict[str, Any] = {"rounds_completed": max((r["round"] for r in rows), default=0)}
+    if evals:
+        out["final_accuracy"] = evals[-1][1]
+        best_round, best = max(evals, key=lambda e: e[1])
+        out["best_accuracy"], out["best_round"] = best, best_round
+        losses = [r["test_loss"] for r in rows if r.get("test_loss") is not None]
+        out["final_loss"] = losses[-1] if losses else None
+    walls = [r["wall_seconds"] for r in rows if r.get("wall_seconds") is not None and r["round"] > 0]
+    if walls:
+        out["seconds_per_round"] = float(np.median(walls))
+        out["total_seconds"] = float(np.sum(walls))
+    return out
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, np.generic):
+        return _clean(value.item())
+    return value
+
+
+def plot_accuracy(curves: dict[str, list[dict[str, Any]]], path: Path, title: str | None = None) -> None:
+    """Test accuracy versus round, one line per run (or per group of seeds: mean ± std band)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    for label, rows in curves.items():
+        pts = [(r["round"], r["test_accuracy"]) for r in rows if r.get("test_accuracy") is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, [100 * y for y in ys], marker="o" if len(xs) < 30 else None, ms=3, label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title)
+    if curves:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------
+# fedsuite report
+# ------------------------------------------------------------------------------------------------
+
+
+def load_run(run_dir: Path) -> dict[str, Any]:
+    config_path = run_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a fedsuite run directory (no config.json)")
+    return {"dir": run_dir, "config": json.loads(config_path.read_text()), "rows": read_metrics(run_dir)}
+
+
+def group_label(config: dict[str, Any]) -> str:
+    """Runs that differ only in seed (and run name/output) are one group."""
+    label = f"{config['strategy']} {config['model']} {config['dataset']} {config['partitioner']}"
+    if config["partitioner"].startswith("dirichlet"):
+        label += f"({config['alpha']:g})"
+    return label
+
+
+def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 1) -> tuple[list[dict[str, Any]], dict]:
+    """One row per group of seeds: final accuracy mean ± std (mean of the last ``last`` evaluations
+    per run), best accuracy, rounds to ``target`` accuracy (mean over the runs that reach it)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for d in run_dirs:
+        run = load_run(Path(d))
+        groups.setdefault(group_label(run["config"]), []).append(run)
+    table = []
+    curves: dict[str, list[list[dict[str, Any]]]] = {}
+    for label, runs in groups.items():
+        finals, bests, hits = [], [], []
+        for run in runs:
+            accs = [(r["round"], r["test_accuracy"]) for r in run["rows"] if r.get("test_accuracy") is not None]
+            if not accs:
+                continue
+            finals.append(float(np.mean([a for _, a in accs[-last:]])))
+            bests.append(max(a for _, a in accs))
+            if target is not None:
+                hit = next((rnd for rnd, a in accs if a >= target), None)
+                hits.append(hit)
+        reached = [h for h in hits if h is not None]
+        table.append({
+            "group": label,
+            "seeds": len(finals),
+            "final_mean": float(np.mean(finals)) if finals else None,
+            "final_std": float(np.std(finals)) if finals else None,
+            "best_mean": float(np.mean(bests)) if bests else None,
+            "rounds_to_target": float(np.mean(reached)) if reached else None,
+            "reached": f"{len(reached)}/{len(hits)}" if target is not None else "",
+        })
+        curves[label] = [run["rows"] for run in runs]
+    return table, curves
+
+
+def plot_groups(curves: dict[str, list[list[dict[str, Any]]]], path: Path) -> None:
+    """Mean accuracy versus round per group, with a ± std band over seeds."""
+    fig, ax = plt.subplots(figsize=(7.0, 4.4), dpi=120)
+    for label, runs in curves.items():
+        series = [{r["round"]: r["test_accuracy"] for r in rows if r.get("test_accuracy") is not None} for rows in runs]
+        rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
+        if not rounds:
+            continue
+        values = np.array([[s[r] for r in rounds] for s in series]) * 100
+        mean, std = values.mean(0), values.std(0)
+        ax.plot(rounds, mean, label=f"{label} (n={len(series)})")
+        if len(series) > 1:
+            ax.fill_between(rounds, mean - std, mean + std, alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_partition(hist: np.ndarray, path: Path, title: str = "") -> None:
+    """Stacked bars: samples per class for each client (the partition's label skew at a glance)."""
+    num_clients, num_classes = hist.shape
+    fig, ax = plt.subplots(figsize=(min(16, 2 + 0.12 * num_clients), 4.2), dpi=120)
+    bottom = np.zeros(num_clients)
+    cmap = plt.get_cmap("tab20" if num_classes > 10 else "tab10")
+    for c in range(num_classes):
+        ax.bar(np.arange(num_clients), hist[:, c], bottom=bottom, width=0.9, color=cmap(c % cmap.N),
+               label=str(c) if num_classes <= 20 else None)
+        bottom += hist[:, c]
+    ax.set_xlabel("client")
+    ax.set_ylabel("samples")
+    ax.set_title(title)
+    if num_classes <= 20:
+        ax.legend(title="class", fontsize=6, ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

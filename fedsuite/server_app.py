@@ -1,0 +1,137 @@
+"""fedsuite's Flower ServerApp (Message API). The same app runs in simulation and deployment.
+
+1. read the config from the run config, load the dataset (test split for central evaluation);
+2. handshake: one QUERY to every node maps Flower node ids to partition ids;
+3. build w^0 from the seed and the method's strategy; resume from ``checkpoint.pt`` if present;
+4. ``strategy.start`` runs the rounds; after each round the global model is evaluated centrally
+   (every ``eval_every`` rounds and at the last), one line goes to ``metrics.jsonl`` and the
+   checkpoint is rewritten, so a crash loses at most the round in flight;
+5. ``summary.json`` and ``accuracy.png`` are written at the end, also when a round fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from pathlib import Path
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from fedsuite import runtime
+from fedsuite.results import RunRecorder, write_json
+from fedsuite.training import evaluate
+from strategies.base import ServerSetup, to_ndarrays, to_record
+
+log = logging.getLogger("fedsuite")
+app = ServerApp()
+
+HANDSHAKE_TIMEOUT_S = 600.0
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg, run_dir = runtime.split_run_config(dict(context.run_config))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "config.json", cfg.active_dump())
+    recorder = RunRecorder(run_dir)
+    torch.set_num_threads(max(1, cfg.num_cpus))
+    status = "failed"
+    try:
+        run(grid, cfg, run_dir, recorder)
+        status = "completed"
+    except Exception:
+        (run_dir / "error.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        recorder.finish(status)
+
+
+def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder) -> None:
+    bundle = runtime.load_bundle(cfg)
+    device = runtime.device_for(cfg)
+    node_to_pid = handshake(grid, cfg.num_clients)
+    initial = runtime.initial_arrays(cfg, bundle)
+    setup = ServerSetup(
+        cfg=cfg, node_to_pid=node_to_pid, initial=initial, run_dir=run_dir,
+        build_model=lambda: runtime.make_model(cfg, bundle),
+        info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)},
+    )
+    strategy = cfg.method.strategy(setup)
+
+    start_round, arrays = 0, to_record(initial)
+    ckpt_path = run_dir / "checkpoint.pt"
+    if ckpt_path.is_file():  # resume
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        start_round, arrays = ckpt["round"], to_record(ckpt["arrays"])
+        strategy.load_state_dict(ckpt["strategy"])
+        log.warning("resuming %s from round %d", run_dir, start_round)
+
+    model = runtime.make_model(cfg, bundle).to(device)
+    x_test, y_test = bundle.x_test.to(device), bundle.y_test.to(device)
+    clock = {"t": time.perf_counter()}
+
+    def after_round(offset_round: int, global_arrays: ArrayRecord) -> MetricRecord | None:
+        server_round = start_round + offset_round
+        evaluated = offset_round == 0 or server_round % cfg.eval_every == 0 or server_round == cfg.rounds
+        test = {}
+        if evaluated:
+            model.load_state_dict(global_arrays.to_torch_state_dict())
+            test = evaluate(model, x_test, y_test, bundle, cfg.eval_batch_size)
+        now = time.perf_counter()
+        if offset_round == 0:
+            if start_round == 0:
+                recorder.append({"round": 0, "test_accuracy": test.get("accuracy"), "test_loss": test.get("loss")})
+        else:
+            info = strategy.round_info
+            recorder.append({
+                "round": server_round,
+                "test_accuracy": test.get("accuracy"),
+                "test_loss": test.get("loss"),
+                "train_loss": info.get("train_loss"),
+                "wall_seconds": now - clock["t"],
+                "bytes_sent": info.get("bytes_sent"),
+                "bytes_received": info.get("bytes_received"),
+                "cohort": info.get("cohort"),
+                "dropped": info.get("dropped", []),
+                **{k: v for k, v in info.get("extra", {}).items()},
+            })
+            save_checkpoint(ckpt_path, server_round, global_arrays, strategy)
+        clock["t"] = time.perf_counter()
+        return MetricRecord({k: float(v) for k, v in test.items()}) if test else None
+
+    remaining = cfg.rounds - start_round
+    if remaining <= 0:
+        return
+    strategy.round_offset = start_round
+    strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining, evaluate_fn=after_round,
+                   train_config=ConfigRecord({}))
+
+
+def save_checkpoint(path: Path, server_round: int, arrays: ArrayRecord, strategy) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"round": server_round, "arrays": to_ndarrays(arrays), "strategy": strategy.state_dict()}, tmp)
+    os.replace(tmp, path)
+
+
+def handshake(grid: Grid, expected: int) -> dict[int, int]:
+    """Ask every node for its partition id; wait until ``expected`` nodes have connected."""
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+    while len(list(grid.get_node_ids())) < expected:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(list(grid.get_node_ids()))} of {expected} nodes connected")
+        time.sleep(0.5)
+    nodes = sorted(grid.get_node_ids())
+    messages = [Message(RecordDict({}), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
+    mapping = {}
+    for reply in grid.send_and_receive(messages, timeout=HANDSHAKE_TIMEOUT_S):
+        if reply.has_error():
+            raise RuntimeError(f"handshake failed on node {reply.metadata.src_node_id}: {reply.error.reason}")
+        mapping[reply.metadata.src_node_id] = int(reply.content["info"]["partition-id"])
+    pids = sorted(mapping.values())
+    if len(set(pids)) != len(pids):
+        raise RuntimeError(f"two nodes claim the same partition id: {pids}")
+    return mapping

@@ -1,0 +1,217 @@
+"""The server-rule base every fedsuite method subclasses (a Flower Message-API ``FedAvg``).
+
+What it adds to Flower's ``FedAvg``, and why (see ARCHITECTURE.md, "Determinism"):
+
+* the cohort is sampled by *partition id* with a generator seeded from (seed, round), so the same
+  seed gives the same clients, in simulation and deployment alike;
+* each sampled client gets its own message, built by :meth:`client_payload` (FedMR sends each a
+  different model, SCAFFOLD adds the server control variate, ...);
+* replies that are errors, non-finite, or of the wrong keys/shapes are dropped and logged with the
+  client's partition id, never averaged in; the rest are sorted by partition id before aggregation;
+* :meth:`aggregate` is the server rule proper. The default is FedAvg's data-size-weighted mean
+
+      w^{t+1} = Σ_{i∈S_t} n_i w_i / Σ_{i∈S_t} n_i
+
+  accumulated in float64 and cast back to each array's dtype;
+* :meth:`state_dict` / :meth:`load_state_dict` hold all server state for checkpoints.
+
+Flower's own server optimisers (``FedAdam``, ``FedAvgM``, ``FedYogi``) compose with this class
+through Python's MRO: ``class FedAdam(flwr.FedAdam, FedSuiteStrategy)`` runs Flower's update on
+top of our validated, sorted mean.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+log = logging.getLogger("fedsuite")
+
+NDArrays = dict[str, np.ndarray]
+
+
+@dataclass
+class ServerSetup:
+    """What a server rule is built from."""
+
+    cfg: Any  # fedsuite.config.BaseRunConfig
+    node_to_pid: dict[int, int]  # Flower node id -> partition id (from the handshake)
+    initial: NDArrays  # w^0, state_dict order
+    run_dir: Path | None = None
+    build_model: Callable[[], Any] | None = None  # a fresh torch model of the run's architecture
+    info: dict[str, Any] = field(default_factory=dict)  # dataset facts: num_classes, input_shape
+
+
+@dataclass
+class ClientReply:
+    """A validated training reply."""
+
+    partition_id: int
+    arrays: NDArrays
+    num_examples: int
+    metrics: dict[str, float]
+    extras: dict[str, NDArrays]
+
+
+def to_ndarrays(record: ArrayRecord) -> NDArrays:
+    return {k: v.numpy() for k, v in record.items()}
+
+
+def to_record(arrays: NDArrays) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def weighted_mean(arrays: list[NDArrays], weights: list[float], like: NDArrays) -> NDArrays:
+    """Σ_i a_i w_i / Σ_i w_i per key, in float64, cast back to ``like``'s dtypes (ints rounded)."""
+    total = float(sum(weights))
+    out: NDArrays = {}
+    for key, ref in like.items():
+        acc = np.zeros(ref.shape, dtype=np.float64)
+        for a, w in zip(arrays, weights):
+            acc += a[key].astype(np.float64) * (w / total)
+        out[key] = np.rint(acc).astype(ref.dtype) if np.issubdtype(ref.dtype, np.integer) else acc.astype(ref.dtype)
+    return out
+
+
+def record_nbytes(content: RecordDict) -> int:
+    return sum(len(arr.data) for rec in content.array_records.values() for arr in rec.values())
+
+
+class FedSuiteStrategy(FedAvg):
+    """FedAvg with deterministic cohorts, per-client payloads and validated replies (see module)."""
+
+    #: config keys of the method's section copied into every client's ConfigRecord
+    client_config_keys: tuple[str, ...] = ()
+    #: rounds already done before this ``start`` (set by the ServerApp when resuming a run)
+    round_offset: int = 0
+
+    def __init__(self, setup: ServerSetup, **flower_kwargs: Any) -> None:
+        cfg = setup.cfg
+        super().__init__(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=1, **flower_kwargs)
+        self.setup = setup
+        self.cfg = cfg
+        self.params = cfg.method_params
+        self.pid_to_node = {pid: node for node, pid in setup.node_to_pid.items()}
+        self.template = setup.initial
+        self.global_arrays: NDArrays = dict(setup.initial)  # w^t as last sent
+        self.round_info: dict[str, Any] = {}
+
+    # --- sampling and payloads ------------------------------------------------------------------
+    def sample_cohort(self, server_round: int) -> list[int]:
+        """K distinct partition ids, uniformly without replacement, seeded by (seed, round)."""
+        pids = np.array(sorted(self.pid_to_node))
+        k = min(self.cfg.cohort_size, len(pids))
+        rng = np.random.default_rng([self.cfg.seed, server_round, 0x5EED])
+        return sorted(int(p) for p in rng.choice(pids, size=k, replace=False))
+
+    def local_lr(self, server_round: int) -> float:
+        """η_l^t = η_l · decay^(t-1)."""
+        return self.cfg.lr * self.cfg.lr_decay ** (server_round - 1)
+
+    def train_config(self, server_round: int) -> dict[str, Any]:
+        """Scalars every client receives this round."""
+        conf: dict[str, Any] = {"server-round": server_round, "lr": self.local_lr(server_round)}
+        for key in self.client_config_keys:
+            conf[key] = getattr(self.params, key)
+        return conf
+
+    def client_payload(self, server_round: int, pid: int, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
+        """The message content for client ``pid`` (default: the global model and the config)."""
+        return RecordDict({"arrays": arrays, "config": config})
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        server_round += self.round_offset
+        self.global_arrays = to_ndarrays(arrays)
+        cohort = self.sample_cohort(server_round)
+        conf = ConfigRecord({**dict(config), **self.train_config(server_round)})
+        messages, sent = [], 0
+        for pid in cohort:
+            content = self.client_payload(server_round, pid, arrays, conf)
+            sent += record_nbytes(content)
+            messages.append(Message(content=content, dst_node_id=self.pid_to_node[pid], message_type=MessageType.TRAIN))
+        self.round_info = {"round": server_round, "cohort": cohort, "bytes_sent": sent, "bytes_received": 0, "dropped": []}
+        return messages
+
+    # --- replies --------------------------------------------------------------------------------
+    def parse_replies(self, replies: Iterable[Message]) -> list[ClientReply]:
+        """Drop and log bad replies; return the good ones sorted by partition id."""
+        good: list[ClientReply] = []
+        for msg in replies:
+            pid = self.setup.node_to_pid.get(msg.metadata.src_node_id, -1)
+            problem = None
+            if msg.has_error():
+                problem = f"error reply: {msg.error.reason}"
+            else:
+                self.round_info["bytes_received"] = self.round_info.get("bytes_received", 0) + record_nbytes(msg.content)
+                problem = self._check_reply(msg.content)
+            if problem:
+                log.warning("round %s: dropped reply of client %s: %s", self.round_info.get("round"), pid, problem)
+                self.round_info.setdefault("dropped", []).append(pid)
+                continue
+            content = msg.content
+            metrics = {k: float(v) for k, v in content["metrics"].items() if not isinstance(v, list)}
+            extras = {name: to_ndarrays(rec) for name, rec in content.array_records.items() if name != "arrays"}
+            good.append(
+                ClientReply(pid, to_ndarrays(content["arrays"]), int(metrics["num-examples"]), metrics, extras)
+            )
+        return sorted(good, key=lambda r: r.partition_id)
+
+    def _check_reply(self, content: RecordDict) -> str | None:
+        if "arrays" not in content.array_records or "metrics" not in content.metric_records:
+            return "reply lacks 'arrays' or 'metrics'"
+        if "num-examples" not in content["metrics"]:
+            return "metrics lack 'num-examples'"
+        arrays = content["arrays"]
+        if set(arrays.keys()) != set(self.template):
+            return "array names differ from the model's"
+        for key, arr in arrays.items():
+            if tuple(arr.shape) != tuple(self.template[key].shape):
+                return f"array {key!r} has shape {tuple(arr.shape)}, expected {tuple(self.template[key].shape)}"
+        for name, rec in content.array_records.items():
+            for key, arr in rec.items():
+                value = arr.numpy()
+                if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+                    return f"non-finite values in {name}[{key!r}]"
+        return None
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        server_round += self.round_offset
+        good = self.parse_replies(replies)
+        self.round_info["num_replies"] = len(good)
+        if not good:
+            log.warning("round %s: no usable replies; the global model is unchanged", server_round)
+            return None, None
+        new_arrays = self.aggregate(server_round, good)
+        self.global_arrays = new_arrays
+        metrics = self.aggregate_metrics(good)
+        self.round_info["train_loss"] = metrics.get("train-loss")
+        return to_record(new_arrays), MetricRecord(metrics)
+
+    def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+        """The server rule. Default: data-size-weighted mean of the client models (FedAvg)."""
+        return weighted_mean([r.arrays for r in replies], [r.num_examples for r in replies], self.template)
+
+    def aggregate_metrics(self, replies: list[ClientReply]) -> dict[str, float]:
+        """Example-weighted mean of the clients' scalar metrics."""
+        total = sum(r.num_examples for r in replies)
+        keys = set.intersection(*(set(r.metrics) for r in replies)) - {"num-examples", "partition-id"}
+        return {k: sum(r.metrics[k] * r.num_examples for r in replies) / total for k in sorted(keys)}
+
+    # --- no federated evaluation: fedsuite evaluates the global model centrally ----------------
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        return []
+
+    # --- checkpointing --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """All server state beyond the global model (subclasses extend)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
