@@ -24,6 +24,7 @@ from clients.plugins import active_plugins
 from fedsuite import runtime
 from fedsuite.state import ClientState
 from fedsuite.training import LocalData, LocalTask, run_local_training, seed_for
+from strategies.base import record_checksum
 
 app = ClientApp()
 
@@ -69,7 +70,9 @@ def train(msg: Message, context: Context) -> Message:
     content = RecordDict({"arrays": _record(result.arrays)})
     for name, arrays in result.extras.items():
         content[name] = _record(arrays)
-    content["metrics"] = MetricRecord({**result.metrics, "partition-id": pid})
+    # CRC-32 of the model as received: lets a server that sends per-client models verify them
+    received_crc = record_checksum(msg.content["arrays"])
+    content["metrics"] = MetricRecord({**result.metrics, "partition-id": pid, "received-checksum": received_crc})
     return Message(content, reply_to=msg)
 
 

@@ -23,6 +23,7 @@ top of our validated, sorted mean.
 from __future__ import annotations
 
 import logging
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -82,6 +83,16 @@ def weighted_mean(arrays: list[NDArrays], weights: list[float], like: NDArrays) 
 
 def record_nbytes(content: RecordDict) -> int:
     return sum(len(arr.data) for rec in content.array_records.values() for arr in rec.values())
+
+
+def record_checksum(record: ArrayRecord) -> int:
+    """CRC-32 of an ArrayRecord's serialised arrays in record order (the bytes on the wire). The
+    ClientApp reports it for what it received as metric ``received-checksum``, so a server rule that
+    sends each client a different model can check who trained from what (strategies/pool.py)."""
+    crc = 0
+    for arr in record.values():
+        crc = zlib.crc32(arr.data, crc)
+    return crc
 
 
 class FedSuiteStrategy(FedAvg):
@@ -201,7 +212,7 @@ class FedSuiteStrategy(FedAvg):
     def aggregate_metrics(self, replies: list[ClientReply]) -> dict[str, float]:
         """Example-weighted mean of the clients' scalar metrics."""
         total = sum(r.num_examples for r in replies)
-        keys = set.intersection(*(set(r.metrics) for r in replies)) - {"num-examples", "partition-id"}
+        keys = set.intersection(*(set(r.metrics) for r in replies)) - {"num-examples", "partition-id", "received-checksum"}
         return {k: sum(r.metrics[k] * r.num_examples for r in replies) / total for k in sorted(keys)}
 
     # --- no federated evaluation: fedsuite evaluates the global model centrally ----------------
