@@ -79,7 +79,7 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder) -> None:
         evaluated = offset_round == 0 or server_round % cfg.eval_every == 0 or server_round == cfg.rounds
         test = {}
         if evaluated:
-            model.load_state_dict(global_arrays.to_torch_state_dict())
+            model.load_state_dict(strategy.evaluation_arrays(global_arrays).to_torch_state_dict())
             test = evaluate(model, x_test, y_test, bundle, cfg.eval_batch_size)
         now = time.perf_counter()
         if offset_round == 0:

@@ -215,6 +215,12 @@ class FedSuiteStrategy(FedAvg):
         keys = set.intersection(*(set(r.metrics) for r in replies)) - {"num-examples", "partition-id", "received-checksum"}
         return {k: sum(r.metrics[k] * r.num_examples for r in replies) / total for k in sorted(keys)}
 
+    def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The model the ServerApp evaluates centrally after a round (default: the global model
+        itself). A method whose evaluated model differs from the next round's start point
+        (CCVR's calibrated head, FedExP's iterate average) overrides this."""
+        return arrays
+
     # --- no federated evaluation: fedsuite evaluates the global model centrally ----------------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         return []
