@@ -95,4 +95,4 @@ def _node_data(path: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _record(arrays: dict[str, torch.Tensor]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v.detach().cpu().numpy())) for k, v in arrays.items()})
+    return ArrayRecord({k: Array(np.require(v.detach().cpu().numpy(), requirements="C")) for k, v in arrays.items()})

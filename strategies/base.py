@@ -66,7 +66,7 @@ def to_ndarrays(record: ArrayRecord) -> NDArrays:
 
 
 def to_record(arrays: NDArrays) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in arrays.items()})
 
 
 def weighted_mean(arrays: list[NDArrays], weights: list[float], like: NDArrays) -> NDArrays:

@@ -1,0 +1,160 @@
+"""Config validation, error messages, TOML + --set layering, and the CLI's user-error contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedsuite.config import ConfigError, build_config, config_model, from_run_config, to_run_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_defaults_are_the_offline_quickstart():
+    cfg = build_config()
+    assert (cfg.strategy, cfg.dataset, cfg.model) == ("fedavg", "synthetic", "mlp")
+    assert cfg.cohort_size == 10  # floor(0.1 * 100)
+
+
+def test_toml_then_values_then_set_overrides(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('rounds = 7\nlr = 0.1\ndataset = "mnist"\n')
+    cfg = build_config(f, ["lr=0.2", "dataset=fmnist"], {"rounds": 9, "lr": 0.3})
+    assert cfg.rounds == 9  # typed CLI option beats the file
+    assert cfg.lr == 0.2  # --set beats everything
+    assert cfg.dataset == "fmnist"  # bare strings need no quotes
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (["roundz=3"], "roundz: unknown key; allowed keys here:"),
+        (["rounds=abc"], "rounds: Input should be a valid integer"),
+        (["rounds=0"], "rounds: Input should be greater than or equal to 1"),
+        (["fraction=1.5"], "fraction: Input should be less than or equal to 1"),
+        (["strategy=fedfoo"], "unknown strategy 'fedfoo'; allowed: "),
+        (["dataset=imagenet"], "unknown dataset 'imagenet'; allowed: "),
+        (["model=gpt"], "unknown model 'gpt'; allowed: "),
+        (["partitioner=random"], "unknown partitioner 'random'; allowed: "),
+        (["clients_per_round=50", "num_clients=10"], "clients_per_round (50) cannot exceed num_clients (10)"),
+        (["rounds"], "--set expects key=value"),
+    ],
+)
+def test_bad_values_give_one_clear_line(overrides, fragment):
+    with pytest.raises(ConfigError) as exc:
+        build_config(None, overrides)
+    message = str(exc.value)
+    assert fragment in message
+    assert "Traceback" not in message and "pydantic" not in message.lower()
+
+
+def test_unknown_key_lists_allowed_keys():
+    with pytest.raises(ConfigError) as exc:
+        build_config(None, ["local_epoch=2"])
+    assert "local_epochs" in str(exc.value)
+
+
+def test_method_sections_are_validated():
+    from fedsuite import registry
+
+    model = config_model()
+    assert set(registry.methods()) <= set(model.model_fields)
+    assert set(registry.plugins()) <= set(model.model_fields)
+    with pytest.raises(ConfigError) as exc:
+        build_config(None, ["fedavg.nonsense=1"])
+    assert "fedavg.nonsense: unknown key" in str(exc.value)
+
+
+def test_missing_config_file_and_bad_toml(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        build_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("rounds = = 3")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        build_config(bad)
+
+
+def test_run_config_round_trip():
+    cfg = build_config(None, ["rounds=3", "clients_per_round=4", "dataset_options={label_mode='coarse'}",
+                              "dataset=cifar100", "grad_clip=10"])
+    flat = to_run_config(cfg)
+    assert all(not isinstance(v, dict) for v in flat.values())
+    assert from_run_config(flat) == cfg
+
+
+def test_pyproject_flower_config_matches_defaults():
+    """`flwr run .` from the repo uses [tool.flwr.app.config]: it must equal RunConfig's defaults."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    app_config = data["tool"]["flwr"]["app"]["config"]
+    defaults = {k: v for k, v in to_run_config(build_config()).items() if "." not in k}
+    assert app_config == defaults
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedsuite.cli", *args], cwd=cwd, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["simulate", "--strategy", "nope"],
+        ["simulate", "--rounds", "0"],
+        ["simulate", "--set", "bogus=1"],
+        ["simulate", "--dataset", "cifar10", "--set", "data_root=/nonexistent/fedsuite-data"],
+    ],
+)
+def test_cli_user_errors_exit_2_without_traceback_or_run_dir(tmp_path, args):
+    proc = run_cli(*args, "--output-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "error:" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cli_missing_dataset_names_files_and_layout(tmp_path):
+    proc = run_cli("simulate", "--dataset", "cifar10", "--set", f"data_root={tmp_path / 'data'}",
+                   "--output-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "cifar-10" in proc.stderr.lower()
+
+
+def test_cli_list_shows_every_registry():
+    from fedsuite import registry
+
+    proc = run_cli("list", cwd=ROOT)
+    assert proc.returncode == 0
+    out = proc.stdout
+    for names in (registry.methods(), registry.datasets(), registry.partitioners(), registry.models()):
+        for name in names:
+            assert name in out
+
+
+def test_cli_partition_writes_table_and_plot(tmp_path):
+    out = tmp_path / "p.png"
+    proc = run_cli("partition", "--num-clients", "8", "--partitioner", "pathological", "--classes-per-client", "2",
+                   "--set", f"data_root={tmp_path}", "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert out.stat().st_size > 1000
+    assert "samples per class" in proc.stdout
+
+
+def test_readme_lists_every_registered_name():
+    from fedsuite import registry
+
+    readme = (ROOT / "README.md").read_text()
+    for names in (registry.methods(), registry.datasets(), registry.partitioners(), registry.models()):
+        for name in names:
+            assert f"`{name}`" in readme, f"README does not mention `{name}`"
+
+
+def test_config_json_is_written_by_runs(tmp_path):
+    # the resolved config is JSON-serialisable and keeps only the active sections
+    cfg = build_config(None, ["strategy=fedavg"])
+    dump = cfg.active_dump()
+    json.dumps(dump)
+    assert dump["strategy"] == "fedavg"

@@ -1,0 +1,141 @@
+"""FedAvg's server rule, reply validation, and whole runs on Flower's real Simulation Engine."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from fedsuite.config import build_config
+from strategies.base import ServerSetup, to_record, weighted_mean
+from strategies.fedavg import FedAvgStrategy
+from tests.conftest import FAST, assert_same_arrays, reply_message
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def make_strategy(num_clients: int = 4, **values) -> FedAvgStrategy:
+    cfg = build_config(values={**FAST, "num_clients": num_clients, "clients_per_round": num_clients, **values})
+    initial = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32), "n": np.array(0, np.int64)}
+    node_to_pid = {1000 + p: p for p in range(num_clients)}
+    return FedAvgStrategy(ServerSetup(cfg=cfg, node_to_pid=node_to_pid, initial=initial))
+
+
+def client_reply(pid: int, arrays: dict, n: int, **metrics) -> object:
+    content = RecordDict({"arrays": to_record(arrays),
+                          "metrics": MetricRecord({"num-examples": n, "train-loss": 1.0, **metrics})})
+    return reply_message(1000 + pid, content)
+
+
+def test_fedavg_is_the_hand_computed_weighted_mean():
+    strategy = make_strategy()
+    rng = np.random.default_rng(0)
+    models = [{"w": rng.normal(size=(2, 3)).astype(np.float32), "b": rng.normal(size=3).astype(np.float32),
+               "n": np.array(10 * (i + 1), np.int64)} for i in range(3)]
+    sizes = [10, 30, 60]
+    replies = [client_reply(i, m, n) for i, (m, n) in enumerate(zip(models, sizes))]
+    arrays, metrics = strategy.aggregate_train(1, reversed(replies))  # arrival order must not matter
+    got = {k: v.numpy() for k, v in arrays.items()}
+    expected_w = (10 * models[0]["w"].astype(np.float64) + 30 * models[1]["w"] + 60 * models[2]["w"]) / 100
+    np.testing.assert_allclose(got["w"], expected_w, rtol=1e-6)
+    assert got["w"].dtype == np.float32
+    assert got["n"].dtype == np.int64 and got["n"] == round((10 * 10 + 30 * 20 + 60 * 30) / 100)
+    assert metrics["train-loss"] == pytest.approx(1.0)
+
+
+def test_weighted_mean_is_order_independent_bitwise_after_sorting():
+    strategy = make_strategy()
+    rng = np.random.default_rng(1)
+    replies = [client_reply(i, {"w": rng.normal(size=(2, 3)).astype(np.float32), "b": np.ones(3, np.float32),
+                                "n": np.array(1)}, 5 + i) for i in range(4)]
+    a, _ = strategy.aggregate_train(1, replies)
+    b, _ = strategy.aggregate_train(1, replies[::-1])
+    assert_same_arrays({k: v.numpy() for k, v in a.items()}, {k: v.numpy() for k, v in b.items()})
+
+
+def test_bad_replies_are_dropped_and_logged_with_partition_id(caplog):
+    strategy = make_strategy()
+    strategy.round_info = {"round": 1}
+    good = {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32), "n": np.array(1)}
+    nan = {**good, "w": np.full((2, 3), np.nan, np.float32)}
+    inf = {**good, "b": np.array([1, np.inf, 0], np.float32)}
+    wrong_shape = {**good, "w": np.ones((3, 2), np.float32)}
+    replies = [client_reply(0, good, 10), client_reply(1, nan, 10), client_reply(2, inf, 10),
+               client_reply(3, wrong_shape, 10), reply_message(1000 + 3, error="client crashed")]
+    with caplog.at_level("WARNING", logger="fedsuite"):
+        arrays, _ = strategy.aggregate_train(1, replies)
+    np.testing.assert_array_equal(arrays["w"].numpy(), good["w"])  # only the good reply counts
+    assert sorted(strategy.round_info["dropped"]) == [1, 2, 3, 3]
+    text = caplog.text
+    assert "client 1: non-finite" in text and "client 2: non-finite" in text
+    assert "client 3: array 'w' has shape" in text and "client crashed" in text
+
+
+def test_no_usable_reply_keeps_the_global_model():
+    strategy = make_strategy()
+    strategy.round_info = {"round": 1}
+    arrays, metrics = strategy.aggregate_train(1, [reply_message(1000, error="boom")])
+    assert arrays is None and metrics is None
+
+
+def test_cohort_sampling_is_seeded_by_partition_id():
+    a = make_strategy(num_clients=20, clients_per_round=5)
+    b = make_strategy(num_clients=20, clients_per_round=5)
+    assert [a.sample_cohort(r) for r in range(1, 6)] == [b.sample_cohort(r) for r in range(1, 6)]
+    assert len({tuple(a.sample_cohort(r)) for r in range(1, 6)}) > 1
+    assert all(len(set(a.sample_cohort(r))) == 5 for r in range(1, 6))
+
+
+def test_weighted_mean_helper_casts_integers():
+    out = weighted_mean([{"x": np.array([1, 2])}, {"x": np.array([2, 5])}], [1, 1], {"x": np.array([0, 0])})
+    assert out["x"].dtype == np.array([0]).dtype and out["x"].tolist() == [2, 4]
+
+
+# ------------------------------------------------------------------------------------------------
+# real simulations
+# ------------------------------------------------------------------------------------------------
+
+
+def test_end_to_end_simulation_writes_a_complete_run_directory(simulate):
+    res = simulate(strategy="fedavg", rounds=3)
+    files = {p.name for p in res.run_dir.iterdir()}
+    assert {"config.json", "metrics.jsonl", "summary.json", "checkpoint.pt", "accuracy.png"} <= files
+    assert [r["round"] for r in res.rows] == [0, 1, 2, 3]
+    for row in res.rows[1:]:
+        assert len(row["cohort"]) == FAST["clients_per_round"]
+        assert row["bytes_sent"] > 0 and row["bytes_received"] == row["bytes_sent"]
+        assert math.isfinite(row["train_loss"]) and row["dropped"] == []
+    assert res.summary["status"] == "completed" and res.summary["rounds_completed"] == 3
+    # the synthetic benchmark is learnable: accuracy rises from chance
+    assert res.rows[-1]["test_accuracy"] > res.rows[0]["test_accuracy"] + 0.1
+    assert res.checkpoint["round"] == 3
+
+
+def test_same_seed_gives_identical_metrics(simulate):
+    a = simulate(strategy="fedavg", rounds=3)
+    b = simulate(strategy="fedavg", rounds=3, run_name="again")  # a second, separate run
+    assert a.run_dir != b.run_dir
+    assert a.metrics_without_time() == b.metrics_without_time()
+    assert_same_arrays(a.arrays, b.arrays)
+
+
+def test_divergent_clients_are_rejected_not_averaged(simulate):
+    """A learning rate of 1e30 makes every client's model non-finite: all replies are dropped and
+    logged, and the global model stays w^0 (its accuracy does not change)."""
+    res = simulate(strategy="fedavg", rounds=1, lr=1e30)
+    row = res.rows[1]
+    assert sorted(row["dropped"]) == sorted(row["cohort"])
+    assert row["test_accuracy"] == res.rows[0]["test_accuracy"]
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "FashionMNIST" / "raw").is_dir(), reason="../shared/data is not present")
+def test_fmnist_real_data_learns_above_chance(simulate, tmp_path_factory):
+    root = tmp_path_factory.mktemp("fmnist-root")
+    (root / "FashionMNIST").symlink_to(SHARED_DATA / "FashionMNIST")
+    res = simulate(strategy="fedavg", dataset="fmnist", model="cnn", data_root=str(root), num_clients=20,
+                   clients_per_round=4, rounds=3, partitioner="dirichlet", alpha=0.5, lr=0.05, batch_size=32,
+                   eval_batch_size=2000)
+    assert res.rows[-1]["test_accuracy"] > 0.45  # chance is 0.10
