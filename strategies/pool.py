@@ -1,0 +1,143 @@
+"""The "a different model for each client" machinery shared by FedMR, FedMut, Indep and IndepAggr.
+
+The server keeps a **pool** of K full models (K = clients per round; spec fedmr.md §2.4, §3.3):
+
+    L_m = [u_0, …, u_{K-1}]          initially K identical copies of w^0          (spec A3)
+
+One round r (1-based, Flower's ``server_round``):
+
+1. sample the cohort S_r (``FedSuiteStrategy.sample_cohort``) and deal the K slots to it in a
+   random order drawn from a generator seeded by (seed, r) (spec §3.2: "shuffle the returned order
+   so slot assignment is random"); client S_r[i] receives u_{slot(i)} and ``slot`` in its config;
+2. every reply v is written back into the slot of the client that sent it (mapped by the reply's
+   partition id, so the order of replies is irrelevant):  u_{slot(c)} ← v_c.
+   A slot whose client failed keeps the model that was dispatched (spec §7 A21); it is logged;
+3. the subclass computes the model the round reports (``round_model``: FedMR's uniform mean
+   w^glb = (1/K) Σ_i u_i, Indep's single slot, ...) and the next pool (``next_pool``:
+   FedMR recombines, FedMut mutates, Indep keeps it).
+
+Wire check: the ClientApp reports ``received-checksum`` (CRC-32 of the received "arrays" record,
+``strategies.base.record_checksum``); the server compares it with the checksum of what it sent to
+that client, logs every mismatch and writes ``checksum_mismatches`` and ``payload_checksums``
+(one per slot) into the round's metrics row.
+
+Server state (``state_dict``): the pool (and subclass extras). Random draws come from generators
+seeded by (seed, round, purpose), so a resumed run repeats exactly the draws of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, ServerSetup, record_checksum, to_record, weighted_mean
+
+log = logging.getLogger("fedsuite")
+
+#: purpose tags of the per-round generators (seed, round, tag)
+SLOT_TAG = 0x51_07
+PERM_TAG = 0x9E_C0
+MUT_TAG = 0x4D_07
+
+
+def round_rng(seed: int, server_round: int, tag: int) -> np.random.Generator:
+    """A generator determined by (seed, round, purpose): resuming at round r repeats its draws."""
+    return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(server_round), int(tag)])
+
+
+def uniform_mean(models: list[NDArrays], like: NDArrays) -> NDArrays:
+    """(1/K) Σ_i u_i per key in float64; integer buffers rounded back to their dtype (spec A22)."""
+    return weighted_mean(models, [1.0] * len(models), like)
+
+
+class PoolStrategy(FedSuiteStrategy):
+    """A pool of K models, one per slot; client i of the cohort trains slot i's model (see module)."""
+
+    def __init__(self, setup: ServerSetup, **flower_kwargs: Any) -> None:
+        super().__init__(setup, **flower_kwargs)
+        self.pool_size = self.cfg.cohort_size
+        self.pool: list[NDArrays] = [dict(setup.initial) for _ in range(self.pool_size)]
+        self.slot_of_pid: dict[int, int] = {}
+        self._sent: dict[int, int] = {}  # pid -> checksum of the payload it was sent
+        self._slot_records: dict[int, tuple[ArrayRecord, int]] = {}  # id(model) -> (record, crc)
+
+    # --- hooks for subclasses ---------------------------------------------------------------------
+    def round_model(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+        """The model this round reports and the ServerApp evaluates (default: uniform pool mean)."""
+        return uniform_mean(self.pool, self.template)
+
+    def next_pool(self, server_round: int, replies: list[ClientReply], model: NDArrays) -> list[NDArrays]:
+        """The pool dispatched next round (default: unchanged)."""
+        return self.pool
+
+    def round_extra(self, server_round: int) -> dict[str, Any]:
+        """Extra columns for this round's metrics row."""
+        return {}
+
+    # --- dispatch -----------------------------------------------------------------------------------
+    def assign_slots(self, server_round: int) -> dict[int, int]:
+        """Partition id -> slot for this round: the cohort dealt the slots in a seeded random order."""
+        cohort = self.sample_cohort(server_round)
+        order = round_rng(self.cfg.seed, server_round, SLOT_TAG).permutation(len(cohort))
+        return {pid: int(slot) for pid, slot in zip(cohort, order)}
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        self.slot_of_pid = self.assign_slots(server_round + self.round_offset)
+        self._sent = {}
+        self._slot_records = {}
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def client_payload(self, server_round: int, pid: int, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
+        """Client ``pid`` gets its slot's model u_slot (not the global) and ``slot`` in its config."""
+        slot = self.slot_of_pid[pid]
+        model = self.pool[slot]
+        if id(model) not in self._slot_records:  # identical slots (stage 1) share one record
+            record = to_record(model)
+            self._slot_records[id(model)] = (record, record_checksum(record))
+        record, crc = self._slot_records[id(model)]
+        self._sent[pid] = crc
+        return RecordDict({"arrays": record, "config": ConfigRecord({**dict(config), "slot": slot})})
+
+    # --- aggregation --------------------------------------------------------------------------------
+    def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+        dispatched_crc = {self.slot_of_pid[pid]: crc for pid, crc in self._sent.items()}
+        mismatches, filled = 0, set()
+        for reply in replies:
+            slot = self.slot_of_pid.get(reply.partition_id)
+            if slot is None:
+                log.warning("round %s: reply of client %s, which was not sent a model, ignored", server_round, reply.partition_id)
+                continue
+            received = reply.metrics.get("received-checksum")
+            if received is not None and reply.partition_id in self._sent and int(received) != self._sent[reply.partition_id]:
+                mismatches += 1
+                log.warning("round %s: client %s trained from a model other than slot %s's (checksum %d != %d)",
+                            server_round, reply.partition_id, slot, int(received), self._sent[reply.partition_id])
+            self.pool[slot] = reply.arrays
+            filled.add(slot)
+        failed = sorted(set(self.slot_of_pid.values()) - filled)
+        if failed:
+            log.warning("round %s: slots %s got no reply and keep the model they were sent (spec A21)", server_round, failed)
+        model = self.round_model(server_round, replies)
+        self.pool = self.next_pool(server_round, replies, model)
+        assert len(self.pool) == self.pool_size
+        self.round_info["extra"] = {
+            "checksum_mismatches": mismatches,
+            "failed_slots": failed,
+            "payload_checksums": [dispatched_crc.get(s) for s in range(self.pool_size)],
+            **self.round_extra(server_round),
+        }
+        return model
+
+    # --- checkpointing ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"pool": [dict(m) for m in self.pool]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pool = state["pool"]
+        if len(pool) != self.pool_size:
+            raise ValueError(f"checkpoint pool has {len(pool)} models, this run's pool size is {self.pool_size}")
+        self.pool = [dict(m) for m in pool]
