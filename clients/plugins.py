@@ -49,6 +49,11 @@ class ClientPlugin(ABC):
     def after_finish(self, task: LocalTask, result: LocalResult) -> LocalResult:
         return result
 
+    def server_hooks(self, strategy: Any) -> Any:
+        """The plug-in's server side for ``strategy`` (a ``strategies.base.ServerHooks``), or None.
+        Called once by every ``FedSuiteStrategy`` whose run switches the plug-in on."""
+        return None
+
 
 def plugin_classes() -> dict[str, type[ClientPlugin]]:
     """All plug-ins (modules ``clients/plugin_*.py`` register themselves on import)."""

@@ -95,6 +95,27 @@ def record_checksum(record: ArrayRecord) -> int:
     return crc
 
 
+class ServerHooks:
+    """The server side of a client plug-in (``ClientPlugin.server_hooks``), run by every strategy:
+    :meth:`payload` may add records to a client's message after the method's own
+    ``client_payload``; :meth:`observe` sees (and may replace) the validated, sorted replies before
+    the method's ``aggregate``; its state is saved under ``state_dict()["plugins"][name]``."""
+
+    name: str = "plugin"
+
+    def payload(self, server_round: int, pid: int, content: RecordDict) -> None:
+        """Add to (or change) the message content for client ``pid``."""
+
+    def observe(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
+        return replies
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
 class FedSuiteStrategy(FedAvg):
     """FedAvg with deterministic cohorts, per-client payloads and validated replies (see module)."""
 
@@ -113,6 +134,15 @@ class FedSuiteStrategy(FedAvg):
         self.template = setup.initial
         self.global_arrays: NDArrays = dict(setup.initial)  # w^t as last sent
         self.round_info: dict[str, Any] = {}
+        self.server_hooks: list[ServerHooks] = [
+            h for h in (p.server_hooks(self) for p in self.active_plugins()) if h is not None
+        ]
+
+    def active_plugins(self) -> list[Any]:
+        """The client plug-ins this run switches on (a method that enables one itself overrides this)."""
+        from clients.plugins import active_plugins
+
+        return active_plugins(self.cfg)
 
     # --- sampling and payloads ------------------------------------------------------------------
     def sample_cohort(self, server_round: int) -> list[int]:
@@ -145,6 +175,8 @@ class FedSuiteStrategy(FedAvg):
         messages, sent = [], 0
         for pid in cohort:
             content = self.client_payload(server_round, pid, arrays, conf)
+            for hooks in self.server_hooks:
+                hooks.payload(server_round, pid, content)
             sent += record_nbytes(content)
             messages.append(Message(content=content, dst_node_id=self.pid_to_node[pid], message_type=MessageType.TRAIN))
         self.round_info = {"round": server_round, "cohort": cohort, "bytes_sent": sent, "bytes_received": 0, "dropped": []}
@@ -195,6 +227,8 @@ class FedSuiteStrategy(FedAvg):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round += self.round_offset
         good = self.parse_replies(replies)
+        for hooks in self.server_hooks:
+            good = hooks.observe(server_round, good)
         self.round_info["num_replies"] = len(good)
         if not good:
             log.warning("round %s: no usable replies; the global model is unchanged", server_round)
@@ -227,8 +261,11 @@ class FedSuiteStrategy(FedAvg):
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """All server state beyond the global model (subclasses extend)."""
-        return {}
+        """All server state beyond the global model (subclasses extend: ``{**super().state_dict(), ...}``)."""
+        return {"plugins": {h.name: h.state_dict() for h in self.server_hooks}} if self.server_hooks else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what :meth:`state_dict` returned (subclasses call ``super().load_state_dict(state)``)."""
+        for hooks in self.server_hooks:
+            if hooks.name in state.get("plugins", {}):
+                hooks.load_state_dict(state["plugins"][hooks.name])
