@@ -133,7 +133,10 @@ def check_plugins(cfg) -> None:
 
 
 @app.command("list")
-def list_(what: Optional[str] = typer.Argument(None, help="strategies | datasets | partitioners | models")) -> None:
+def list_(
+    what: Optional[str] = typer.Argument(None, help="strategies | datasets | partitioners | models"),
+    markdown: bool = typer.Option(False, "--markdown", help="print Markdown tables (used for README.md)"),
+) -> None:
     """List the registered strategies, datasets, partitioners and models."""
     tables = {
         "strategies": {n: m.summary for n, m in registry.methods().items()},
@@ -143,6 +146,13 @@ def list_(what: Optional[str] = typer.Argument(None, help="strategies | datasets
     }
     if what is not None and what not in tables:
         fail(f"unknown list {what!r}; allowed: {', '.join(tables)}")
+    if markdown:
+        for name, rows in tables.items():
+            if what in (None, name):
+                print(f"\n**{name}**\n\n| name | what |\n|---|---|")
+                for key, desc in rows.items():
+                    print(f"| `{key}` | {desc} |")
+        return
     for name, rows in tables.items():
         if what in (None, name):
             table = Table(title=name, show_header=False, title_justify="left")

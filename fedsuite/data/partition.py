@@ -78,6 +78,7 @@ def _idx(part: Any) -> np.ndarray:
 
 
 def iid(labels: np.ndarray, num_clients: int, seed: int, **_: Any) -> list[np.ndarray]:
+    """Uniform random split into equal-size clients (flwr-datasets IidPartitioner)."""
     from flwr_datasets.partitioner import IidPartitioner
 
     return _collect(IidPartitioner(num_partitions=num_clients), _dataset(labels, None, seed), num_clients)
@@ -87,6 +88,7 @@ def dirichlet(
     labels: np.ndarray, num_clients: int, seed: int, *, alpha: float = 0.5, min_partition_size: int = 10,
     self_balancing: bool = True, **_: Any,
 ) -> list[np.ndarray]:
+    """Per-class Dir(alpha) proportions, self-balancing, minimum client size (NIID-Bench; FedMR, FedNLR)."""
     from flwr_datasets.partitioner import DirichletPartitioner
 
     p = DirichletPartitioner(
@@ -110,6 +112,7 @@ def dirichlet(
 def dirichlet_equal(
     labels: np.ndarray, num_clients: int, seed: int, *, alpha: float = 0.5, **_: Any
 ) -> list[np.ndarray]:
+    """Equal client sizes with a Dir(alpha) label prior per client (FedDyn/FL-Simulator; FedInit, FedMRUR)."""
     from flwr_datasets.partitioner import InnerDirichletPartitioner
 
     size = len(labels) // num_clients
@@ -164,6 +167,7 @@ def pathological(
     labels: np.ndarray, num_clients: int, seed: int, *, classes_per_client: int = 2,
     class_assignment: str = "first-deterministic", **_: Any,
 ) -> list[np.ndarray]:
+    """Each client holds exactly classes_per_client classes (NIID-Bench #C=k, FedNLR S-classes, FedMRUR Path(n))."""
     from flwr_datasets.partitioner import PathologicalPartitioner
 
     p = PathologicalPartitioner(
@@ -178,6 +182,7 @@ def pathological(
 def shards(
     labels: np.ndarray, num_clients: int, seed: int, *, shards_per_client: int = 2, **_: Any
 ) -> list[np.ndarray]:
+    """Sort by label, cut into shards, shards_per_client shards each (McMahan et al.)."""
     from flwr_datasets.partitioner import ShardPartitioner
 
     p = ShardPartitioner(
@@ -193,6 +198,7 @@ def natural(
     labels: np.ndarray, num_clients: int, seed: int, *, groups: np.ndarray | None = None,
     min_partition_size: int = 10, **_: Any,
 ) -> list[np.ndarray]:
+    """One client per natural group (FEMNIST writer, Synthetic device)."""
     from flwr_datasets.partitioner import NaturalIdPartitioner
 
     if groups is None:
