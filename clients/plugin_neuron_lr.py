@@ -1,0 +1,358 @@
+"""FedNLR's neuron-wise learning rates as a plug-in for any client rule (spec fednlr.md §2).
+
+Wang et al., "FedNLR: Federated Learning with Neuron-wise Learning Rates", KDD 2024. Each round,
+before the first local step, the client measures every neuron's mean activation on its own data
+under the *received* model and gives neurons that are weak locally (likely serving absent classes)
+small learning rates and strong ones large rates. Per weighted layer l (every Conv/Linear, the
+classifier included, in forward order l = 1..L; spec §2.2):
+
+    h̄_{l,m} = (1/D_k) Σ_{x∈𝔻_k} h_{l,m}(x)                                                (14)
+    μ_l     = μ_0 + a_1 · l/L + a_2 · log_10(M_l)                                       (17)
+    T_l     = (max_m h̄_{l,m} − min_m h̄_{l,m}) / ln μ_l                                   (16)
+    s_{l,m} = M_l · softmax(h̄_{l,·} / T_l)_m = M_l μ_l^{u_m} / Σ_i μ_l^{u_i},
+              u_m = (h̄_{l,m} − min h̄_l) / (max h̄_l − min h̄_l)                          (15)
+    η̂_{l,m} = η · s_{l,m}    (mean_m s = 1, max s / min s = μ_l)
+
+and the rule's optimizer steps neuron m's weight row/filter and bias with η̂_{l,m}
+(``clients.neuron_lr_optim``; Eq. 18 and its meaning under momentum/weight decay are documented
+there). Choices the paper leaves open, with the spec's resolutions:
+
+* Eq. 15's printed denominator Σ_i q_{l,m} is a typo for Σ_i q_{l,i}: scales have mean 1 (§7.1, §7.2).
+* A conv neuron is an output channel; its activation is averaged over (N, H, W) (§2.2, §7.6).
+* Hidden layers: h = ReLU(layer output), read with a forward hook on the Conv/Linear and ReLU'd
+  here (pre-pooling, independent of how the model applies its activation); the classifier (the
+  last weighted layer in forward order) uses raw logits by default (§2.3, §7.7).
+* Stats pass: a copy of the received model in eval mode, no_grad, the client's full local data in
+  order, no augmentation, no use of the training RNG (§2.3, §7.8), sample-weighted means.
+* A bias shares its neuron's rate (§7.9). Normalisation layers' per-channel γ, β inherit the scale
+  of the conv channel feeding them (the most recent weighted layer in forward order with the same
+  channel count), or 1 with ``norm_params_scale = "one"`` (§2.2). Other parameters: scale 1.
+* Degenerate layers (max h̄ − min h̄ ≤ max(1e-12, 1e-8·max|h̄|), M_l = 1, or μ_l ≤ 1) get s ≡ 1 (§2.5, §7.10).
+* Depth term l/L by default; ``depth_mode = "one_over_L"`` reproduces the paper's literal final
+  formula 1 + 1/L + log10 M_l (§7.4).
+
+Presets (spec §2.4, §7.5): ``paper_main`` (alias ``paper``) = (μ_0, a_1, a_2) = (1, 0.45, 0.3), the
+main tables' setting; ``paper_final`` = (1, 1, 1), the paper's final recommendation; ``uniform`` =
+(1, 0, 0), i.e. μ_l = 1 and every scale exactly 1 (FedAvg bit for bit, with the stats pass still
+run). ``mu0``/``a1``/``a2`` override the preset's values; ``mu_override`` sets μ_l per layer;
+``layers`` restricts NLR to some layers (Fig. 4 ablation). The plug-in keeps no client state (§2.9).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from clients.neuron_lr_optim import NeuronLROptimizer
+from clients.plugins import ClientPlugin, register_plugin
+from fedsuite.data import to_float
+from fedsuite.training import LocalTask
+
+#: (μ_0, a_1, a_2) of Eq. 17 per preset (spec §2.4)
+PRESETS: dict[str, tuple[float, float, float]] = {
+    "paper_main": (1.0, 0.45, 0.3),
+    "paper": (1.0, 0.45, 0.3),
+    "paper_final": (1.0, 1.0, 1.0),
+    "uniform": (1.0, 0.0, 0.0),
+}
+
+WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm)
+
+
+class NeuronLRParams(BaseModel):
+    """Section ``[neuron_lr]`` (CLI ``--neuron-lr PRESET``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    preset: Literal["paper_main", "paper", "paper_final", "uniform"] | None = Field(
+        None, description="None = off; paper_main/paper (1, 0.45, 0.3), paper_final (1, 1, 1), uniform (all s = 1)"
+    )
+    mu0: float | None = Field(None, ge=0, description="μ_0 of Eq. 17 (default: the preset's)")
+    a1: float | None = Field(None, ge=0, description="depth coefficient a_1 of Eq. 17 (default: the preset's)")
+    a2: float | None = Field(None, ge=0, description="width coefficient a_2 of Eq. 17 (default: the preset's)")
+    log_base: float = Field(10.0, gt=1, description="base of the log in Eq. 17")
+    depth_mode: Literal["l_over_L", "one_over_L"] = Field("l_over_L", description="depth term l/L or the literal 1/L")
+    mu_override: list[float] | None = Field(None, description="μ_l per weighted layer (length L), replaces Eq. 17")
+    layers: list[int] | None = Field(None, description="1-based layers that get neuron-wise rates; others s = 1")
+    classifier_activation: Literal["logits", "relu", "softmax"] = Field("logits", description="classifier statistic")
+    norm_params_scale: Literal["inherit", "one"] = Field("inherit", description="scale of norm layers' γ, β")
+    stats_batch_size: int = Field(500, ge=1, description="batch size of the activation-statistics pass")
+    diagnostics: bool = Field(True, description="report per-layer μ_l, T_l, min/max s as client metrics")
+
+    def coefficients(self) -> tuple[float, float, float]:
+        mu0, a1, a2 = PRESETS[self.preset or "uniform"]
+        return (
+            mu0 if self.mu0 is None else self.mu0,
+            a1 if self.a1 is None else self.a1,
+            a2 if self.a2 is None else self.a2,
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# pure maths (spec §2.4, §2.5)
+# ------------------------------------------------------------------------------------------------
+
+
+def layer_mus(sizes: list[int], mu0: float, a1: float, a2: float, log_base: float = 10.0,
+              depth_mode: str = "l_over_L") -> list[float]:
+    """μ_l = μ_0 + a_1·d_l + a_2·log_base(M_l), d_l = l/L (or 1/L), l = 1..L (Eq. 17, spec §7.4)."""
+    L = len(sizes)
+    out = []
+    for l, m in enumerate(sizes, start=1):
+        depth = l / L if depth_mode == "l_over_L" else 1.0 / L
+        out.append(mu0 + a1 * depth + a2 * math.log(m) / math.log(log_base))
+    return out
+
+
+def _degenerate(h: torch.Tensor, mu: float) -> bool:
+    if h.numel() <= 1 or not mu > 1 or not bool(torch.isfinite(h).all()):
+        return True
+    spread = float(h.max() - h.min())
+    return spread <= max(1e-12, 1e-8 * float(h.abs().max()))
+
+
+def temperature(hbar: torch.Tensor, mu: float) -> float:
+    """T_l = (max h̄ − min h̄) / ln μ (Eq. 16); ``inf`` (a flat softmax) for a degenerate layer."""
+    h = torch.as_tensor(hbar, dtype=torch.float64)
+    if _degenerate(h, mu):
+        return math.inf
+    return float(h.max() - h.min()) / math.log(mu)
+
+
+def scale_factors(hbar: torch.Tensor, mu: float) -> torch.Tensor:
+    """s = M·μ^u / Σ μ^u with u = (h̄ − min)/(max − min) (Eq. 15 in the stable closed form of §2.5).
+
+    float64; mean 1, max/min = μ, monotone in h̄, invariant to h̄ → a·h̄ + b (a > 0). Degenerate
+    layers (constant or non-finite h̄, M = 1, μ ≤ 1) give s ≡ 1 exactly (§7.10).
+    """
+    h = torch.as_tensor(hbar, dtype=torch.float64).flatten()
+    if _degenerate(h, mu):
+        return torch.ones_like(h)
+    u = (h - h.min()) / (h.max() - h.min())
+    w = torch.exp(u * math.log(mu))
+    return h.numel() * w / w.sum()
+
+
+# ------------------------------------------------------------------------------------------------
+# neuron layers and activation statistics (spec §2.2, §2.3, §3 "Model/layer registry")
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class NeuronLayer:
+    name: str  # module name in the model
+    size: int  # M_l: out_features / out_channels
+    is_classifier: bool = False
+
+
+def _size(module: nn.Module) -> int:
+    return module.out_features if isinstance(module, nn.Linear) else module.out_channels
+
+
+def _channels(module: nn.Module) -> int:
+    return module.num_channels if isinstance(module, nn.GroupNorm) else module.num_features
+
+
+def discover_layers(model: nn.Module, example: torch.Tensor) -> tuple[list[NeuronLayer], dict[str, str]]:
+    """Weighted layers in forward-execution order (dummy forward on ``example``), the last one being
+    the classifier, and ``{norm module name: weighted layer name}`` for norms that inherit a scale."""
+    names = {m: n for n, m in model.named_modules()}
+    order: list[nn.Module] = []
+    inherit: dict[str, str] = {}
+    last: list[nn.Module] = []
+
+    def hook(module, _inp, _out):
+        if isinstance(module, WEIGHTED):
+            if module not in order:
+                order.append(module)
+            last[:] = [module]
+        elif last and names[module] not in inherit and getattr(module, "weight", None) is not None:
+            if _channels(module) == _size(last[0]):
+                inherit[names[module]] = names[last[0]]
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, WEIGHTED + NORMS)]
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(example)
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    layers = [NeuronLayer(names[m], _size(m)) for m in order]
+    if layers:
+        layers[-1].is_classifier = True
+    return layers, inherit
+
+
+def _per_sample_mean(out: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """[N, M] per-sample activation per neuron: conv -> mean over spatial dims, linear -> over middle dims."""
+    out = out.double()
+    if isinstance(module, nn.Linear):
+        return out.reshape(out.shape[0], -1, out.shape[-1]).mean(1)
+    return out.flatten(2).mean(2)
+
+
+@torch.no_grad()
+def activation_stats(model: nn.Module, layers: list[NeuronLayer], batches: Iterable[torch.Tensor],
+                     classifier_activation: str = "logits") -> list[torch.Tensor]:
+    """h̄_l (float64, length M_l) per layer: Σ over samples of the per-sample mean activation / #samples.
+
+    Hidden layers: ReLU(output); classifier: logits, ReLU(logits) or softmax (spec §2.3). The model
+    is put in eval mode for the pass and restored afterwards.
+    """
+    modules = dict(model.named_modules())
+    sums = [torch.zeros(layer.size, dtype=torch.float64) for layer in layers]
+    counts = [0] * len(layers)
+
+    def make_hook(i: int, layer: NeuronLayer):
+        def hook(module, _inp, out):
+            if layer.is_classifier:
+                act = {"logits": out, "relu": torch.relu(out), "softmax": torch.softmax(out.double(), -1)}[
+                    classifier_activation
+                ]
+            else:
+                act = torch.relu(out)
+            per = _per_sample_mean(act, module)
+            sums[i] += per.sum(0).cpu()
+            counts[i] += per.shape[0]
+
+        return hook
+
+    handles = [modules[layer.name].register_forward_hook(make_hook(i, layer)) for i, layer in enumerate(layers)]
+    was_training = model.training
+    try:
+        model.eval()
+        for xb in batches:
+            model(xb)
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    return [s / max(c, 1) for s, c in zip(sums, counts)]
+
+
+# ------------------------------------------------------------------------------------------------
+# the per-round plan and the plug-in
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class NeuronLRPlan:
+    """What one round's stats pass produced (kept in ``task.scratch["neuron_lr"]``)."""
+
+    layers: list[NeuronLayer]
+    hbar: list[torch.Tensor]
+    mus: list[float]
+    temperatures: list[float]
+    scales: list[torch.Tensor]  # float64, per layer
+    param_scales: dict[str, torch.Tensor] = field(default_factory=dict)  # param name -> broadcastable scale
+
+    def metrics(self) -> dict[str, float]:
+        """Diagnostics per layer l (spec §8): μ_l, T_l (0 marks a uniform layer), min/max s."""
+        out: dict[str, float] = {}
+        for l, (mu, t, s) in enumerate(zip(self.mus, self.temperatures, self.scales), start=1):
+            out[f"nlr-mu-l{l}"] = float(mu)
+            out[f"nlr-T-l{l}"] = float(t) if math.isfinite(t) else 0.0
+            out[f"nlr-smin-l{l}"] = float(s.min())
+            out[f"nlr-smax-l{l}"] = float(s.max())
+        return out
+
+
+def make_plan(model: nn.Module, batches: Iterable[torch.Tensor], example: torch.Tensor,
+              p: NeuronLRParams) -> NeuronLRPlan:
+    """Layers, statistics, μ_l, T_l and the scale tensor of every covered parameter (by name)."""
+    layers, inherit = discover_layers(model, example)
+    hbar = activation_stats(model, layers, batches, p.classifier_activation)
+    L = len(layers)
+    if p.mu_override is not None:
+        if len(p.mu_override) != L:
+            raise ValueError(f"neuron_lr.mu_override has {len(p.mu_override)} values; the model has {L} weighted layers")
+        mus = [float(m) for m in p.mu_override]
+    else:
+        mus = layer_mus([layer.size for layer in layers], *p.coefficients(), p.log_base, p.depth_mode)
+    if p.layers is not None:
+        bad = [l for l in p.layers if not 1 <= l <= L]
+        if bad:
+            raise ValueError(f"neuron_lr.layers: {bad} out of range 1..{L}")
+        mus = [mu if l in p.layers else 1.0 for l, mu in enumerate(mus, start=1)]
+    temps = [temperature(h, mu) for h, mu in zip(hbar, mus)]
+    scales = [scale_factors(h, mu) for h, mu in zip(hbar, mus)]
+
+    params = dict(model.named_parameters())
+    by_layer = {layer.name: s for layer, s in zip(layers, scales)}
+    if p.norm_params_scale == "inherit":
+        by_layer.update({norm: by_layer[src] for norm, src in inherit.items()})
+    param_scales: dict[str, torch.Tensor] = {}
+    for module_name, s in by_layer.items():
+        for leaf in ("weight", "bias"):
+            name = f"{module_name}.{leaf}" if module_name else leaf
+            if name in params:
+                shape = (s.numel(),) + (1,) * (params[name].dim() - 1)
+                param_scales[name] = s.to(torch.float32).reshape(shape)
+    return NeuronLRPlan(layers, hbar, mus, temps, scales, param_scales)
+
+
+@register_plugin
+class NeuronLRPlugin(ClientPlugin):
+    """Neuron-wise learning rates (FedNLR) on top of any SGD-type client rule; see the module doc."""
+
+    name = "neuron_lr"
+    params = NeuronLRParams
+
+    @classmethod
+    def enabled(cls, params: NeuronLRParams) -> bool:
+        return params.preset is not None
+
+    def before_start(self, task: LocalTask) -> None:
+        """Eq. 14-17 on a copy of the received model w^t, before any local step (spec §2.3, §2.8)."""
+        model = copy.deepcopy(task.model)
+        model.load_state_dict(task.received)
+        data, bs = task.data, self.p.stats_batch_size
+        batches = (to_float(data.x[i : i + bs], data.bundle) for i in range(0, len(data), bs))
+        plan = make_plan(model, batches, to_float(data.x[:1], data.bundle), self.p)
+        plan.param_scales = {k: v.to(task.device) for k, v in plan.param_scales.items()}
+        task.scratch["neuron_lr"] = plan
+        if self.p.diagnostics:
+            task.metrics.update(plan.metrics())
+
+    def wrap_optimizer(self, task: LocalTask, opt: torch.optim.Optimizer) -> NeuronLROptimizer:
+        """η̂ = η·s per neuron, fixed for the round (Eq. 18)."""
+        plan: NeuronLRPlan = task.scratch["neuron_lr"]
+        named = dict(task.model.named_parameters())
+        return NeuronLROptimizer(opt, {named[n]: s for n, s in plan.param_scales.items() if n in named})
+
+    def server_hooks(self, strategy):
+        """Server side: only diagnostics (the method's own aggregation is unchanged, spec §2.7)."""
+        return _diagnostics_hooks(strategy) if self.p.diagnostics else None
+
+
+def _diagnostics_hooks(strategy):
+    from strategies.base import ServerHooks
+
+    class NeuronLRDiagnostics(ServerHooks):
+        """Writes the example-weighted cohort means of the clients' ``nlr-*`` metrics (per-layer
+        μ_l, T_l, min/max s; spec §8 "Diagnostics", Fig. 3) into the round's metrics.jsonl line."""
+
+        name = "neuron_lr"
+
+        def observe(self, server_round, replies):
+            if replies:
+                keys = set.intersection(*(set(r.metrics) for r in replies))
+                total = sum(r.num_examples for r in replies)
+                means = {
+                    k: sum(r.metrics[k] * r.num_examples for r in replies) / total
+                    for k in sorted(keys) if k.startswith("nlr-")
+                }
+                strategy.round_info.setdefault("extra", {}).update(means)
+            return replies
+
+    return NeuronLRDiagnostics()

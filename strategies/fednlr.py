@@ -1,0 +1,54 @@
+"""FedNLR (Wang et al., KDD 2024): FedAvg's server with neuron-wise local learning rates.
+
+Server (spec fednlr.md §2.7, Eq. 19), unchanged FedAvg over the participating clients:
+
+    w^{t+1} = Σ_{k∈K_t} D_k w^k / Σ_{k∈K_t} D_k
+
+Client: ``clients.fednlr.FedNLRClient`` (local SGD with η̂_{l,m} = η·s_{l,m}, Eq. 14-18). Sends:
+the global model and ``lr``, exactly like FedAvg (spec §2.9: communication identical to FedAvg).
+The ``neuron_lr`` plug-in is on even when ``[neuron_lr] preset`` is unset (then with
+``[fednlr] preset``, default ``paper_main``); its server side writes the cohort means of the
+per-layer ``nlr-mu-l{l}``, ``nlr-T-l{l}``, ``nlr-smin-l{l}``, ``nlr-smax-l{l}`` into each round's
+``metrics.jsonl`` line (spec §8 "Diagnostics"; Fig. 3 plots T_l per layer).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from clients.fednlr import FedNLRClient, fednlr_plugin_params
+from clients.plugin_neuron_lr import NeuronLRPlugin
+from fedsuite.registry import register_method
+from strategies.fedavg import FedAvgStrategy
+
+
+class FedNLRParams(BaseModel):
+    """Section ``[fednlr]``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    preset: Literal["paper_main", "paper", "paper_final", "uniform"] = Field(
+        "paper_main", description="neuron_lr preset used when [neuron_lr] preset is unset (spec §2.4)"
+    )
+
+
+class FedNLRStrategy(FedAvgStrategy):
+    """FedAvg server; the ``neuron_lr`` plug-in is always on (for its diagnostics hooks)."""
+
+    def active_plugins(self) -> list[Any]:
+        plugins = super().active_plugins()
+        if not any(isinstance(p, NeuronLRPlugin) for p in plugins):
+            plugins.append(NeuronLRPlugin(fednlr_plugin_params(self.cfg)))
+        return plugins
+
+
+register_method(
+    "fednlr",
+    strategy=FedNLRStrategy,
+    client=FedNLRClient,
+    params=FedNLRParams,
+    summary="FedNLR: FedAvg with neuron-wise local learning rates from local activation statistics",
+    paper="Wang et al., KDD 2024",
+)
