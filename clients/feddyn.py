@@ -1,0 +1,61 @@
+"""FedDyn's client rule (Acar et al., ICLR 2021), in the sign convention of spec fedinit.md §5:
+
+    local step:  w ← w − η ( clip[ ∇ℓ(w; b) + λ (h_i − w_{i,0}) ] + (λ_wd + λ) w )
+                 i.e. the gradient of  ℓ(w) + λ⟨h_i, w⟩ + (λ/2)‖w − w_{i,0}‖² + (λ_wd/2)‖w‖²
+    after K steps: h_i ← h_i + Δ_i,   Δ_i = w_{i,K} − w_{i,0},   h_i = 0 before the first visit
+
+h_i = −∇L_i/λ of the paper (its gradient memory); it lives in the client's on-disk state
+(``task.state``, name ``"feddyn-h"``), trainable parameters only. The anchor w_{i,0} is
+``task.start_point`` (the relaxed start with ``--relaxed-init``: spec fedinit.md §2.7). The linear
+and anchor terms go through ``adjust_gradient`` (before clipping), λ w through the optimizer's weight
+decay (after clipping), as in spec fedinit.md §5. λ = 0 gives plain SGD steps.
+
+Reply: w_{i,K}. When the start point differs from w^t (relaxed init) the server cannot derive Δ_i
+from the uploaded model alone, so the offset r_i = w_{i,0} − w^t is uploaded as the extra record
+``"start-offset"`` (spec fedinit.md §3.2, FedDyn note: 2× upload only in that case).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from clients.base import ClientRule
+from clients.scaffold import named_trainable
+from fedsuite.training import LocalResult, LocalTask
+
+STATE_NAME = "feddyn-h"
+
+
+def _alpha(task: LocalTask) -> float:
+    return float(task.config.get("alpha", task.cfg.feddyn.alpha))
+
+
+class FedDynClient(ClientRule):
+    """Local SGD on FedDyn's dynamically regularised objective."""
+
+    def start(self, task: LocalTask) -> None:
+        params = named_trainable(task.model)
+        h = task.state.load_arrays(STATE_NAME, task.device)
+        task.scratch["feddyn-h"] = {n: (h[n].to(task.device, p.dtype) if h else torch.zeros_like(p).detach()) for n, p in params.items()}
+
+    def make_optimizer(self, task: LocalTask) -> torch.optim.Optimizer:
+        alpha = _alpha(task)
+        h = task.scratch["feddyn-h"]  # start_point is final now: λ (h_i − w_{i,0}) is fixed for the round
+        task.scratch["feddyn-corr"] = {n: alpha * (h[n] - task.start_point[n]) for n in h}
+        cfg = task.cfg
+        return torch.optim.SGD(task.params, lr=task.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay + alpha)
+
+    def adjust_gradient(self, task: LocalTask) -> None:
+        corr = task.scratch["feddyn-corr"]
+        for n, p in named_trainable(task.model).items():
+            if p.grad is not None:
+                p.grad.add_(corr[n])
+
+    def finish(self, task: LocalTask) -> LocalResult:
+        result = super().finish(task)
+        h = task.scratch["feddyn-h"]
+        params = named_trainable(task.model)
+        task.state.save_arrays(STATE_NAME, {n: h[n] + (p.detach() - task.start_point[n]) for n, p in params.items()})
+        if any(not torch.equal(task.start_point[n], task.received[n]) for n in params):
+            result.extras["start-offset"] = {n: task.start_point[n] - task.received[n] for n in params}
+        return result

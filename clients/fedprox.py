@@ -1,0 +1,27 @@
+"""FedProx's client rule (Li et al., MLSys 2020): local SGD on the proximal objective
+
+    h_i(w) = ℓ(w; b) + (μ/2) ‖w − w_{i,0}‖²,   ‖·‖ over all trainable parameters (not buffers)
+
+so each step is  w ← w − η (∇ℓ(w; b) + μ (w − w_{i,0}) + λ_wd w).  The anchor w_{i,0} is
+``task.start_point`` (set by the loop after the start hooks): the received w^t, or the relaxed start
+with ``--relaxed-init`` (spec fedinit.md §2.7). The term is part of the loss, so it is clipped
+together with ∇ℓ (spec fedmr.md §5 item 2, fedmrur.md §5, fednlr.md §5). μ = 0 is FedAvg exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from clients.base import ClientRule
+from fedsuite.training import LocalTask
+
+
+class FedProxClient(ClientRule):
+    """Local SGD with the proximal term (μ/2)‖w − w_{i,0}‖²."""
+
+    def loss(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = super().loss(task, x, y)
+        mu = float(task.config.get("mu", task.cfg.fedprox.mu))
+        anchor = task.start_point
+        prox = sum(((p - anchor[n]) ** 2).sum() for n, p in task.model.named_parameters() if p.requires_grad)
+        return loss + 0.5 * mu * prox

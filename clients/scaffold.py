@@ -1,0 +1,61 @@
+"""SCAFFOLD's client rule, option II (Karimireddy et al., ICML 2020; spec fedinit.md §5, fedmrur.md §5).
+
+    local step:   w ← w − η (∇ℓ(w; b) − c_i + c + λ_wd w)     (correction added to the gradient
+                  before clipping, via ``adjust_gradient``: "clipped with g", spec fedinit.md §5)
+    after K steps: c_i⁺ = c_i − c − Δ_i / (K η),   Δ_i = w_{i,K} − w_{i,0}
+    reply:        w_{i,K} and Δc_i = c_i⁺ − c_i  (extra ArrayRecord ``"delta-cv"``)
+
+c arrives as the extra ArrayRecord ``"server-cv"``; c_i lives in the client's on-disk state
+(``task.state``, name ``"scaffold-ci"``), zero before the first visit. Both cover the trainable
+parameters only. K is the number of steps taken this round, η this round's local lr (spec fedinit.md
+§8 item 10). w_{i,0} = ``task.start_point`` (the relaxed start with ``--relaxed-init``, §2.7).
+With c = c_i = 0 (round 1) the steps are plain SGD bit for bit (adding zeros).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from clients.base import ClientRule
+from fedsuite.training import LocalResult, LocalTask
+
+STATE_NAME = "scaffold-ci"
+
+
+def named_trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def control_variate_update(c_i: dict, c: dict, delta: dict, steps: int, lr: float) -> dict:
+    """c_i⁺ = c_i − c − Δ_i / (K η) (option II); unchanged when no step was taken (K η = 0)."""
+    if steps <= 0 or lr <= 0:
+        return {n: v.clone() for n, v in c_i.items()}
+    return {n: c_i[n] - c[n] - delta[n] / (steps * lr) for n in c_i}
+
+
+class ScaffoldClient(ClientRule):
+    """Local SGD with the drift correction c − c_i."""
+
+    def start(self, task: LocalTask) -> None:
+        params = named_trainable(task.model)
+        zeros = {n: torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for n, p in params.items()}
+        c = task.extras.get("server-cv") or zeros
+        c_i = task.state.load_arrays(STATE_NAME, task.device) or zeros
+        c = {n: c[n].to(task.device, p.dtype) for n, p in params.items()}
+        c_i = {n: c_i[n].to(task.device, p.dtype) for n, p in params.items()}
+        task.scratch["scaffold"] = {"c": c, "c_i": c_i, "corr": {n: c[n] - c_i[n] for n in params}}
+
+    def adjust_gradient(self, task: LocalTask) -> None:
+        corr = task.scratch["scaffold"]["corr"]
+        for n, p in named_trainable(task.model).items():
+            if p.grad is not None:
+                p.grad.add_(corr[n])
+
+    def finish(self, task: LocalTask) -> LocalResult:
+        result = super().finish(task)
+        s = task.scratch["scaffold"]
+        delta = {n: p.detach() - task.start_point[n] for n, p in named_trainable(task.model).items()}
+        c_new = control_variate_update(s["c_i"], s["c"], delta, task.num_steps, task.lr)
+        task.state.save_arrays(STATE_NAME, c_new)
+        result.extras["delta-cv"] = {n: c_new[n] - s["c_i"][n] for n in c_new}
+        return result

@@ -1,0 +1,36 @@
+"""FedProx (Li et al., MLSys 2020): FedAvg's server with a proximal term in the local objective.
+
+    client:  min_w ℓ_i(w) + (μ/2)‖w − w_{i,0}‖²     (clients/fedprox.py)
+    server:  w^{t+1} = Σ_{i∈S} n_i w_{i,K} / Σ_{i∈S} n_i   (data-size weighted, spec fedmr.md §5 item 2)
+
+Sends ``mu`` in every client's config. Default μ = 0.01: the value of the FedMR (CIFAR-10) and FedNLR
+papers (spec fedmr.md §5 item 2, fednlr.md §5); FedMRUR recommends 0.1 with a sweep {0.1, 0.01, 0.001}
+(fedmrur.md A19); CIFAR-100 uses 0.001 and FEMNIST 0.1 in FedMR. FedInit does not evaluate FedProx.
+"""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from clients.fedprox import FedProxClient
+from fedsuite.registry import register_method
+from strategies.base import FedSuiteStrategy
+
+
+class FedProxParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mu: float = Field(0.01, ge=0, description="proximal coefficient μ (0 = FedAvg)")
+
+
+class FedProxStrategy(FedSuiteStrategy):
+    """FedAvg server; clients receive ``mu``."""
+
+    client_config_keys = ("mu",)
+
+
+register_method(
+    "fedprox",
+    strategy=FedProxStrategy,
+    client=FedProxClient,
+    params=FedProxParams,
+    summary="Local SGD plus a proximal term (mu/2)||w - w_start||^2, FedAvg server",
+    paper="Li et al., MLSys 2020",
+)

@@ -1,0 +1,244 @@
+"""Part-A baselines: FedProx, SCAFFOLD, FedDyn, FedAdam, FedAvgM, FedYogi, FedExP, FedNova.
+
+Unit tests first: each update rule against a small hand-computed case (strategy level through the
+real ``configure_train``/``aggregate_train`` path with hand-built replies; client level with
+``make_task``). Then equivalences with FedAvg through real simulations (spec fedmrur.md §5
+"Equivalences", fedinit.md §8 item 11, fedmr.md §8 item 20).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from clients.fedavg import FedAvgClient
+from clients.feddyn import FedDynClient
+from clients.fedprox import FedProxClient
+from clients.scaffold import ScaffoldClient, control_variate_update
+from conftest import FAST, assert_same_arrays, make_task, reply_message
+from fedsuite.config import build_config
+from fedsuite.training import run_local_training
+from strategies.base import ServerSetup, to_ndarrays, to_record, weighted_mean
+from strategies.fedexp import fedexp_step_size
+from strategies.fednova import nova_norm
+
+F32 = np.float32
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers: a strategy on a hand-built 2-parameter "model", driven through Flower messages
+# ------------------------------------------------------------------------------------------------
+
+
+def make_strategy(name: str, w0: dict, num_clients: int = 4, cohort: int | None = None, **values):
+    cfg = build_config(values={**FAST, "strategy": name, "num_clients": num_clients,
+                               "clients_per_round": cohort or num_clients, **values})
+    setup = ServerSetup(cfg=cfg, node_to_pid={1000 + i: i for i in range(num_clients)},
+                        initial={k: np.asarray(v, F32) for k, v in w0.items()})
+    return cfg.method.strategy(setup)
+
+
+def play_round(strategy, server_round: int, current: dict, uploads: dict, n=None, steps=None, extras=None):
+    """configure_train with ``current``, then reply ``uploads[pid]`` for every sampled pid.
+
+    Returns (messages sent, new global arrays as numpy or None)."""
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # as inside a ServerApp
+    sent = list(strategy.configure_train(server_round, to_record({k: np.asarray(v, F32) for k, v in current.items()}),
+                                         ConfigRecord({}), None))
+    replies = []
+    for msg in sent:
+        pid = strategy.setup.node_to_pid[msg.metadata.dst_node_id]
+        if pid not in uploads:
+            continue
+        content = RecordDict({"arrays": to_record({k: np.asarray(v, F32) for k, v in uploads[pid].items()})})
+        for name, arrays in (extras or {}).get(pid, {}).items():
+            content[name] = to_record({k: np.asarray(v, F32) for k, v in arrays.items()})
+        content["metrics"] = MetricRecord({"num-examples": int((n or {}).get(pid, 10)), "train-loss": 1.0,
+                                           "num-steps": float((steps or {}).get(pid, 5)), "partition-id": pid})
+        replies.append(reply_message(msg.metadata.dst_node_id, content))
+    arrays, _ = strategy.aggregate_train(server_round, replies)
+    return sent, (None if arrays is None else to_ndarrays(arrays))
+
+
+W0 = {"w": [1.0, 2.0], "b": [0.5]}
+
+
+def test_helpers_drive_the_real_message_path():
+    s = make_strategy("fedavg", W0)
+    sent, new = play_round(s, 1, W0, {0: {"w": [3, 2], "b": [1]}, 1: {"w": [1, 6], "b": [0]}}, n={0: 10, 1: 30})
+    assert len(sent) == 4
+    np.testing.assert_allclose(new["w"], [1.5, 5.0])
+    np.testing.assert_allclose(new["b"], [0.25])
+
+
+# ------------------------------------------------------------------------------------------------
+# server rules, hand-computed
+# ------------------------------------------------------------------------------------------------
+
+
+def test_scaffold_server_step_control_variate_and_payload():
+    s = make_strategy("scaffold", W0, num_clients=4, **{"scaffold.server_lr": 2.0})
+    up = {0: {"w": [2, 2], "b": [0.5]}, 1: {"w": [1, 4], "b": [1.5]}}
+    dcv = {0: {"delta-cv": {"w": [0.4, 0.0], "b": [1.0]}}, 1: {"delta-cv": {"w": [0.0, -0.8], "b": [1.0]}}}
+    sent, new = play_round(s, 1, W0, up, n={0: 10, 1: 30}, extras=dcv)
+    # round 1: every client receives c = 0 as "server-cv"
+    assert all(np.array_equal(m.content["server-cv"]["w"].numpy(), [0, 0]) for m in sent)
+    # uniform mean of Δ = ([1,0],[0,2])/2 = [0.5, 1]; w + 2 Δ̄
+    np.testing.assert_allclose(new["w"], [2.0, 4.0])
+    np.testing.assert_allclose(new["b"], [1.5])
+    # c ← c + (1/C) Σ Δc_i with C = 4 (all clients, not the cohort)
+    np.testing.assert_allclose(s.c["w"], [0.1, -0.2], rtol=1e-6)
+    np.testing.assert_allclose(s.c["b"], [0.5])
+    sent, _ = play_round(s, 2, new, {})
+    np.testing.assert_allclose(sent[0].content["server-cv"]["w"].numpy(), [0.1, -0.2], rtol=1e-6)
+    # checkpoint round trip
+    s2 = make_strategy("scaffold", W0, num_clients=4)
+    s2.load_state_dict(copy.deepcopy(s.state_dict()))
+    assert_same_arrays(s2.c, s.c)
+
+
+def test_scaffold_examples_weighting_with_unit_lr_is_fedavgs_mean_bit_for_bit():
+    up = {0: {"w": [2.1, 2.3], "b": [0.7]}, 1: {"w": [1.3, 4.9], "b": [1.1]}}
+    n = {0: 7, 1: 13}
+    _, fedavg = play_round(make_strategy("fedavg", W0), 1, W0, up, n=n)
+    s = make_strategy("scaffold", W0, **{"scaffold.weighting": "examples"})
+    _, scaffold = play_round(s, 1, W0, up, n=n, extras={p: {"delta-cv": {"w": [0, 0], "b": [0]}} for p in up})
+    assert_same_arrays(scaffold, fedavg)
+
+
+def test_feddyn_server_adds_mean_of_all_clients_h():
+    s = make_strategy("feddyn", W0, num_clients=4)
+    # round 1: Δ_0 = [1, 0, 0.5], Δ_1 = [0, 2, -0.5]; h̄ = ΣΔ/4 = [0.25, 0.5, 0]
+    _, new = play_round(s, 1, W0, {0: {"w": [2, 2], "b": [1.0]}, 1: {"w": [1, 4], "b": [0.0]}})
+    np.testing.assert_allclose(new["w"], [1.5 + 0.25, 3.0 + 0.5])  # uniform model mean + h̄
+    np.testing.assert_allclose(new["b"], [0.5 + 0.0])
+    # round 2, only client 2: Δ_2 = [0.4, 0.4, 0]; h̄ = [0.35, 0.6, 0]
+    w1 = {k: v.copy() for k, v in new.items()}
+    up = {2: {"w": w1["w"] + 0.4, "b": w1["b"]}}
+    _, new2 = play_round(s, 2, w1, up)
+    np.testing.assert_allclose(new2["w"], w1["w"] + 0.4 + [0.35, 0.6], rtol=1e-6)
+    np.testing.assert_allclose(s.h["w"], [0.35, 0.6], rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["delta", "model"])
+def test_feddyn_server_with_relaxed_start_offset(mode):
+    """With a relaxed start r_i = w_{i,0} − w^t, Δ_i = w_{i,K} − w_{i,0} and the model mean uses w_{i,K}."""
+    s = make_strategy("feddyn", W0, num_clients=2)
+    s.cfg = s.cfg.model_copy()
+    object.__setattr__(s.cfg, "relaxed_init", type("RI", (), {"aggregation": mode})())
+    w_start = {"w": [1.5, 2.0], "b": [0.5]}  # r = [0.5, 0, 0]
+    w_k = {"w": [2.5, 3.0], "b": [1.0]}  # Δ = [1, 1, 0.5]
+    upload = w_k if mode == "model" else {"w": [2.0, 3.0], "b": [1.0]}  # w^t + Δ
+    offset = {"start-offset": {"w": [0.5, 0.0], "b": [0.0]}}
+    _, new = play_round(s, 1, W0, {0: upload}, extras={0: offset})
+    np.testing.assert_allclose(s.h["w"], [0.5, 0.5])  # ΣΔ / C
+    np.testing.assert_allclose(new["w"], [2.5 + 0.5, 3.0 + 0.5])
+
+
+def test_fedadam_first_step_is_hand_computed_without_bias_correction():
+    """Spec fedinit.md §8 item 11: the first step is η·0.1Δ̄/(0.1|Δ̄| + ε) element-wise."""
+    s = make_strategy("fedadam", W0)
+    up = {0: {"w": [2.0, 2.0], "b": [0.3]}, 1: {"w": [1.0, 1.0], "b": [0.5]}}
+    _, new = play_round(s, 1, W0, up, n={0: 10, 1: 30})
+    d = np.array([0.25 * 1 + 0.75 * 0, -0.75])  # weighted mean − w^t
+    expected = np.array([1.0, 2.0]) + 0.1 * 0.1 * d / (0.1 * np.abs(d) + 0.01)
+    np.testing.assert_allclose(new["w"], expected, rtol=1e-6)
+    db = 0.25 * 0.3 + 0.75 * 0.5 - 0.5
+    np.testing.assert_allclose(new["b"], 0.5 + 0.1 * 0.1 * db / (0.1 * abs(db) + 0.01), rtol=1e-6)
+    assert new["w"].dtype == np.float32
+
+
+def test_fedadam_bias_correction_option_and_validated_mean():
+    s = make_strategy("fedadam", W0, **{"fedadam.bias_correction": True})
+    up = {0: {"w": [2.0, 2.0], "b": [0.5]}, 1: {"w": [np.nan, 9.0], "b": [0.5]}}  # client 1 is dropped
+    _, new = play_round(s, 1, W0, up)
+    d = np.array([1.0, 0.0])
+    m, v = 0.1 * d, 0.01 * d**2
+    eta = 0.1 * math.sqrt(1 - 0.99) / (1 - 0.9)  # Adam's correction at t = 1
+    np.testing.assert_allclose(new["w"], [1.0, 2.0] + eta * m / (np.sqrt(v) + 0.01), rtol=1e-6)
+    assert s.round_info["dropped"] == [1]
+
+
+def test_fedadam_state_round_trip_continues_identically():
+    up1 = {0: {"w": [2.0, 2.0], "b": [0.3]}, 1: {"w": [1.0, 1.0], "b": [0.5]}}
+    s = make_strategy("fedadam", W0)
+    _, w1 = play_round(s, 1, W0, up1)
+    resumed = make_strategy("fedadam", W0)
+    resumed.load_state_dict(copy.deepcopy(s.state_dict()))
+    resumed.round_offset = 1  # the ServerApp restarts Flower's round counter at 1 after a resume
+    up2 = {0: {"w": w1["w"] + 1, "b": w1["b"]}, 1: {"w": w1["w"] - 0.5, "b": w1["b"] + 1}}
+    _, a = play_round(s, 2, w1, up2)
+    _, b = play_round(resumed, 1, w1, up2)
+    assert_same_arrays(a, b)
+    assert s.state_dict()["m_t"] is not None and s.state_dict()["v_t"] is not None
+
+
+def test_fedyogi_first_step_hand_computed():
+    s = make_strategy("fedyogi", W0)
+    _, new = play_round(s, 1, W0, {0: {"w": [3.0, 1.0], "b": [0.5]}})
+    d = np.array([2.0, -1.0])
+    m = 0.1 * d
+    v = 0 - 0.01 * d**2 * np.sign(0 - d**2)  # = 0.01 d²
+    np.testing.assert_allclose(new["w"], [1.0, 2.0] + 0.01 * m / (np.sqrt(v) + 1e-3), rtol=1e-6)
+
+
+def test_fedavgm_two_rounds_of_server_momentum_and_state():
+    s = make_strategy("fedavgm", W0, **{"fedavgm.server_momentum": 0.5, "fedavgm.server_lr": 1.0})
+    _, w1 = play_round(s, 1, W0, {0: {"w": [2.0, 2.0], "b": [0.5]}})
+    np.testing.assert_allclose(w1["w"], [2.0, 2.0])  # v = g = w − mean; w − v
+    state = copy.deepcopy(s.state_dict())
+    _, w2 = play_round(s, 2, w1, {0: {"w": [2.0, 3.0], "b": [0.5]}})
+    # g2 = [0, −1]; v = 0.5 [−1, 0] + [0, −1]; w2 = w1 − v = [2.5, 3]
+    np.testing.assert_allclose(w2["w"], [2.5, 3.0])
+    resumed = make_strategy("fedavgm", W0, **{"fedavgm.server_momentum": 0.5})
+    resumed.load_state_dict(state)
+    _, w2b = play_round(resumed, 1, w1, {0: {"w": [2.0, 3.0], "b": [0.5]}})
+    assert_same_arrays(w2b, w2)
+
+
+def test_fedexp_step_size_hand_computed_and_at_least_one():
+    e = [{"w": np.array(v, float)} for v in ([1, 0, 0], [0, 1, 0], [0, 0, 1])]
+    # Σp‖Δ‖² = 1, ‖Δ̄‖² = 1/3  =>  η = 1 / (2 (1/3 + ε))
+    assert fedexp_step_size(e, [1, 1, 1], ["w"], 1e-3) == pytest.approx(1 / (2 * (1 / 3 + 1e-3)))
+    same = [{"w": np.array([1.0, -2.0])}] * 3
+    assert fedexp_step_size(same, [1, 2, 3], ["w"], 0.0) == 1.0  # identical updates: η = 1
+    assert fedexp_step_size(e, [1, 1, 1], ["w"], 1e9) == 1.0
+
+
+def test_fedexp_server_extrapolates_and_evaluates_the_two_iterate_average():
+    w0 = {"w": [0.0, 0.0, 0.0]}
+    s = make_strategy("fedexp", w0, num_clients=3)
+    up = {0: {"w": [1, 0, 0]}, 1: {"w": [0, 1, 0]}, 2: {"w": [0, 0, 1]}}
+    _, new = play_round(s, 1, w0, up)
+    eta = 1 / (2 * (1 / 3 + 1e-3))
+    np.testing.assert_allclose(new["w"], np.full(3, eta / 3), rtol=1e-6)
+    assert s.round_info["extra"]["fedexp_eta_g"] == pytest.approx(eta)
+    evaluated = to_ndarrays(s.evaluation_arrays(to_record(new)))
+    np.testing.assert_allclose(evaluated["w"], np.full(3, eta / 6), rtol=1e-6)
+
+
+def test_fednova_normalises_by_step_counts():
+    s = make_strategy("fednova", W0, num_clients=2)
+    up = {0: {"w": [2.0, 2.0], "b": [0.5]}, 1: {"w": [1.0, 5.0], "b": [0.5]}}
+    _, new = play_round(s, 1, W0, up, n={0: 10, 1: 10}, steps={0: 1, 1: 3})
+    # τ_eff = 2; w + 2 (0.5 Δ_0/1 + 0.5 Δ_1/3) with Δ_0 = [1, 0], Δ_1 = [0, 3]
+    np.testing.assert_allclose(new["w"], [1.0 + 1.0, 2.0 + 1.0], rtol=1e-6)
+    assert s.round_info["extra"]["fednova_tau_eff"] == 2.0
+
+
+def test_fednova_equal_steps_is_fedavg_bit_for_bit_and_momentum_norm():
+    up = {0: {"w": [2.1, 2.3], "b": [0.7]}, 1: {"w": [1.3, 4.9], "b": [1.1]}}
+    n, steps = {0: 7, 1: 13}, {0: 4, 1: 4}
+    _, fedavg = play_round(make_strategy("fedavg", W0), 1, W0, up, n=n)
+    _, nova = play_round(make_strategy("fednova", W0), 1, W0, up, n=n, steps=steps)
+    assert_same_arrays(nova, fedavg)
+    # momentum ρ = 0.5, τ = 2: d_1 = g_1, d_2 = g_2 + ρ g_1 → coefficients 1.5 + 1 = 2.5
+    assert nova_norm(2, 0.5) == pytest.approx(2.5)
+    assert nova_norm(7, 0.0) == 7.0
