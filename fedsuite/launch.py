@@ -199,21 +199,27 @@ def run_status(run_id: int, env: dict[str, str], connection: str, cwd: Path) -> 
 
 def follow(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
            on_progress: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
-    """Stream the run's logs into flower.log until the run ends, reporting metrics as they land."""
+    """Stream the run's logs into flower.log and report metrics as they land, until the run ends.
+
+    The run has ended when the ServerApp has written ``summary.json`` (it does so last, also on
+    failure) or when Flower's log stream closes. Flower's own teardown (Ray shutdown, ~3-5 s) is
+    not waited for: the caller stops the whole process tree.
+    """
+    summary = run_dir / "summary.json"
     with (run_dir / "flower.log").open("ab") as log_file:
         proc = subprocess.Popen([bin_path("flwr"), "log", str(run_id), connection, "--stream"], env=env,
                                 stdout=log_file, stderr=subprocess.STDOUT, cwd=run_dir, start_new_session=True)
     seen = -1
     try:
-        while True:
+        while proc.poll() is None and not summary.exists():
             if on_progress is not None:
                 rows = read_metrics(run_dir)
                 if len(rows) != seen:
                     seen = len(rows)
                     on_progress(rows)
-            if proc.poll() is not None:
-                break
-            time.sleep(0.5)
+            time.sleep(0.25)
+        if summary.exists():
+            time.sleep(0.5)  # let the last log lines reach flower.log
     finally:
         stop_tree(proc, timeout=3.0)
     if on_progress is not None:
@@ -234,15 +240,23 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     run_dir.mkdir(parents=True, exist_ok=True)
     app_dir = run_dir / "app"
     write_app(app_dir, cfg, run_dir)
+    (run_dir / "summary.json").unlink(missing_ok=True)  # a resumed run rewrites it when it ends
     with private_superlink(run_dir) as (env, connection):
         run_id = submit(app_dir, env, connection, federation_config(cfg))
         (run_dir / "flower-run-id").write_text(f"{run_id}\n")
         follow(run_id, env, connection, run_dir, on_progress)
-        status, details = _final_status(run_id, env, connection, run_dir)
+        status, details = final_status(run_id, env, connection, run_dir)
     return RunOutcome(run_dir, status, details)
 
 
-def _final_status(run_id: int, env: dict[str, str], connection: str, run_dir: Path) -> tuple[str, str]:
+def final_status(run_id: int, env: dict[str, str], connection: str, run_dir: Path) -> tuple[str, str]:
+    """The run's outcome: the ServerApp's own ``summary.json`` status when it wrote one (it writes it
+    after its last round, so Flower's teardown need not be waited for), else Flower's status."""
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        ours = json.loads(summary.read_text()).get("status")
+        if ours == "completed":
+            return "finished:completed", ""
     deadline = time.monotonic() + 60
     while True:
         status, details = run_status(run_id, env, connection, run_dir)

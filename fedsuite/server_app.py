@@ -39,21 +39,24 @@ def main(grid: Grid, context: Context) -> None:
     write_json(run_dir / "config.json", cfg.active_dump())
     recorder = RunRecorder(run_dir)
     torch.set_num_threads(max(1, cfg.num_cpus))
-    status = "failed"
+    status, timing = "failed", {"serverapp_start": time.time()}
     try:
-        run(grid, cfg, run_dir, recorder)
+        run(grid, cfg, run_dir, recorder, timing)
         status = "completed"
     except Exception:
         (run_dir / "error.txt").write_text(traceback.format_exc())
         raise
     finally:
-        recorder.finish(status)
+        recorder.finish(status, {"timing": timing})
 
 
-def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder) -> None:
+def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> None:
+    t0 = time.perf_counter()
     bundle = runtime.load_bundle(cfg)
     device = runtime.device_for(cfg)
+    timing["data_s"] = time.perf_counter() - t0
     node_to_pid = handshake(grid, cfg.num_clients)
+    timing["handshake_s"] = time.perf_counter() - t0 - timing["data_s"]
     initial = runtime.initial_arrays(cfg, bundle)
     setup = ServerSetup(
         cfg=cfg, node_to_pid=node_to_pid, initial=initial, run_dir=run_dir,
@@ -107,6 +110,7 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder) -> None:
     if remaining <= 0:
         return
     strategy.round_offset = start_round
+    timing["setup_s"] = time.perf_counter() - t0
     strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining, evaluate_fn=after_round,
                    train_config=ConfigRecord({}))
 
