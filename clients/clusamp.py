@@ -1,0 +1,11 @@
+"""CluSamp's client rule: plain local SGD (spec fedmr.md §5 item 4, §3.1: clients are stateless).
+
+Clustered sampling changes only *which* clients train (``strategies/clusamp.py``); the local update
+is FedAvg's: w ← w − η (∇ℓ(w; b) + λ_wd w) from the received w^t.
+"""
+
+from clients.base import ClientRule
+
+
+class CluSampClient(ClientRule):
+    """Plain local SGD (all hooks at their defaults)."""

@@ -1,0 +1,42 @@
+"""FedLC's client rule: logit calibration by local label counts (Zhang et al., ICML 2022;
+spec fednlr.md §5 table, τ = 1).
+
+    ℓ(w; x, y) = CE(z(w; x) − τ · n_{i,·}^{−1/4}, y),   n_{i,c} ← max(n_{i,c}, 1e-8)
+
+with n_{i,c} the client's count of class c, recomputed every round from its labels (no state). The
+clamp of absent classes to 1e-8 is the spec's [R] choice (fednlr.md §5, "as common implementations
+do"). With τ = 0 the shift is exactly 0.0 and training is FedAvg's bit for bit; with equal counts
+the shift is the same for every class and CE is shift-invariant, so it equals FedAvg up to float
+rounding. Evaluation uses the plain model.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from clients.base import ClientRule
+from fedsuite.training import LocalTask
+
+
+def calibration_shift(counts: torch.Tensor, tau: float, min_count: float = 1e-8) -> torch.Tensor:
+    """τ · max(n_c, 1e-8)^{−1/4}, shape [C]."""
+    return tau * counts.to(torch.float64).clamp_min(min_count).pow(-0.25)
+
+
+def calibrated_loss(logits: torch.Tensor, y: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """mean_b CE(z_b − shift, y_b)."""
+    return F.cross_entropy(logits - shift.to(logits.dtype), y)
+
+
+class FedLCClient(ClientRule):
+    """Local SGD on the calibrated cross-entropy."""
+
+    def loss(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        z = self.logits(task, x)
+        shift = task.scratch.get("fedlc-shift")
+        if shift is None:
+            counts = torch.bincount(task.data.y.to(torch.long), minlength=z.shape[1])
+            shift = calibration_shift(counts, task.cfg.method_params.tau).to(z.device, z.dtype)
+            task.scratch["fedlc-shift"] = shift
+        return calibrated_loss(z, y, shift)

@@ -1,0 +1,41 @@
+"""FedRS's client rule: restricted softmax (Li & Zhan, KDD 2021; spec fednlr.md §5 table, α = 0.5).
+
+Client i with local label counts n_{i,c} trains on restricted logits
+
+    z̃_c = s_c · z_c,   s_c = 1 if n_{i,c} > 0 else α          (scaling="hard", the paper's rule)
+    s_c = α + (1 − α) · n_{i,c} / max_c' n_{i,c'}               (scaling="proportional", FedRepo code variant)
+
+and minimises CE(z̃, y). z_c = w_cᵀh + b_c is the full logit of the model's ``head``; the spec states the
+rule on logits, so a head bias is scaled with the weight term. The counts are recomputed from the local
+labels every round (spec fednlr.md §5: FedRS keeps no client state). Evaluation uses the plain model.
+With α = 1 every s_c is exactly 1.0, so training is FedAvg's bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from clients.base import ClientRule
+from fedsuite.training import LocalTask
+
+
+def restriction_scale(counts: torch.Tensor, alpha: float, scaling: str = "hard") -> torch.Tensor:
+    """The per-class factor s_c of the module docstring, shape [C]."""
+    counts = counts.to(torch.float32)
+    if scaling == "hard":
+        return torch.where(counts > 0, torch.ones_like(counts), torch.full_like(counts, alpha))
+    if scaling == "proportional":
+        return alpha + (1.0 - alpha) * counts / counts.max().clamp_min(1.0)
+    raise ValueError(f"unknown FedRS scaling {scaling!r}")
+
+
+class FedRSClient(ClientRule):
+    """Local SGD on CE(s ⊙ z, y) (restricted softmax)."""
+
+    def logits(self, task: LocalTask, x: torch.Tensor) -> torch.Tensor:
+        z = task.model(x)
+        if "fedrs-scale" not in task.scratch:  # counts from the local labels, once per round
+            counts = torch.bincount(task.data.y.to(torch.long), minlength=z.shape[1])
+            p = task.cfg.method_params
+            task.scratch["fedrs-scale"] = restriction_scale(counts, p.alpha, p.scaling).to(z.device, z.dtype)
+        return z * task.scratch["fedrs-scale"]

@@ -1,0 +1,34 @@
+"""FedLC (Zhang et al., ICML 2022): logit-calibrated local loss, FedAvg on the server.
+
+    client:  min_w CE(z(w; x) − τ n_{i,·}^{−1/4}, y)
+    server:  w^{t+1} = Σ_{i∈S_t} n_i w_i / Σ_{i∈S_t} n_i
+
+Config ``[fedlc]``: ``tau`` (τ, default 1.0, spec fednlr.md §5 table). See ``clients/fedlc.py``.
+"""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from clients.fedlc import FedLCClient
+from fedsuite.registry import register_method
+from strategies.base import FedSuiteStrategy
+
+
+class FedLCParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tau: float = Field(1.0, ge=0, description="calibration strength τ")
+
+
+class FedLCStrategy(FedSuiteStrategy):
+    """FedLC: the server rule is FedAvg's data-size-weighted mean."""
+
+
+register_method(
+    "fedlc",
+    strategy=FedLCStrategy,
+    client=FedLCClient,
+    params=FedLCParams,
+    summary="Logit calibration: CE on z - tau * n_c^(-1/4) with local label counts",
+    paper="Zhang et al., ICML 2022",
+    relaxed_init=True,
+    neuron_lr=True,
+)
