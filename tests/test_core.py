@@ -139,3 +139,40 @@ def test_fmnist_real_data_learns_above_chance(simulate, tmp_path_factory):
                    clients_per_round=4, rounds=3, partitioner="dirichlet", alpha=0.5, lr=0.05, batch_size=32,
                    eval_batch_size=2000)
     assert res.rows[-1]["test_accuracy"] > 0.45  # chance is 0.10
+
+
+def test_resume_continues_a_run_exactly(simulate, tmp_path, data_root):
+    """Stopping after round 2 and resuming to round 3 from checkpoint.pt gives the same run as
+    doing 3 rounds at once (cohorts, learning rate and server state all come back)."""
+    from fedsuite import launch
+
+    straight = simulate(strategy="fedavg", rounds=3)
+    run_dir = tmp_path / "resumed"
+    values = {**FAST, "data_root": str(data_root), "strategy": "fedavg"}
+    assert launch.simulate(build_config(values={**values, "rounds": 2}), run_dir).ok
+    assert launch.simulate(build_config(values={**values, "rounds": 3}), run_dir).ok
+    from fedsuite.results import read_metrics
+
+    rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
+    assert rows == straight.metrics_without_time()
+
+
+def test_report_groups_seeds_and_finds_rounds_to_target(tmp_path):
+    import json as _json
+
+    from fedsuite.results import RunRecorder, report
+
+    for seed, accs in ((0, [0.1, 0.5, 0.7]), (1, [0.1, 0.6, 0.9])):
+        d = tmp_path / f"s{seed}"
+        d.mkdir()
+        cfg = build_config(values={"seed": seed}).active_dump()
+        (d / "config.json").write_text(_json.dumps(cfg))
+        rec = RunRecorder(d)
+        for rnd, acc in enumerate(accs):
+            rec.append({"round": rnd, "test_accuracy": acc, "wall_seconds": 1.0})
+        rec.finish("completed")
+        assert (d / "accuracy.png").stat().st_size > 1000
+    rows, curves = report([tmp_path / "s0", tmp_path / "s1"], target=0.65)
+    assert len(rows) == 1 and rows[0]["seeds"] == 2
+    assert rows[0]["final_mean"] == pytest.approx(0.8) and rows[0]["final_std"] == pytest.approx(0.1)
+    assert rows[0]["rounds_to_target"] == pytest.approx(2.0) and rows[0]["reached"] == "2/2"
