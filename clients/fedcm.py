@@ -1,0 +1,17 @@
+"""FedCM's client rule (Xu et al. 2021): client-level momentum toward the last global direction
+(spec fedmrur.md §5, fedinit.md §5).
+
+    u = α ∇ℓ(w; b) + (1 − α) m^t          (m^t from the server's "momentum" record; m^0 = 0, A20)
+    u ← u · min(1, C/‖u‖)                   (clip_norm C, 0 = off; spec fedmrur.md A10)
+    w ← w − η_l (u + λ_wd w)
+
+α = 1 gives u = 1.0·g + 0.0·m = g exactly, i.e. FedAvg's client step.
+"""
+
+from clients.sam import SamMomentumClient
+
+
+class FedCMClient(SamMomentumClient):
+    """Local SGD on α g + (1−α) m^t (no SAM pass)."""
+
+    uses_momentum = True

@@ -1,0 +1,138 @@
+"""FedMRUR's client rule (An et al., NeurIPS 2023): MoFedSAM with the hyperbolic graph-fusion
+regulariser H (spec fedmrur.md §2.2, §2.3).
+
+Per mini-batch b, with z_j = Φ(w; x_j) the local model's features (differentiable) and
+ẑ_j = Φ(w^t; x_j) those of the frozen received model (no grad, computed once per batch and reused in
+both SAM passes, A6):
+
+    lift_β(z) = (√(β + ‖z‖²), z)                       (Lorentz / hyperboloid model, A2)
+    d²_j      = −2β − 2⟨lift_β(z_j), lift_β(ẑ_j)⟩_𝓛     (squared Lorentzian distance, eq. 4)
+    R_b(w)    = (1/|b|) Σ_j exp( min(d²_j/σ, 50) )      (eq. 3, batch mean A4, clamp A5)
+    F(w; b)   = CE(head(z), y) + γ R_b(w)
+
+and the MoFedSAM step on F (clients.sam): e = ρ∇F/(‖∇F‖+1e-7), g̃ = ∇F(w+e) (R in both passes, A7),
+u = α g̃ + (1−α) m^t, clip u to C, w ← w − η_l(u + λ_wd w).
+
+Numerics. With a = √(β+‖z‖²), b = √(β+‖ẑ‖²), s = z·ẑ and δ = ẑ − z, the distance is computed as
+
+    s ≥ 0:  d² = 2(β‖δ‖² + ‖z‖²‖δ_⊥‖²) / (ab + s + β),   δ_⊥ = δ − (z·δ/‖z‖²) z
+    s < 0:  d² = 2(ab − s − β)
+
+Both are algebraically −2β + 2(ab − s) (the first multiplies by (ab + s + β)/(ab + s + β) and uses
+(β+‖z‖²)(β+‖ẑ‖²) − (β+s)² = β‖δ‖² + ‖z‖²‖δ‖² − (z·δ)² = β‖δ‖² + ‖z‖²‖δ_⊥‖²). Every term is ≥ 0,
+so d² ≥ 0 without clamping, there is no cancellation of large numbers for any norm, the
+denominator is ≥ 2β > 0, and d² and its gradient are exactly 0 at z = ẑ (so ∇R = 0 at the first
+local step, spec §2.2). ``manifold="euclidean"`` uses d² = ‖z − ẑ‖² instead (Table 8).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from clients.sam import SamMomentumClient
+from fedsuite.training import LocalResult, LocalTask
+
+EXP_CLAMP = 50.0
+
+
+def lift(z: torch.Tensor, beta: float) -> torch.Tensor:
+    """lift_β(z) = (√(β + ‖z‖²), z): a point of the hyperboloid ⟨x, x⟩_𝓛 = −β (spec A2)."""
+    return torch.cat([torch.sqrt(beta + (z * z).sum(-1, keepdim=True)), z], dim=-1)
+
+
+def lorentz_inner(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """⟨x, y⟩_𝓛 = −x₀y₀ + Σ_{i≥1} x_i y_i (last dimension)."""
+    prod = x * y
+    return prod[..., 1:].sum(-1) - prod[..., 0]
+
+
+def lorentz_sq_dist(z: torch.Tensor, z_hat: torch.Tensor, beta: float) -> torch.Tensor:
+    """Squared Lorentzian distance −2β − 2⟨lift_β(z), lift_β(ẑ)⟩_𝓛 per row, in the stable form of
+    the module docstring (≥ 0, finite for any finite input, exact 0 and zero gradient at z = ẑ)."""
+    nz = (z * z).sum(-1)
+    nzh = (z_hat * z_hat).sum(-1)
+    a = torch.sqrt(beta + nz)
+    b = torch.sqrt(beta + nzh)
+    s = (z * z_hat).sum(-1)
+    delta = z_hat - z
+    coef = (z * delta).sum(-1, keepdim=True) / nz.clamp_min(torch.finfo(z.dtype).tiny).unsqueeze(-1)
+    perp = delta - coef * z
+    num = beta * (delta * delta).sum(-1) + nz * (perp * perp).sum(-1)
+    positive = 2.0 * num / (a * b + s.clamp_min(0.0) + beta)
+    negative = 2.0 * (a * b - s.clamp_max(0.0) - beta)
+    return torch.where(s >= 0, positive, negative)
+
+
+def euclidean_sq_dist(z: torch.Tensor, z_hat: torch.Tensor) -> torch.Tensor:
+    """‖z − ẑ‖² per row (the "Euclidean manifold" of Table 8)."""
+    d = z - z_hat
+    return (d * d).sum(-1)
+
+
+def manifold_regularizer(
+    z: torch.Tensor, z_hat: torch.Tensor, *, beta: float, sigma: float, manifold: str = "lorentz",
+    exp_clamp: float = EXP_CLAMP,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """R_b = mean_j exp(min(d²_j/σ, exp_clamp)) and the per-sample d² (spec §2.2, A4, A5)."""
+    d2 = lorentz_sq_dist(z, z_hat, beta) if manifold == "lorentz" else euclidean_sq_dist(z, z_hat)
+    return torch.exp(torch.clamp(d2 / sigma, max=exp_clamp)).mean(), d2
+
+
+class FedMRURClient(SamMomentumClient):
+    """MoFedSAM on CE + γ·R (see module). Logs ``fedmrur-d2-mean``, ``fedmrur-d2-max``,
+    ``fedmrur-R-mean`` (first SAM pass, over all local steps of the round)."""
+
+    sam = True
+    uses_momentum = True
+
+    def start(self, task: LocalTask) -> None:
+        super().start(task)
+        if self.hp(task, "hyperbolic", True):
+            frozen = copy.deepcopy(task.model)
+            frozen.load_state_dict(task.received)
+            frozen.requires_grad_(False)
+            frozen.train(task.model.training)  # same mode as the local model, so ẑ = z at w = w^t
+            task.scratch["global_model"] = frozen
+        task.scratch["d2"] = []
+        task.scratch["R"] = []
+
+    def _features(self, model: torch.nn.Module, x: torch.Tensor, task: LocalTask) -> tuple[torch.Tensor, torch.Tensor]:
+        """(z, logits): z is the penultimate feature (A1) or the logits (``feature_layer="logits"``)."""
+        if self.hp(task, "feature_layer", "penultimate") == "logits":
+            logits = model(x)
+            return logits, logits
+        z = model.features(x)
+        return z, model.head(z)
+
+    def prepare_batch(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> None:
+        if "global_model" in task.scratch:
+            with torch.no_grad():
+                task.scratch["z_global"] = self._features(task.scratch["global_model"], x, task)[0]
+
+    def loss(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        z, logits = self._features(task.model, x, task)
+        ce = F.cross_entropy(logits, y)
+        if "global_model" not in task.scratch:
+            return ce
+        reg, d2 = manifold_regularizer(
+            z, task.scratch["z_global"], beta=float(self.hp(task, "beta", 1.0)),
+            sigma=float(self.hp(task, "sigma", 1e4)), manifold=self.hp(task, "manifold", "lorentz"),
+            exp_clamp=float(self.hp(task, "exp_clamp", EXP_CLAMP)),
+        )
+        if task.scratch.get("sam_pass", 1) == 1:
+            task.scratch["d2"].append(d2.detach())
+            task.scratch["R"].append(reg.detach())
+        return ce + float(self.hp(task, "gamma", 0.005)) * reg
+
+    def finish(self, task: LocalTask) -> LocalResult:
+        result = super().finish(task)
+        if task.scratch.get("d2"):
+            d2 = torch.cat(task.scratch["d2"])
+            result.metrics["fedmrur-d2-mean"] = float(d2.mean())
+            result.metrics["fedmrur-d2-max"] = float(d2.max())
+            result.metrics["fedmrur-R-mean"] = float(torch.stack(task.scratch["R"]).mean())
+        task.scratch.pop("global_model", None)
+        return result

@@ -1,0 +1,160 @@
+"""Shared local-step pieces of the SAM / client-momentum family (FedSAM, FedASAM, FedCM, MoFedSAM,
+FedMRUR), written once and reused by every rule of the family (spec fedmrur.md §2.3, §5).
+
+Per mini-batch b, with g = ∇F(w; b) the gradient of the rule's objective (no weight decay):
+
+    SAM  (Foret et al.; spec fedmrur.md §2.3 line 6):  e = ρ · g / (‖g‖₂ + 1e-7)
+    ASAM (Kwon et al.; spec fedmr.md §5 item 6):       e = ρ · T² g / (‖T g‖₂ + 1e-16),
+         T = |w| + η on tensors whose name contains "weight", T = 1 on the others (ASAM's code)
+    g̃ = ∇F(w + e; b)                 (same batch; parameters restored to w bit for bit afterwards)
+    u  = α · g̃ + (1 − α) · m^t       (FedCM / MoFedSAM mixing, spec fedmrur.md §2.3 line 8;
+                                      m^t absent ⇔ m^t = 0, which gives u = α · g̃)
+    u  ← u · min(1, C / ‖u‖)          (optional, spec A10; C = 0 switches it off)
+    w  ← w − η_l (u + λ_wd w)         (torch SGD: weight decay added in the step, not scaled by α)
+
+‖·‖ is one L2 norm over all trainable tensors jointly (spec A22). ρ = 0 gives e = 0 exactly, so the
+second pass evaluates the gradient at w itself; α = 1 gives u = 1.0·g̃ + 0.0·m = g̃ exactly in IEEE
+arithmetic. Those are what make MoFedSAM(ρ=0) = FedCM and FedCM(α=1) = FedAvg bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from clients.base import ClientRule
+from fedsuite.training import LocalResult, LocalTask, clip_grad
+
+#: name of the extra ArrayRecord carrying the server's momentum direction m^t (gradient units)
+MOMENTUM_RECORD = "momentum"
+
+
+# ------------------------------------------------------------------------------------------------
+# pure helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """‖(t_1, …, t_n)‖₂ over all tensors jointly."""
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
+
+
+def sam_perturbation(grads: list[torch.Tensor], rho: float, eps: float = 1e-7) -> list[torch.Tensor]:
+    """SAM's ascent step e = ρ g / (‖g‖ + eps), ‖·‖ over all tensors jointly (spec fedmrur.md §2.3)."""
+    scale = rho / (global_norm(grads) + eps)
+    return [g * scale for g in grads]
+
+
+def asam_perturbation(
+    names: list[str], params: list[torch.Tensor], grads: list[torch.Tensor], rho: float, eta: float,
+    eps: float = 1e-16,
+) -> list[torch.Tensor]:
+    """Adaptive SAM's ascent step e = ρ T² g / (‖T g‖ + eps) with T = |w| + η on "weight" tensors and
+    T = 1 elsewhere (Kwon et al. 2021, as in their code; spec fedmr.md §5 item 6, A28)."""
+    scaled = [(p.detach().abs() + eta) * g if "weight" in n else g for n, p, g in zip(names, params, grads)]
+    scale = rho / (global_norm(scaled) + eps)
+    return [
+        (p.detach().abs() + eta) * tg * scale if "weight" in n else tg * scale
+        for n, p, tg in zip(names, params, scaled)
+    ]
+
+
+@torch.no_grad()
+def mix_momentum(grads: list[torch.Tensor], momentum: list[torch.Tensor | None] | None, alpha: float) -> None:
+    """In place: g ← α g + (1 − α) m (m = 0 where absent), FedCM's client step (spec §2.3 line 8)."""
+    for i, g in enumerate(grads):
+        g.mul_(alpha)
+        m = None if momentum is None else momentum[i]
+        if m is not None:
+            g.add_(m, alpha=1.0 - alpha)
+
+
+# ------------------------------------------------------------------------------------------------
+# the family's client rule
+# ------------------------------------------------------------------------------------------------
+
+
+class SamMomentumClient(ClientRule):
+    """Local SGD with an optional SAM/ASAM second pass and optional client momentum (see module).
+
+    The hyperparameters are read from the run's method section (``task.cfg.method_params``):
+    ``rho`` (used when ``sam``; 0 gives e = 0), ``alpha`` (1: no momentum mixing), ``clip_norm`` (0: off),
+    ``eta`` (ASAM only). Subclasses fix what their method does not have via class attributes and
+    add loss terms via ``loss`` / ``prepare_batch``.
+    """
+
+    #: whether the rule takes SAM's second gradient pass at w + e
+    sam: bool = False
+    #: use ASAM's adaptive perturbation instead of SAM's
+    adaptive: bool = False
+    #: whether the rule mixes in the server's momentum direction (FedCM family)
+    uses_momentum: bool = False
+
+    def hp(self, task: LocalTask, key: str, default: Any) -> Any:
+        return getattr(task.cfg.method_params, key, default)
+
+    # --- hooks --------------------------------------------------------------------------------
+    def start(self, task: LocalTask) -> None:
+        named = [(n, p) for n, p in task.model.named_parameters() if p.requires_grad]
+        task.scratch["param_names"] = [n for n, _ in named]
+        momentum = task.extras.get(MOMENTUM_RECORD) if self.uses_momentum else None
+        if momentum is not None:
+            task.scratch["momentum"] = [
+                momentum[n].to(device=p.device, dtype=p.dtype) if n in momentum else None for n, p in named
+            ]
+        else:
+            task.scratch["momentum"] = None
+
+    def prepare_batch(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Called once per mini-batch before both SAM passes (FedMRUR computes ẑ here)."""
+
+    def step(self, task: LocalTask, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
+        params = task.params
+        self.prepare_batch(task, x, y)
+        opt.zero_grad(set_to_none=True)
+        loss = self.loss(task, x, y)
+        loss.backward()
+        if self.sam:  # always two passes, also at ρ = 0 (then e = 0 and w + e = w exactly)
+            self.sam_second_pass(task, params, float(self.hp(task, "rho", 0.0)), lambda: self.loss(task, x, y))
+        self.adjust_gradient(task)
+        clip_norm = float(self.hp(task, "clip_norm", 0.0))
+        clip_grad(params, clip_norm if clip_norm > 0 else None)
+        clip_grad(params, task.cfg.grad_clip)
+        opt.step()
+        return float(loss.detach())
+
+    def sam_second_pass(
+        self, task: LocalTask, params: list[torch.nn.Parameter], rho: float, closure: Callable[[], torch.Tensor]
+    ) -> None:
+        """Replace ``p.grad`` by the gradient at w + e (e from SAM or ASAM); restore w exactly."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        if self.adaptive:
+            e = asam_perturbation(task.scratch["param_names"], params, grads, rho, float(self.hp(task, "eta", 0.0)))
+        else:
+            e = sam_perturbation(grads, rho)
+        saved = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p, ei in zip(params, e):
+                p.add_(ei)
+        for p in params:
+            p.grad = None
+        task.scratch["sam_pass"] = 2
+        closure().backward()
+        task.scratch["sam_pass"] = 1
+        with torch.no_grad():
+            for p, w in zip(params, saved):
+                p.copy_(w)
+        task.scratch["last_perturbation"] = e
+
+    def adjust_gradient(self, task: LocalTask) -> None:
+        if self.uses_momentum:
+            params = task.params
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            mix_momentum(grads, task.scratch.get("momentum"), float(self.hp(task, "alpha", 1.0)))
+            for p, g in zip(params, grads):
+                p.grad = g
+
+    def finish(self, task: LocalTask) -> LocalResult:
+        task.scratch.pop("last_perturbation", None)
+        return super().finish(task)

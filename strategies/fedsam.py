@@ -1,0 +1,33 @@
+"""FedSAM (Qu et al., ICML 2022): local SAM, FedAvg-style server (spec fedmrur.md §5, fedinit.md §5).
+
+    client:  e = ρ g/(‖g‖+1e-7), g̃ = ∇ℓ(w+e) (clipped to C);  w ← w − η_l (g̃ + λ_wd w)
+    server:  w^{t+1} = w^t + η_g Δ̄  (uniform mean, spec A26; ``weighting="examples"`` for FedAvg's)
+
+ρ = 0.5 is the FedMRUR paper's shared value (spec §4); FedInit's paper uses 0.1 (fedinit.md §5).
+"""
+
+from pydantic import Field
+
+from clients.fedsam import FedSAMClient
+from fedsuite.registry import register_method
+from strategies.momentum import FamilyParams, MomentumStrategy
+
+
+class FedSAMParams(FamilyParams):
+    """[fedsam]: rho, server_lr, normalize, weighting, clip_norm."""
+
+    rho: float = Field(0.5, ge=0, description="SAM perturbation radius ρ")
+
+
+class FedSAMStrategy(MomentumStrategy):
+    """Mean of client updates (optionally normalised); no momentum."""
+
+
+register_method(
+    "fedsam",
+    strategy=FedSAMStrategy,
+    client=FedSAMClient,
+    params=FedSAMParams,
+    summary="Local sharpness-aware minimisation (SAM), averaged updates",
+    paper="Qu et al., ICML 2022",
+)

@@ -1,0 +1,165 @@
+"""Server side shared by the SAM / client-momentum family (FedSAM, FedASAM, FedCM, MoFedSAM, FedMRUR):
+(optionally normalised) update aggregation with a global learning rate, and the client-momentum
+direction broadcast as the extra ArrayRecord ``"momentum"`` (spec fedmrur.md §2.4, §2.5, §5).
+
+With Δ_i = w_i − w^t (trainable parameters), p_i = 1/S (``weighting="uniform"``, the paper's rule,
+spec A26) or n_i/Σn (``"examples"``, FedAvg's), and S = number of usable replies (spec §8.5 item 27):
+
+    Δ̄       = Σ_i p_i Δ_i                      ν = Σ_i p_i ‖Δ_i‖        (‖·‖: one L2 norm, A22)
+    d_t      = ν / max(‖Δ̄‖, ε₀) if ``normalize`` (N, spec §2.4; ε₀ = 1e-12, A21) else 1
+    Δ^{t+1}  = d_t · Δ̄
+    w^{t+1}  = w^t + η_g Δ^{t+1}                (η_g = ``server_lr``; buffers: plain mean, A22)
+    m^{t+1}  = − Δ^{t+1} / (K̄ η_l^t)           (``momentum_source="normalized"``, A9; ``"mean"``
+                                                  uses Δ̄; K̄ = mean_i K_i, A23; η_l^t = this
+                                                  round's local lr, A8/§2.5)
+
+w^{t+1} is evaluated in float64 as  w̄ + (η_g d_t − 1)(w̄ − w^t)  with w̄ = Σ_i p_i w_i accumulated
+exactly like FedAvg's ``weighted_mean``; this is the same number as w^t + η_g d_t Δ̄, and when
+η_g d_t = 1 it is w̄ itself, so e.g. FedCM(α=1, weighting=examples) reproduces FedAvg bit for bit.
+m^0 = 0 is not sent (spec §2.8): clients then mix in nothing, which equals mixing in zeros.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from clients.sam import MOMENTUM_RECORD
+from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, ServerSetup, to_record
+
+EPS0 = 1e-12
+
+
+class FamilyParams(BaseModel):
+    """Keys every method of the family has (server aggregation + client clipping)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    server_lr: float = Field(1.0, gt=0, description="global lr η_g (displacement units, spec §2.5)")
+    normalize: bool = Field(False, description="N: normalised update reaggregation (spec §2.4)")
+    weighting: Literal["uniform", "examples"] = Field(
+        "uniform", description="client weights p_i: uniform 1/S (paper, A26) or n_i/Σn (FedAvg)"
+    )
+    clip_norm: float = Field(10.0, ge=0, description="clip the local update direction u to this L2 norm; 0 = off (A10)")
+
+
+class MomentumParams(FamilyParams):
+    """FedCM-type methods: client momentum α and where m^{t+1} comes from."""
+
+    alpha: float = Field(0.1, ge=0, le=1, description="weight of the fresh local gradient; 1−α on m^t (spec §2.1)")
+    momentum_source: Literal["normalized", "mean"] = Field(
+        "normalized", description="m^{t+1} from Δ^{t+1} (normalised, Alg. 1) or from the plain mean Δ̄ (A9)"
+    )
+
+
+class MomentumStrategy(FedSuiteStrategy):
+    """Normalised/global-lr aggregation and (if ``sends_momentum``) the FedCM momentum (see module)."""
+
+    #: whether m^{t+1} is computed and broadcast (FedCM, MoFedSAM, FedMRUR)
+    sends_momentum: bool = False
+    #: client metrics (example-weighted means) copied into the round's metrics.jsonl line
+    logged_client_metrics: tuple[str, ...] = ()
+
+    def __init__(self, setup: ServerSetup, **flower_kwargs: Any) -> None:
+        super().__init__(setup, **flower_kwargs)
+        self.momentum: NDArrays | None = None  # m^t, gradient units (spec §2.5)
+        self._momentum_record: ArrayRecord | None = None
+        self.trainable = self._trainable_keys()
+
+    def _trainable_keys(self) -> list[str]:
+        """Float arrays that are trainable parameters (all float arrays if no model builder is given)."""
+        floats = [k for k, v in self.template.items() if np.issubdtype(v.dtype, np.floating)]
+        if self.setup.build_model is None:
+            return floats
+        names = {n for n, p in self.setup.build_model().named_parameters() if p.requires_grad}
+        return [k for k in floats if k in names]
+
+    # --- downlink -------------------------------------------------------------------------------
+    def client_payload(self, server_round: int, pid: int, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
+        content = super().client_payload(server_round, pid, arrays, config)
+        if self.sends_momentum and self._momentum_record is not None:
+            content[MOMENTUM_RECORD] = self._momentum_record
+        return content
+
+    def set_momentum(self, momentum: NDArrays | None) -> None:
+        self.momentum = momentum
+        self._momentum_record = None if momentum is None else to_record(momentum)
+
+    # --- server rule ----------------------------------------------------------------------------
+    def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+        p = self.params
+        w_t = self.global_arrays
+        weights = [1.0] * len(replies) if p.weighting == "uniform" else [float(r.num_examples) for r in replies]
+        total = float(sum(weights))
+
+        # w̄ = Σ p_i w_i, accumulated as in strategies.base.weighted_mean (float64)
+        mean: dict[str, np.ndarray] = {}
+        for key, ref in self.template.items():
+            acc = np.zeros(ref.shape, dtype=np.float64)
+            for r, wt in zip(replies, weights):
+                acc += r.arrays[key].astype(np.float64) * (wt / total)
+            mean[key] = acc
+
+        # Δ̄, ν, d_t over the trainable parameters
+        delta_bar = {k: mean[k] - w_t[k].astype(np.float64) for k in self.trainable}
+        norm_bar = _norm(delta_bar.values())
+        nu = sum(
+            (wt / total) * _norm(r.arrays[k].astype(np.float64) - w_t[k].astype(np.float64) for k in self.trainable)
+            for r, wt in zip(replies, weights)
+        )
+        d_t = nu / max(norm_bar, EPS0) if p.normalize else 1.0
+        scale = p.server_lr * d_t
+
+        out: NDArrays = {}
+        for key, ref in self.template.items():
+            acc = mean[key]
+            if key in delta_bar:
+                acc = acc + (scale - 1.0) * delta_bar[key]
+            out[key] = np.rint(acc).astype(ref.dtype) if np.issubdtype(ref.dtype, np.integer) else acc.astype(ref.dtype)
+
+        info = {
+            "norm_factor": d_t,
+            "d_t": nu / norm_bar if norm_bar > 0 else None,
+            "mean_client_update_norm": nu,
+            "mean_update_norm": norm_bar,
+            "global_update_norm": d_t * norm_bar,
+        }
+        if self.sends_momentum:
+            k_bar = float(np.mean([r.metrics.get("num-steps", 0.0) for r in replies]))
+            lr = self.local_lr(server_round)
+            factor = d_t if p.momentum_source == "normalized" else 1.0
+            if k_bar > 0 and lr > 0:
+                self.set_momentum({
+                    k: (-(factor * delta_bar[k]) / (k_bar * lr)).astype(self.template[k].dtype) for k in self.trainable
+                })
+            else:
+                self.set_momentum({k: np.zeros_like(self.template[k]) for k in self.trainable})
+            info["momentum_norm"] = _norm(v.astype(np.float64) for v in self.momentum.values())
+        self.round_info.setdefault("extra", {}).update(info)
+        return out
+
+    def aggregate_metrics(self, replies: list[ClientReply]) -> dict[str, float]:
+        metrics = super().aggregate_metrics(replies)
+        extra = self.round_info.setdefault("extra", {})
+        for key in self.logged_client_metrics:
+            if key in metrics:
+                extra[key] = metrics[key]
+        return metrics
+
+    # --- checkpointing --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["momentum"] = None if self.momentum is None else {k: v.copy() for k, v in self.momentum.items()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        momentum = state.get("momentum")
+        self.set_momentum(None if momentum is None else {k: np.asarray(v) for k, v in momentum.items()})
+
+
+def _norm(arrays) -> float:
+    return float(np.sqrt(sum(float(np.vdot(a, a)) for a in arrays)))

@@ -1,0 +1,459 @@
+"""FedMRUR and its SAM / momentum family (fedsam, fedasam, fedcm, mofedsam): spec fedmrur.md §8.
+
+Order: closed-form maths of the regulariser, SAM/ASAM/momentum helpers, client rules at hook level
+(``make_task``, full local rounds compared with ``torch.equal``), the server rule with hand-built
+replies, then real Flower simulations (5 configs) for the equivalences end to end.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from clients.base import ClientRule
+from clients.fedasam import FedASAMClient
+from clients.fedcm import FedCMClient
+from clients.fedmrur import FedMRURClient, euclidean_sq_dist, lift, lorentz_inner, lorentz_sq_dist, manifold_regularizer
+from clients.fedsam import FedSAMClient
+from clients.mofedsam import MoFedSAMClient
+from clients.sam import MOMENTUM_RECORD, asam_perturbation, global_norm, mix_momentum, sam_perturbation
+from fedsuite.config import build_config
+from fedsuite.training import run_local_training
+from strategies.base import ClientReply, ServerSetup, weighted_mean
+from strategies.fedmrur import FedMRURStrategy
+from tests.conftest import assert_same_arrays, make_task
+
+
+def naive_sq_dist(z: torch.Tensor, zh: torch.Tensor, beta: float) -> torch.Tensor:
+    """−2β − 2⟨lift(z), lift(ẑ)⟩_𝓛 evaluated literally (eq. 4)."""
+    return -2 * beta - 2 * lorentz_inner(lift(z, beta), lift(zh, beta))
+
+
+# ------------------------------------------------------------------------------------------------
+# 8.1 the regulariser
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("beta", [0.1, 1.0, 10.0])
+def test_lift_lies_on_hyperboloid(beta):
+    z = torch.randn(20, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 5
+    inner = lorentz_inner(lift(z, beta), lift(z, beta))
+    tol = 1e-9 * (1 + (z * z).sum(-1))
+    assert torch.all((inner + beta).abs() <= tol)
+
+
+def test_distance_closed_forms():
+    t = lambda *v: torch.tensor([v], dtype=torch.float64)  # noqa: E731
+    d = lorentz_sq_dist(t(3.0, 4.0), t(0.0, 0.0), 1.0)
+    assert d.item() == pytest.approx(2 * math.sqrt(26) - 2, rel=1e-12)  # 8.198039...
+    reg, _ = manifold_regularizer(t(3.0, 4.0), t(0.0, 0.0), beta=1.0, sigma=1e4)
+    assert reg.item() == pytest.approx(1.00082014, rel=1e-8)
+    # equal norms: d² = ‖z − ẑ‖² = 2
+    assert lorentz_sq_dist(t(1.0, 0.0), t(0.0, 1.0), 1.0).item() == pytest.approx(2.0, rel=1e-12)
+    # collinear, different norms: much smaller than the Euclidean 100
+    d5 = lorentz_sq_dist(t(10.0, 0.0), t(20.0, 0.0), 1.0).item()
+    assert d5 == pytest.approx(0.497205, abs=1e-6)
+    assert euclidean_sq_dist(t(10.0, 0.0), t(20.0, 0.0)).item() == 100.0  # Table 8 variant differs
+
+
+def test_distance_properties_and_stable_form_equals_naive():
+    g = torch.Generator().manual_seed(0)
+    for beta in (0.1, 1.0, 5.0):
+        z = torch.randn(200, 16, dtype=torch.float64, generator=g) * 3
+        zh = torch.randn(200, 16, dtype=torch.float64, generator=g) * 3
+        d = lorentz_sq_dist(z, zh, beta)
+        assert torch.all(d >= 0)
+        torch.testing.assert_close(d, lorentz_sq_dist(zh, z, beta), rtol=1e-12, atol=1e-12)  # symmetric
+        torch.testing.assert_close(d, naive_sq_dist(z, zh, beta), rtol=1e-9, atol=1e-9)
+        assert torch.all(d <= euclidean_sq_dist(z, zh) + 1e-9)  # d² ≤ ‖z − ẑ‖²
+        assert torch.all(lorentz_sq_dist(z, z.clone(), beta) == 0)  # d²(z, z) = 0 exactly
+        # equal norms: d² = ‖z − ẑ‖²
+        zeq = zh / zh.norm(dim=-1, keepdim=True) * z.norm(dim=-1, keepdim=True)
+        torch.testing.assert_close(lorentz_sq_dist(z, zeq, beta), euclidean_sq_dist(z, zeq), rtol=1e-9, atol=1e-9)
+
+
+def test_distance_stable_in_float32_for_large_norms():
+    g = torch.Generator().manual_seed(3)
+    z64 = torch.rand(64, 512, dtype=torch.float64, generator=g) * 100  # ‖z‖ ~ 1.3e3, post-ReLU-like
+    for noise in (1e-3, 1e-1, 10.0):
+        zh64 = (z64 + noise * torch.randn(64, 512, dtype=torch.float64, generator=g)).clamp_min(0)
+        ref = lorentz_sq_dist(z64, zh64, 1.0)
+        d32 = lorentz_sq_dist(z64.float(), zh64.float(), 1.0)
+        assert torch.isfinite(d32).all() and (d32 >= 0).all()
+        torch.testing.assert_close(d32.double(), ref, rtol=2e-3, atol=1e-6)
+    # huge and opposite vectors: no NaN/inf, still ≥ 0
+    big = torch.full((4, 512), 1e5)
+    for other in (big * 1.0001, -big, torch.zeros_like(big)):
+        d = lorentz_sq_dist(big, other, 1.0)
+        assert torch.isfinite(d).all() and (d >= 0).all()
+    # the exponent is clamped: R stays finite even for d² ≫ σ
+    reg, _ = manifold_regularizer(big, -big, beta=1.0, sigma=1e4)
+    assert torch.isfinite(reg) and reg.item() == pytest.approx(math.exp(50.0), rel=1e-5)
+
+
+def test_regularizer_gradient_is_zero_at_the_global_model():
+    task, _ = make_task({"strategy": "fedmrur", "fedmrur.gamma": 0.5})
+    rule = FedMRURClient()
+    rule.run_start(task)
+    x, y = next(task.data.batches(32, task.generator))
+    rule.prepare_batch(task, x, y)
+    z = task.model.features(x)
+    reg, d2 = manifold_regularizer(z, task.scratch["z_global"], beta=1.0, sigma=1e4)
+    assert torch.all(d2 == 0) and reg.item() == 1.0
+    grads = torch.autograd.grad(reg, task.params, allow_unused=True)
+    assert all(g is None or torch.all(g == 0) for g in grads)
+    # ... and it is not zero once the local model has moved
+    with torch.no_grad():
+        for p in task.params:
+            p.add_(0.1 * torch.randn_like(p))
+    z = task.model.features(x)
+    reg, d2 = manifold_regularizer(z, task.scratch["z_global"], beta=1.0, sigma=1.0)
+    assert d2.min() > 0 and reg.item() > 1.0
+    grads = torch.autograd.grad(reg, task.params, allow_unused=True)
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+# ------------------------------------------------------------------------------------------------
+# 8.2 SAM / ASAM / momentum helpers and client steps
+# ------------------------------------------------------------------------------------------------
+
+
+def test_sam_perturbation_has_norm_rho():
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(5, 3, generator=g), torch.randn(7, generator=g) * 100]
+    for rho in (0.05, 0.5, 2.0):
+        e = sam_perturbation(grads, rho)
+        assert global_norm(e).item() == pytest.approx(rho, rel=1e-6)
+        for ei, gi in zip(e, grads):  # direction of g
+            torch.testing.assert_close(ei, gi * (rho / global_norm(grads)), rtol=1e-5, atol=1e-9)
+    assert all(torch.all(ei == 0) for ei in sam_perturbation(grads, 0.0))
+
+
+def test_asam_perturbation_formula():
+    g = torch.Generator().manual_seed(1)
+    names = ["fc.weight", "fc.bias"]
+    params = [torch.randn(4, 3, generator=g), torch.randn(4, generator=g)]
+    grads = [torch.randn(4, 3, generator=g), torch.randn(4, generator=g)]
+    rho, eta = 0.1, 0.01
+    t = params[0].abs() + eta
+    tg = [t * grads[0], grads[1]]
+    norm = torch.sqrt((tg[0] ** 2).sum() + (tg[1] ** 2).sum())
+    e = asam_perturbation(names, params, grads, rho, eta)
+    torch.testing.assert_close(e[0], rho * t * t * grads[0] / norm)
+    torch.testing.assert_close(e[1], rho * grads[1] / norm)  # T = 1 on non-weight tensors
+    # ‖T⁻¹ e‖ = ρ: the perturbation has radius ρ in the adaptive norm
+    assert global_norm([e[0] / t, e[1]]).item() == pytest.approx(rho, rel=1e-5)
+
+
+def test_mix_momentum():
+    g = torch.Generator().manual_seed(2)
+    grads = [torch.randn(6, generator=g), torch.randn(2, 2, generator=g)]
+    mom = [torch.randn(6, generator=g), None]
+    exact = [x.clone() for x in grads]
+    mix_momentum(exact, mom, 1.0)
+    assert all(torch.equal(a, b) for a, b in zip(exact, grads))  # α = 1: u = g bit for bit
+    mixed = [x.clone() for x in grads]
+    mix_momentum(mixed, mom, 0.3)
+    torch.testing.assert_close(mixed[0], 0.3 * grads[0] + 0.7 * mom[0])
+    torch.testing.assert_close(mixed[1], 0.3 * grads[1])  # absent m = 0
+
+
+def _momentum_for(task, seed: int = 5, scale: float = 0.5) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {n: scale * torch.randn(p.shape, generator=g) for n, p in task.model.named_parameters()}
+
+
+def _round(rule, values: dict, momentum_seed: int | None = 5, server_round: int = 2):
+    """One full local round of ``rule`` on the FAST client 0, optionally with a server momentum."""
+    task, _ = make_task(values, server_round=server_round)
+    if momentum_seed is not None:
+        task.extras[MOMENTUM_RECORD] = _momentum_for(task, momentum_seed)
+    result = run_local_training(rule, task)
+    return result, task
+
+
+def _assert_same_round(a, b):
+    ra, rb = a[0], b[0]
+    assert list(ra.arrays) == list(rb.arrays)
+    for k in ra.arrays:
+        assert torch.equal(ra.arrays[k], rb.arrays[k]), k
+    assert ra.metrics["train-loss"] == rb.metrics["train-loss"]
+    assert ra.metrics["num-steps"] == rb.metrics["num-steps"]
+
+
+def test_sam_second_pass_uses_perturbed_gradient_and_restores_weights():
+    task, _ = make_task({"strategy": "mofedsam", "mofedsam.rho": 0.5})
+    rule = MoFedSAMClient()
+    rule.run_start(task)
+    x, y = next(task.data.batches(32, task.generator))
+    before = [p.detach().clone() for p in task.params]
+    loss = rule.loss(task, x, y)
+    loss.backward()
+    g = [p.grad.clone() for p in task.params]
+    rule.sam_second_pass(task, task.params, 0.5, lambda: rule.loss(task, x, y))
+    assert all(torch.equal(p, w) for p, w in zip(task.params, before))  # restored exactly
+    e = task.scratch["last_perturbation"]
+    assert global_norm(e).item() == pytest.approx(0.5, rel=1e-5)
+    # reference: the gradient of the loss at w + e, computed on a copy
+    ref_task, _ = make_task({"strategy": "mofedsam"})
+    with torch.no_grad():
+        for p, gi in zip(ref_task.params, g):
+            p.add_(0.5 * gi / (global_norm(g) + 1e-7))
+    rule.loss(ref_task, x, y).backward()
+    for p, q in zip(task.params, ref_task.params):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_fedcm_one_step_matches_formula():
+    """One local step with momentum: w − η(α g + (1−α) m + λ w) (spec §2.3, §8.2 items 10, 12)."""
+    vals = {"strategy": "fedcm", "fedcm.alpha": 0.3, "fedcm.clip_norm": 0.0, "weight_decay": 0.01, "lr": 0.1}
+    task, _ = make_task(vals)
+    mom = _momentum_for(task)
+    task.extras[MOMENTUM_RECORD] = mom
+    rule = FedCMClient()
+    rule.run_start(task)
+    opt = rule.run_make_optimizer(task)
+    x, y = next(task.data.batches(32, task.generator))
+    w0 = {n: p.detach().clone() for n, p in task.model.named_parameters()}
+    ref, _ = make_task(vals)
+    ClientRule().loss(ref, x, y).backward()
+    grads = {n: p.grad for n, p in ref.model.named_parameters()}
+    rule.step(task, opt, x, y)
+    for n, p in task.model.named_parameters():
+        expected = w0[n] - 0.1 * (0.3 * grads[n] + 0.7 * mom[n] + 0.01 * w0[n])
+        torch.testing.assert_close(p.detach(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_fedcm_pure_momentum_displacement():
+    """With γ = ρ = 0 and a zero data gradient (lr-free check): K steps move w by −K η (1−α) m."""
+    vals = {"strategy": "fedcm", "fedcm.alpha": 0.25, "fedcm.clip_norm": 0.0, "lr": 0.05}
+    task, _ = make_task(vals)
+    mom = _momentum_for(task)
+    task.extras[MOMENTUM_RECORD] = mom
+
+    class ZeroLoss(FedCMClient):
+        def loss(self, task, x, y):
+            return 0.0 * super().loss(task, x, y)
+
+    w0 = {n: p.detach().clone() for n, p in task.model.named_parameters()}
+    result = run_local_training(ZeroLoss(), task)
+    k = result.metrics["num-steps"]
+    assert k == math.ceil(len(task.data) / 32)  # K_i = E·⌈n_i/B⌉ (spec §8.2 item 13)
+    for n, _ in task.model.named_parameters():
+        torch.testing.assert_close(result.arrays[n] - w0[n], -k * 0.05 * 0.75 * mom[n], rtol=1e-4, atol=1e-6)
+
+
+def test_fedmrur_logs_distances_and_is_finite():
+    result, task = _round(FedMRURClient(), {"strategy": "fedmrur", "fedmrur.sigma": 1.0, "lr": 0.2})
+    m = result.metrics
+    assert m["fedmrur-d2-max"] >= m["fedmrur-d2-mean"] > 0  # the local model moved within the round
+    assert m["fedmrur-R-mean"] >= 1.0
+    assert all(torch.isfinite(v).all() for v in result.arrays.values())
+    assert "global_model" not in task.scratch
+
+
+# --- equivalences at hook level (same LocalTask, compared with torch.equal) --------------------
+
+
+def test_fedmrur_gamma0_no_normalisation_equals_mofedsam():
+    a = _round(FedMRURClient(), {"strategy": "fedmrur", "fedmrur.gamma": 0.0, "fedmrur.normalize": False})
+    b = _round(MoFedSAMClient(), {"strategy": "mofedsam"})
+    _assert_same_round(a, b)
+    assert a[0].metrics["fedmrur-d2-mean"] > 0  # the regulariser was computed, only weighted by 0
+    c = _round(FedMRURClient(), {"strategy": "fedmrur", "fedmrur.hyperbolic": False})
+    _assert_same_round(c, b)
+    d = _round(FedMRURClient(), {"strategy": "fedmrur", "fedmrur.gamma": 0.5, "fedmrur.sigma": 1.0})
+    assert any(not torch.equal(d[0].arrays[k], b[0].arrays[k]) for k in b[0].arrays)  # γ > 0 matters
+
+
+def test_mofedsam_rho0_equals_fedcm():
+    a = _round(MoFedSAMClient(), {"strategy": "mofedsam", "mofedsam.rho": 0.0})
+    b = _round(FedCMClient(), {"strategy": "fedcm"})
+    _assert_same_round(a, b)
+    c = _round(MoFedSAMClient(), {"strategy": "mofedsam"})
+    assert any(not torch.equal(c[0].arrays[k], b[0].arrays[k]) for k in b[0].arrays)  # ρ > 0 matters
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_fedcm_alpha1_equals_fedavg(clip):
+    """α = 1 with a non-zero momentum present: 1.0·g + 0.0·m = g; clipping as FedAvg's grad_clip."""
+    fedavg_vals = {"strategy": "fedavg", "weight_decay": 1e-3, **({"grad_clip": clip} if clip else {})}
+    a = _round(FedCMClient(), {"strategy": "fedcm", "fedcm.alpha": 1.0, "fedcm.clip_norm": clip, "weight_decay": 1e-3})
+    b = _round(ClientRule(), fedavg_vals)
+    _assert_same_round(a, b)
+    c = _round(FedCMClient(), {"strategy": "fedcm", "fedcm.alpha": 0.5, "fedcm.clip_norm": clip, "weight_decay": 1e-3})
+    assert any(not torch.equal(c[0].arrays[k], b[0].arrays[k]) for k in b[0].arrays)
+
+
+def test_sam_family_reductions():
+    fedavg = _round(ClientRule(), {"strategy": "fedavg", "momentum": 0.5}, momentum_seed=None)
+    # FedSAM(ρ=0) = FedAvg; FedASAM(ρ=0) = FedAvg (also with SGD momentum)
+    _assert_same_round(_round(FedSAMClient(), {"strategy": "fedsam", "fedsam.rho": 0.0, "fedsam.clip_norm": 0.0,
+                                               "momentum": 0.5}, momentum_seed=None), fedavg)
+    _assert_same_round(_round(FedASAMClient(), {"strategy": "fedasam", "fedasam.rho": 0.0, "momentum": 0.5},
+                              momentum_seed=None), fedavg)
+    # MoFedSAM(α=1) = FedSAM, even with a momentum record present
+    _assert_same_round(_round(MoFedSAMClient(), {"strategy": "mofedsam", "mofedsam.alpha": 1.0}),
+                       _round(FedSAMClient(), {"strategy": "fedsam"}))
+    # and ρ > 0 does change FedASAM
+    asam = _round(FedASAMClient(), {"strategy": "fedasam", "momentum": 0.5}, momentum_seed=None)
+    assert any(not torch.equal(asam[0].arrays[k], fedavg[0].arrays[k]) for k in fedavg[0].arrays)
+
+
+# ------------------------------------------------------------------------------------------------
+# 8.3 the server rule, with hand-built replies
+# ------------------------------------------------------------------------------------------------
+
+
+def _strategy(values: dict | None = None, template: dict | None = None) -> FedMRURStrategy:
+    cfg = build_config(values={"strategy": "fedmrur", "num_clients": 10, **(values or {})})
+    template = template or {"a": np.zeros(3), "b": np.zeros((2, 2))}
+    return cfg.method.strategy(ServerSetup(cfg=cfg, node_to_pid={i: i for i in range(10)}, initial=template))
+
+
+def _reply(pid, arrays, n=10, steps=5):
+    return ClientReply(pid, arrays, n, {"num-examples": float(n), "num-steps": float(steps)}, {})
+
+
+def _flat(arrays) -> np.ndarray:
+    return np.concatenate([np.ravel(v) for v in arrays.values()])
+
+
+def test_normalised_aggregate_has_mean_norm_and_direction_of_sum():
+    rng = np.random.default_rng(0)
+    s = _strategy()
+    w_t = {"a": rng.normal(size=3), "b": rng.normal(size=(2, 2))}
+    s.global_arrays = w_t
+    deltas = [{k: rng.normal(size=v.shape) * (i + 1) for k, v in w_t.items()} for i in range(4)]
+    replies = [_reply(i, {k: w_t[k] + d[k] for k in w_t}, n=10 * (i + 1)) for i, d in enumerate(deltas)]
+    new = s.aggregate(1, replies)
+    step = _flat(new) - _flat(w_t)
+    total = sum(_flat(d) for d in deltas)
+    mean_norm = np.mean([np.linalg.norm(_flat(d)) for d in deltas])  # unweighted even with unequal n_i
+    assert np.linalg.norm(step) == pytest.approx(mean_norm, rel=1e-12)
+    assert step @ total / (np.linalg.norm(step) * np.linalg.norm(total)) == pytest.approx(1.0, rel=1e-12)
+    d_t = s.round_info["extra"]["norm_factor"]
+    assert 1.0 <= d_t <= 4.0
+    np.testing.assert_allclose(step, d_t * total / 4, rtol=1e-12)
+
+
+def test_normalised_aggregate_special_cases():
+    s = _strategy()
+    s.global_arrays = {"a": np.zeros(3), "b": np.zeros((2, 2))}
+    e1 = {"a": np.array([2.0, 0, 0]), "b": np.zeros((2, 2))}
+    e2 = {"a": np.array([0, 2.0, 0]), "b": np.zeros((2, 2))}
+    # orthogonal, equal norm r = 2: plain mean has norm r/√2, normalised r; result (Δ1+Δ2)/√2 = √2·mean
+    new = s.aggregate(1, [_reply(0, e1), _reply(1, e2)])
+    np.testing.assert_allclose(new["a"], np.array([2, 2, 0]) / math.sqrt(2), rtol=1e-12)
+    assert s.round_info["extra"]["norm_factor"] == pytest.approx(math.sqrt(2))
+    # identical updates → the plain mean; S = 1 → Δ_1
+    np.testing.assert_allclose(s.aggregate(1, [_reply(0, e1), _reply(1, e1)])["a"], e1["a"], rtol=1e-12)
+    np.testing.assert_allclose(s.aggregate(1, [_reply(0, e2)])["a"], e2["a"], rtol=1e-12)
+    # cancelling updates → finite, ≈ 0
+    neg = {k: -v for k, v in e1.items()}
+    out = s.aggregate(1, [_reply(0, e1), _reply(1, neg)])
+    assert all(np.isfinite(v).all() and np.abs(v).max() < 1e-9 for v in out.values())
+
+
+def test_plain_aggregate_equals_fedavg_and_uniform_mean():
+    rng = np.random.default_rng(1)
+    t32 = {"a": rng.normal(size=5).astype(np.float32), "b": rng.normal(size=(3, 2)).astype(np.float32)}
+    replies = [_reply(i, {k: (v + rng.normal(size=v.shape)).astype(np.float32) for k, v in t32.items()}, n=7 + 13 * i)
+               for i in range(3)]
+    s = _strategy({"fedmrur.normalize": False, "fedmrur.weighting": "examples"}, template=t32)
+    assert_same_arrays(s.aggregate(1, replies), weighted_mean([r.arrays for r in replies],
+                                                              [r.num_examples for r in replies], t32))
+    s = _strategy({"fedmrur.normalize": False}, template=t32)  # paper: unweighted 1/S (A26)
+    assert_same_arrays(s.aggregate(1, replies), weighted_mean([r.arrays for r in replies], [1, 1, 1], t32))
+    # global lr: w^t + η_g Δ̄
+    s = _strategy({"fedmrur.normalize": False, "fedmrur.server_lr": 2.0}, template=t32)
+    mean = weighted_mean([r.arrays for r in replies], [1, 1, 1], t32)
+    for k in t32:
+        np.testing.assert_allclose(s.aggregate(1, replies)[k], t32[k] + 2.0 * (mean[k] - t32[k]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("decay", [1.0, 0.9])
+def test_momentum_recursion_linear_loss(normalize, decay):
+    """Spec §8.3 item 19: one client, constant gradient c, ρ = γ = wd = 0, no clipping:
+    Δ = −K η_t (α c + (1−α) m^t)  ⇒  m^t = c (1 − (1−α)^t); the conversion uses round t's lr."""
+    alpha, k_steps, lr = 0.1, 5, 0.1
+    s = _strategy({"fedmrur.normalize": normalize, "fedmrur.alpha": alpha, "lr": lr, "lr_decay": decay})
+    c = {"a": np.array([1.0, -2.0, 0.5]), "b": np.array([[0.3, 0.0], [-1.0, 2.0]])}
+    w = {k: np.zeros_like(v) for k, v in c.items()}
+    for t in range(1, 4):
+        s.global_arrays = w
+        m = s.momentum or {k: np.zeros_like(v) for k, v in c.items()}
+        eta = s.local_lr(t)
+        assert eta == pytest.approx(lr * decay ** (t - 1))
+        w_i = {k: w[k] - k_steps * eta * (alpha * c[k] + (1 - alpha) * m[k]) for k in c}
+        w = s.aggregate(t, [_reply(0, w_i, steps=k_steps)])
+        for key in c:
+            np.testing.assert_allclose(s.momentum[key], c[key] * (1 - (1 - alpha) ** t), rtol=1e-12, atol=1e-15)
+
+
+def test_momentum_is_sent_and_checkpointed():
+    from flwr.app import ConfigRecord
+
+    from strategies.base import to_record
+
+    s = _strategy()
+    w0 = to_record(s.global_arrays)
+    assert MOMENTUM_RECORD not in s.client_payload(1, 0, w0, ConfigRecord({})).array_records  # m^0 = 0 omitted
+    s.aggregate(1, [_reply(0, {"a": np.ones(3), "b": np.ones((2, 2))}), _reply(1, {"a": -np.ones(3) * 0.5,
+                                                                                      "b": np.ones((2, 2))})])
+    payload = s.client_payload(2, 3, w0, ConfigRecord({}))
+    sent = {k: v.numpy() for k, v in payload[MOMENTUM_RECORD].items()}
+    assert_same_arrays(sent, s.momentum)
+    assert {k: v.shape for k, v in sent.items()} == {k: v.shape for k, v in s.template.items()}
+    # state round-trip
+    s2 = _strategy()
+    s2.load_state_dict(s.state_dict())
+    assert_same_arrays(s2.momentum, s.momentum)
+    assert_same_arrays({k: v.numpy() for k, v in s2.client_payload(2, 3, w0, ConfigRecord({}))[MOMENTUM_RECORD].items()},
+                       sent)
+
+
+# ------------------------------------------------------------------------------------------------
+# real Flower simulations (5 configs, FAST defaults)
+# ------------------------------------------------------------------------------------------------
+
+COMPARED = ("round", "test_accuracy", "test_loss", "train_loss", "cohort")
+
+
+def _rows(sim):
+    return [{k: r.get(k) for k in COMPARED} for r in sim.rows]
+
+
+def test_sim_fedcm_alpha1_equals_fedavg(simulate):
+    fedavg = simulate(strategy="fedavg")
+    fedcm = simulate(strategy="fedcm", **{"fedcm.alpha": 1.0, "fedcm.weighting": "examples", "fedcm.clip_norm": 0.0})
+    assert_same_arrays(fedcm.arrays, fedavg.arrays)
+    assert _rows(fedcm) == _rows(fedavg)
+    assert fedcm.checkpoint["strategy"]["momentum"] is not None  # momentum was computed and sent
+    assert fedcm.rows[-1]["bytes_sent"] > fedavg.rows[-1]["bytes_sent"]  # ... at 2× the downlink
+
+
+def test_sim_mofedsam_rho0_equals_fedcm(simulate):
+    fedcm = simulate(strategy="fedcm")
+    mofedsam = simulate(strategy="mofedsam", **{"mofedsam.rho": 0.0})
+    assert_same_arrays(mofedsam.arrays, fedcm.arrays)
+    assert _rows(mofedsam) == _rows(fedcm)
+    assert_same_arrays(mofedsam.checkpoint["strategy"]["momentum"], fedcm.checkpoint["strategy"]["momentum"])
+
+
+def test_sim_fedmrur_runs_and_logs(simulate):
+    sim = simulate(strategy="fedmrur")
+    rows = sim.rows[1:]
+    assert len(rows) == 2
+    for r in rows:
+        assert 1.0 <= r["norm_factor"] <= 4.0 + 1e-9  # d_t ∈ [1, S]
+        assert r["global_update_norm"] == pytest.approx(r["mean_client_update_norm"], rel=1e-9)
+        assert r["fedmrur-R-mean"] >= 1.0 and r["fedmrur-d2-mean"] >= 0
+        assert math.isfinite(r["test_loss"])
+    momentum = sim.checkpoint["strategy"]["momentum"]
+    assert set(momentum) <= set(sim.arrays) and all(np.isfinite(v).all() for v in momentum.values())
+    assert all(np.isfinite(v).all() for v in sim.arrays.values())
