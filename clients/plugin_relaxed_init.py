@@ -1,0 +1,337 @@
+"""Relaxed initialisation (RI), FedInit's start point, as a plug-in for every method.
+
+Spec: ``shared/specs/fedinit.md`` (§2.1-§2.4, §2.7, §3.1, §7 A1/A2/A18). Paper: Sun, Shen & Tao,
+*Understanding How Consistency Works in Federated Learning via Stage-wise Relaxed Initialization*,
+NeurIPS 2023, Algorithm 1.
+
+Client i, sampled in round t, starts local training at (spec §2.1, Alg. 1 line 6)
+
+    w_{i,0} = s + β (s − ŵ_i)          s = the host rule's start point (w^t for every host but FedMR-type)
+
+where ŵ_i = w_{i,K} of the last round client i trained in, kept (stale) while it is not sampled, and
+ŵ_i = w^0 before its first round (spec §2.4, A2). Only trainable parameters are relaxed; buffers
+stay as the host set them (spec A18). After training, ŵ_i := w_{i,K} (spec §2.3 C6). The host's
+loop then sees ``task.start_point == w_{i,0}``, so every anchor and every Δ_i of the host (FedProx /
+FedDyn prox anchor, SCAFFOLD's Δ_i, FedCM's momentum) refers to the relaxed start (spec §2.7).
+
+What goes back (spec §2.2 S5-S6, §7 A1):
+
+* ``aggregation="delta"`` (default; produced the paper's numbers): arrays = w_{i,K} − r_i with
+  r_i = w_{i,0} − s, i.e. s + Δ_i with Δ_i = w_{i,K} − w_{i,0}. Any server rule that aggregates
+  models therefore aggregates w^t + mean Δ_i, measured from the relaxed starts (spec §2.3 C7).
+  Computed as w_{i,K} − r_i, not s + (w_{i,K} − w_{i,0}): the two agree up to one float32 rounding,
+  and the subtraction form leaves w_{i,K} bitwise unchanged when r_i = 0.
+* ``aggregation="model"`` (Algorithm 1 line 12, the proofs): arrays = w_{i,K}. For FedDyn + RI this
+  is what (R) does (FedDyn averages models, spec §2.7).
+
+β = 0 is FedAvg bit for bit, by construction rather than by luck of rounding: with β = 0, and
+whenever the offset is zero by rule (first visit with ``zero_offset``, ŵ_i older than
+``max_staleness``), the relaxation is not computed at all, the start point *is* s, and no
+translation is applied, so the reply is the host's w_{i,K} unchanged.
+
+Storage (spec §3.1):
+
+* ``"client-state"`` (canonical, no extra communication): ŵ_i lives on the client's disk
+  (``task.state.save_arrays``; one model per client, not in RAM), with the round it was made.
+  w^0 for a first visit is rebuilt on the client from the run's seed with
+  ``fedsuite.runtime.initial_arrays`` (the very function the ServerApp builds w^0 with; inside
+  ``torch.random.fork_rng`` so the local RNG stream is untouched). Chosen over the server sending
+  w^0 on a first visit because it needs no server bookkeeping, no extra bytes, and still works after a
+  SuperNode restart that lost its state (spec §3.2): the client then falls back to ``first_visit``.
+* ``"server-state"`` ((R)'s simulation): the strategy keeps every ŵ_i on disk under the run
+  directory (``fedsuite.state.ArrayStore``) and sends each sampled client its own w_{i,0} as the
+  extra ArrayRecord ``"start"``. The client trains from it and replies w_{i,K}; the server stores it as
+  ŵ_i and applies the same delta translation. The maths (and the float operations) are those of
+  client-state mode, so the two modes give identical models and metrics (tests/test_fedinit.py).
+  It relaxes around the model the host sends in ``"arrays"``, so it needs a host whose client starts
+  from the received model (the client checks this and says so otherwise).
+
+Options (section ``[relaxed_init]``, CLI ``--relaxed-init β``): ``beta`` (None = off),
+``storage``, ``aggregation``, ``first_visit`` ("w0": ŵ_i = w^0, Alg. 1 line 1; "zero_offset": a
+first-time client starts at s), ``max_staleness`` (None = ∞; else a ŵ_i made more than that many
+rounds ago gives a zero offset; it does not apply to w^0, which ``first_visit`` governs; spec §2.4).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from clients.plugins import ClientPlugin, register_plugin
+from fedsuite.training import LocalResult, LocalTask
+from strategies.base import ServerHooks, to_ndarrays, to_record
+
+Tensors = dict[str, torch.Tensor]
+
+STATE_NAME = "relaxed_init-last_local"  # ŵ_i in the client's ArrayStore
+ROUND_KEY = "__round__"  # the round ŵ_i was made in, stored beside it
+START_RECORD = "start"  # server-state mode: the extra ArrayRecord with w_{i,0}
+
+
+class RelaxedInitParams(BaseModel):
+    """Section ``[relaxed_init]``: FedInit's relaxed initialisation on any method."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    beta: float | None = Field(None, description="relaxation β (None = off); w_{i,0} = w^t + β (w^t − ŵ_i)")
+    storage: Literal["client-state", "server-state"] = Field(
+        "client-state", description="where ŵ_i lives: on the client, or on the server (personalised start)")
+    aggregation: Literal["delta", "model"] = Field(
+        "delta", description="upload w^t + (w_{i,K} − w_{i,0}) (delta) or w_{i,K} (model)")
+    first_visit: Literal["w0", "zero_offset"] = Field(
+        "w0", description="ŵ_i before a client's first round: w^0, or no offset")
+    max_staleness: int | None = Field(
+        None, ge=0, description="ŵ_i older than this many rounds gives no offset (None = never)")
+
+
+# ------------------------------------------------------------------------------------------------
+# the maths, as pure functions
+# ------------------------------------------------------------------------------------------------
+
+
+def relaxed_start(start: Tensors, last_local: Tensors, beta: float, keys: list[str]) -> Tensors:
+    """w_{i,0} = s + β (s − ŵ_i) for every key in ``keys`` (spec §2.1). β = 0 returns ``start``'s
+    tensors themselves (no arithmetic), so the start point is s bit for bit."""
+    if beta == 0:
+        return {k: start[k] for k in keys}
+    return {k: start[k] + beta * (start[k] - last_local[k].to(start[k].device, start[k].dtype)) for k in keys}
+
+
+def offsets(relaxed: Tensors, start: Tensors) -> Tensors:
+    """r_i = w_{i,0} − s (only the relaxed keys)."""
+    return {k: relaxed[k] - start[k] for k in relaxed}
+
+
+def translate(arrays: dict[str, Any], offset: dict[str, Any] | None) -> dict[str, Any]:
+    """Delta-mode upload: w_{i,K} − r_i = s + (w_{i,K} − w_{i,0}) for relaxed keys; others unchanged.
+    ``offset=None`` (no relaxation happened) returns ``arrays`` untouched."""
+    if offset is None:
+        return arrays
+    return {k: (v - offset[k]) if k in offset else v for k, v in arrays.items()}
+
+
+def trainable_keys(model: torch.nn.Module) -> list[str]:
+    """state_dict names of the trainable parameters (buffers are not relaxed, spec A18)."""
+    return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+_W0_CACHE: dict[tuple, Tensors] = {}
+
+
+def initial_params(cfg: Any, bundle: Any, keys: list[str]) -> Tensors:
+    """w^0's trainable parameters, rebuilt from the run's seed exactly as the ServerApp builds w^0
+    (``fedsuite.runtime.initial_arrays``), without disturbing the caller's RNG state. Cached per
+    process for the last configuration (a Ray worker serves many clients of one run)."""
+    from fedsuite import runtime
+
+    key = (cfg.model_dump_json(), bundle.num_classes, tuple(bundle.input_shape))
+    if key not in _W0_CACHE:
+        with torch.random.fork_rng(devices=[]):
+            arrays = runtime.initial_arrays(cfg, bundle)
+        _W0_CACHE.clear()
+        _W0_CACHE[key] = {k: torch.from_numpy(arrays[k]) for k in arrays}
+    return {k: _W0_CACHE[key][k] for k in keys}
+
+
+def effective_offset_source(p: RelaxedInitParams, server_round: int, stored_round: int | None) -> str:
+    """Which ŵ_i applies: "stored" (the client's last local model), "w0", or "none" (zero offset)."""
+    if stored_round is None:
+        return "w0" if p.first_visit == "w0" else "none"
+    if p.max_staleness is not None and server_round - stored_round > p.max_staleness:
+        return "none"
+    return "stored"
+
+
+# ------------------------------------------------------------------------------------------------
+# client side
+# ------------------------------------------------------------------------------------------------
+
+
+@register_plugin
+class RelaxedInit(ClientPlugin):
+    """Relaxed initialisation on any client rule (see module docstring for the maths)."""
+
+    name = "relaxed_init"
+    params = RelaxedInitParams
+
+    @classmethod
+    def enabled(cls, params: RelaxedInitParams) -> bool:
+        return params.beta is not None
+
+    @property
+    def beta(self) -> float:
+        return float(self.p.beta or 0.0)
+
+    def after_start(self, task: LocalTask) -> None:
+        keys = trainable_keys(task.model)
+        state = task.model.state_dict()
+        start = {k: state[k] for k in keys}  # s: the host's start point (views into the model)
+        if self.p.storage == "server-state":
+            relaxed = self._server_start(task, keys, start)
+        else:
+            relaxed = self._client_start(task, keys, start)
+        if relaxed is None:  # zero offset by rule: start point is s, nothing to translate
+            task.scratch["relaxed_init.offset"] = None
+            task.metrics["ri-offset-sq"] = 0.0
+            return
+        offset = offsets(relaxed, start)  # before the model is overwritten (start are views)
+        with torch.no_grad():
+            for name, p in task.model.named_parameters():
+                if name in relaxed:
+                    p.copy_(relaxed[name])
+        task.scratch["relaxed_init.offset"] = offset
+        task.metrics["ri-offset-sq"] = float(sum(float((r.double() ** 2).sum()) for r in offset.values()))
+
+    def _client_start(self, task: LocalTask, keys: list[str], start: Tensors) -> Tensors | None:
+        if self.beta == 0:
+            return None
+        stored = task.state.load_arrays(STATE_NAME, task.device)
+        stored_round = int(stored.pop(ROUND_KEY)) if stored is not None else None
+        source = effective_offset_source(self.p, task.server_round, stored_round)
+        if source == "none":
+            return None
+        last = stored if source == "stored" else initial_params(task.cfg, task.data.bundle, keys)
+        return relaxed_start(start, last, self.beta, keys)
+
+    def _server_start(self, task: LocalTask, keys: list[str], start: Tensors) -> Tensors | None:
+        sent = task.extras.get(START_RECORD)
+        if sent is None:
+            raise RuntimeError(
+                "relaxed_init.storage='server-state' but the server sent no 'start' record; "
+                "the strategy must be a FedSuiteStrategy (its server hooks send it)")
+        if any(not torch.equal(start[k], task.received[k]) for k in keys):
+            raise RuntimeError(
+                f"relaxed_init.storage='server-state' relaxes around the received model, but "
+                f"{task.cfg.strategy}'s client starts elsewhere; use relaxed_init.storage='client-state'")
+        relaxed = {k: sent[k].to(start[k].device, start[k].dtype) for k in keys}
+        if all(torch.equal(relaxed[k], start[k]) for k in keys):
+            return None
+        return relaxed
+
+    def after_finish(self, task: LocalTask, result: LocalResult) -> LocalResult:
+        offset = task.scratch.pop("relaxed_init.offset", None)
+        if self.p.storage == "client-state":
+            if self.beta != 0:  # β = 0 never reads ŵ_i: do not pay for writing it
+                state = task.model.state_dict()
+                keep = {k: state[k] for k in trainable_keys(task.model)}
+                keep[ROUND_KEY] = torch.tensor(task.server_round, dtype=torch.int64)
+                task.state.save_arrays(STATE_NAME, keep)  # ŵ_i := w_{i,K}
+            if self.p.aggregation == "delta":
+                result.arrays = translate(result.arrays, offset)
+        # server-state: the reply carries w_{i,K}; the server stores it and translates (RelaxedInitServer)
+        return result
+
+    def server_hooks(self, strategy: Any) -> "RelaxedInitServer | None":
+        return RelaxedInitServer(self.p, strategy) if self.p.storage == "server-state" else None
+
+
+# ------------------------------------------------------------------------------------------------
+# server side (server-state mode)
+# ------------------------------------------------------------------------------------------------
+
+
+class RelaxedInitServer(ServerHooks):
+    """Server-state RI (spec §3.1 b): keeps ŵ_i of every client on disk, sends w_{i,0} as ``"start"``,
+    stores the replied w_{i,K} as ŵ_i and applies the delta translation before the host aggregates.
+
+    Files: ``<run_dir>/relaxed-init-server/client-<pid>/last-local-r<round>.pt`` (ŵ_i made in that
+    round; the previous generation is kept so a checkpoint one round older can be restored) and
+    ``offset.pt`` (r_i of the round in flight, removed once applied). ``state_dict()`` = {pid: round of ŵ_i}.
+    """
+
+    name = "relaxed_init"
+
+    def __init__(self, params: RelaxedInitParams, strategy: Any) -> None:
+        from fedsuite.state import ArrayStore
+
+        self.p = params
+        self.strategy = strategy
+        setup = strategy.setup
+        if setup.build_model is not None:
+            self.keys = trainable_keys(setup.build_model())
+        else:
+            self.keys = [k for k, v in setup.initial.items() if np.issubdtype(v.dtype, np.floating)]
+        root = Path(setup.run_dir) if setup.run_dir is not None else Path(_tmpdir())
+        self.store = ArrayStore(root / "relaxed-init-server")
+        self.initial = {k: torch.from_numpy(np.asarray(setup.initial[k])) for k in self.keys}
+        self.index: dict[int, int] = self._scan()  # pid -> round its ŵ_i was made in
+        self.relaxed: set[int] = set()  # clients whose start this round differs from s
+
+    @property
+    def beta(self) -> float:
+        return float(self.p.beta or 0.0)
+
+    def _scan(self) -> dict[int, int]:
+        """The newest ŵ_i generation on disk per client (a resumed run before ``load_state_dict``)."""
+        index: dict[int, int] = {}
+        for path in self.store.root.glob("client-*/last-local-r*.pt"):
+            pid = int(path.parent.name.split("-")[1])
+            rnd = int(re.search(r"-r(\d+)\.pt$", path.name).group(1))
+            index[pid] = max(index.get(pid, -1), rnd)
+        return index
+
+    def payload(self, server_round: int, pid: int, content: Any) -> None:
+        sent = to_ndarrays(content["arrays"])
+        start = {k: torch.from_numpy(np.asarray(sent[k])) for k in self.keys}
+        relaxed = None
+        if self.beta != 0:
+            source = effective_offset_source(self.p, server_round, self.index.get(pid))
+            if source != "none":
+                last = self.store.load(f"client-{pid}", f"last-local-r{self.index[pid]}") if source == "stored" else self.initial
+                relaxed = relaxed_start(start, last, self.beta, self.keys)
+        if relaxed is None:
+            self.relaxed.discard(pid)
+            relaxed = start
+        else:
+            self.relaxed.add(pid)
+            if self.p.aggregation == "delta":  # r_i, needed to translate this client's reply
+                self.store.save(f"client-{pid}", "offset", offsets(relaxed, start))
+        content[START_RECORD] = to_record({k: v.numpy() for k, v in relaxed.items()})
+
+    def observe(self, server_round: int, replies: list) -> list:
+        for reply in replies:
+            pid = reply.partition_id
+            w_k = {k: torch.from_numpy(np.asarray(reply.arrays[k])) for k in self.keys}
+            self._save_last(pid, server_round, w_k)
+            if self.p.aggregation == "delta" and pid in self.relaxed:
+                offset = self.store.load(f"client-{pid}", "offset")
+                self.store.path(f"client-{pid}", "offset").unlink()
+                moved = translate({k: torch.from_numpy(np.asarray(v)) for k, v in reply.arrays.items()}, offset)
+                reply.arrays = {k: v.numpy() for k, v in moved.items()}
+        self.relaxed.clear()
+        return replies
+
+    def _save_last(self, pid: int, server_round: int, arrays: Tensors) -> None:
+        owner = f"client-{pid}"
+        keep = {server_round, self.index.get(pid, server_round)}
+        self.store.save(owner, f"last-local-r{server_round}", arrays)
+        self.index[pid] = server_round
+        for path in self.store.root.joinpath(owner).glob("last-local-r*.pt"):
+            if int(re.search(r"-r(\d+)\.pt$", path.name).group(1)) not in keep:
+                path.unlink()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"index": dict(self.index)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.index = {int(k): int(v) for k, v in state.get("index", {}).items()}
+
+
+def _tmpdir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="fedsuite-ri-")
+
+
+def with_relaxed_init(plugins: list[Any], cfg: Any, default_beta: float) -> list[Any]:
+    """``plugins`` plus relaxed initialisation with β = ``default_beta`` if the run did not switch it
+    on itself (``relaxed_init.beta`` unset). Used by method ``fedinit`` on both sides."""
+    if any(isinstance(p, RelaxedInit) for p in plugins):
+        return plugins
+    params = cfg.relaxed_init.model_copy(update={"beta": default_beta})
+    return [RelaxedInit(params), *plugins]
