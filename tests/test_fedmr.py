@@ -444,6 +444,41 @@ def test_seed_changes_permutations_and_slot_deal():
     assert a.assign_slots(5) != b.assign_slots(5) or a.sample_cohort(5) != b.sample_cohort(5)
 
 
+def test_no_training_keeps_every_pool_model_at_w0():
+    """§8.3 item 18 (lr = 0): clients return what they received, so every payload, pool model and
+    global stays w^0 in both stages."""
+    s = make_strategy(FedMRStrategy, "fedmr", first_stage_rounds=1)
+    for r in (1, 2, 3):
+        msgs = configure(s, r)
+        for m in msgs:
+            assert_same_arrays(to_ndarrays(m.content["arrays"]), s.template)
+        replies = [reply_to(m, to_ndarrays(m.content["arrays"]), 10) for m in msgs]
+        glob = to_ndarrays(s.aggregate_train(r, replies)[0])
+        assert_same_arrays(glob, s.template)
+        for model in s.pool:
+            assert_same_arrays(model, s.template)
+
+
+def test_experiment_configs_load():
+    """experiments/fedmr/*.toml are valid RunConfigs with Table 1's settings (spec §4)."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "experiments" / "fedmr"
+    files = sorted(folder.glob("*.toml"))
+    assert len(files) == 10
+    for f in files:
+        cfg = build_config(f)
+        assert cfg.strategy == "fedmr" and cfg.lr == 0.01 and cfg.momentum == 0.9 and cfg.batch_size == 50
+        if f.name == "cpu_fmnist.toml":
+            assert (cfg.dataset, cfg.alpha, cfg.num_clients, cfg.cohort_size) == ("fmnist", 0.1, 100, 10)
+            continue
+        assert cfg.rounds == 500 and cfg.local_epochs == 5 and cfg.eval_every == 10
+        assert cfg.fedmr.first_stage_rounds == (0 if cfg.model == "cnn" else 100)
+        assert cfg.cohort_size == (18 if cfg.dataset == "femnist" else 10)
+        if cfg.dataset == "cifar100":
+            assert cfg.dataset_options["label_mode"] == "coarse"
+
+
 def test_fedmr_p1_is_indep_like():
     """§8.3 item 19: with segment_fraction = 1.0 every dispatched model is bit-identical to one
     model uploaded in the previous round."""
