@@ -240,8 +240,9 @@ class RelaxedInitServer(ServerHooks):
     stores the replied w_{i,K} as ŵ_i and applies the delta translation before the host aggregates.
 
     Files: ``<run_dir>/relaxed-init-server/client-<pid>/last-local-r<round>.pt`` (ŵ_i made in that
-    round; the previous generation is kept so a checkpoint one round older can be restored) and
-    ``offset.pt`` (r_i of the round in flight, removed once applied). ``state_dict()`` = {pid: round of ŵ_i}.
+    round; the previous generation is kept so a checkpoint one round older can be restored). The
+    offsets r_i of the round in flight are held in RAM (N model-sized arrays, as many as the replies
+    the server holds anyway). ``state_dict()`` = {pid: round of ŵ_i}.
     """
 
     name = "relaxed_init"
@@ -261,6 +262,7 @@ class RelaxedInitServer(ServerHooks):
         self.initial = {k: torch.from_numpy(np.asarray(setup.initial[k])) for k in self.keys}
         self.index: dict[int, int] = self._scan()  # pid -> round its ŵ_i was made in
         self.relaxed: set[int] = set()  # clients whose start this round differs from s
+        self.offsets: dict[int, Tensors] = {}  # r_i of this round's cohort (N models, like the replies)
 
     @property
     def beta(self) -> float:
@@ -286,11 +288,12 @@ class RelaxedInitServer(ServerHooks):
                 relaxed = relaxed_start(start, last, self.beta, self.keys)
         if relaxed is None:
             self.relaxed.discard(pid)
+            self.offsets.pop(pid, None)
             relaxed = start
         else:
             self.relaxed.add(pid)
             if self.p.aggregation == "delta":  # r_i, needed to translate this client's reply
-                self.store.save(f"client-{pid}", "offset", offsets(relaxed, start))
+                self.offsets[pid] = offsets(relaxed, start)
         content[START_RECORD] = to_record({k: v.numpy() for k, v in relaxed.items()})
 
     def observe(self, server_round: int, replies: list) -> list:
@@ -299,11 +302,11 @@ class RelaxedInitServer(ServerHooks):
             w_k = {k: torch.from_numpy(np.asarray(reply.arrays[k])) for k in self.keys}
             self._save_last(pid, server_round, w_k)
             if self.p.aggregation == "delta" and pid in self.relaxed:
-                offset = self.store.load(f"client-{pid}", "offset")
-                self.store.path(f"client-{pid}", "offset").unlink()
+                offset = self.offsets.pop(pid)
                 moved = translate({k: torch.from_numpy(np.asarray(v)) for k, v in reply.arrays.items()}, offset)
                 reply.arrays = {k: v.numpy() for k, v in moved.items()}
         self.relaxed.clear()
+        self.offsets.clear()
         return replies
 
     def _save_last(self, pid: int, server_round: int, arrays: Tensors) -> None:
