@@ -7,7 +7,8 @@
 
 c arrives as the extra ArrayRecord ``"server-cv"``; c_i lives in the client's on-disk state
 (``task.state``, name ``"scaffold-ci"``), zero before the first visit. Both cover the trainable
-parameters only. K is the number of steps taken this round, η this round's local lr (spec fedinit.md
+parameters only. With ``--neuron-lr`` the correction is scaled with the gradient by the per-neuron
+rates η̂ and the update divides by K η̂ element-wise (spec fednlr.md §2.10 item 4). K is the number of steps taken this round, η this round's local lr (spec fedinit.md
 §8 item 10). w_{i,0} = ``task.start_point`` (the relaxed start with ``--relaxed-init``, §2.7).
 With c = c_i = 0 (round 1) the steps are plain SGD bit for bit (adding zeros).
 """
@@ -26,11 +27,14 @@ def named_trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
-def control_variate_update(c_i: dict, c: dict, delta: dict, steps: int, lr: float) -> dict:
-    """c_i⁺ = c_i − c − Δ_i / (K η) (option II); unchanged when no step was taken (K η = 0)."""
+def control_variate_update(c_i: dict, c: dict, delta: dict, steps: int, lr: float, scales: dict | None = None) -> dict:
+    """c_i⁺ = c_i − c − Δ_i ⊘ (K η̂) (option II), η̂ = η · s with per-neuron scales s from the
+    neuron-wise-lr plug-in (spec fednlr.md §2.10 item 4), η̂ = η without it; unchanged when no step
+    was taken (K η = 0)."""
     if steps <= 0 or lr <= 0:
         return {n: v.clone() for n, v in c_i.items()}
-    return {n: c_i[n] - c[n] - delta[n] / (steps * lr) for n in c_i}
+    scales = scales or {}
+    return {n: c_i[n] - c[n] - delta[n] / (steps * (lr * scales[n] if n in scales else lr)) for n in c_i}
 
 
 class ScaffoldClient(ClientRule):
@@ -55,7 +59,9 @@ class ScaffoldClient(ClientRule):
         result = super().finish(task)
         s = task.scratch["scaffold"]
         delta = {n: p.detach() - task.start_point[n] for n, p in named_trainable(task.model).items()}
-        c_new = control_variate_update(s["c_i"], s["c"], delta, task.num_steps, task.lr)
+        plan = task.scratch.get("neuron_lr")  # clients/plugin_neuron_lr.py: η̂ = η · s per neuron
+        scales = getattr(plan, "param_scales", None)
+        c_new = control_variate_update(s["c_i"], s["c"], delta, task.num_steps, task.lr, scales)
         task.state.save_arrays(STATE_NAME, c_new)
         result.extras["delta-cv"] = {n: c_new[n] - s["c_i"][n] for n in c_new}
         return result

@@ -242,3 +242,163 @@ def test_fednova_equal_steps_is_fedavg_bit_for_bit_and_momentum_norm():
     # momentum ρ = 0.5, τ = 2: d_1 = g_1, d_2 = g_2 + ρ g_1 → coefficients 1.5 + 1 = 2.5
     assert nova_norm(2, 0.5) == pytest.approx(2.5)
     assert nova_norm(7, 0.0) == 7.0
+
+
+# ------------------------------------------------------------------------------------------------
+# client rules (hook level, make_task)
+# ------------------------------------------------------------------------------------------------
+
+
+def _trainable(task):
+    return {n: p for n, p in task.model.named_parameters() if p.requires_grad}
+
+
+def _full_batch_grad(task, at: dict) -> dict:
+    """∇ of the mean cross-entropy over ALL of the client's data at parameters ``at``."""
+    model = copy.deepcopy(task.model)
+    model.load_state_dict(at)
+    x, y = next(task.data.batches(len(task.data), torch.Generator().manual_seed(0)))
+    F.cross_entropy(model(x), y).backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def _local_round(rule, cfg_values=None, **kw):
+    task, _ = make_task(cfg_values, **kw)
+    return task, run_local_training(rule, task)
+
+
+@pytest.mark.parametrize("rule, values, config", [
+    (FedProxClient, {"strategy": "fedprox", "fedprox.mu": 0.0}, {"mu": 0.0}),
+    (FedDynClient, {"strategy": "feddyn", "feddyn.alpha": 0.0}, {"alpha": 0.0}),
+    (ScaffoldClient, {"strategy": "scaffold"}, {}),
+])
+def test_client_rule_with_its_knob_at_zero_is_plain_sgd_bit_for_bit(rule, values, config):
+    """FedProx μ=0, FedDyn λ=0 (spec fedinit.md §8 item 11) and SCAFFOLD with c = c_i = 0 (round 1)."""
+    small = {"num_clients": 100, "momentum": 0.5, "weight_decay": 1e-3}  # ~300 samples: a quick round
+    _, ref = _local_round(FedAvgClient(), small)
+    task, out = _local_round(rule(), {**values, **small}, config=config)
+    assert out.metrics["num-steps"] > 3
+    assert_same_arrays({k: v.numpy() for k, v in out.arrays.items()}, {k: v.numpy() for k, v in ref.arrays.items()})
+    assert out.metrics["train-loss"] == ref.metrics["train-loss"]
+
+
+def test_fedprox_loss_and_gradient_include_the_proximal_term_to_the_start_point():
+    task, _ = make_task({"strategy": "fedprox"}, config={"mu": 0.5})
+    task.start_point = {k: v.detach().clone() for k, v in task.model.state_dict().items()}
+    with torch.no_grad():
+        for p in task.params:
+            p.add_(0.1)
+    x, y = next(task.data.batches(32, torch.Generator().manual_seed(1)))
+    ce = F.cross_entropy(task.model(x), y)
+    ce.backward()
+    ce_grads = {n: p.grad.clone() for n, p in _trainable(task).items()}
+    task.model.zero_grad(set_to_none=True)
+    loss = FedProxClient().loss(task, x, y)
+    numel = sum(p.numel() for p in task.params)
+    assert float(loss) == pytest.approx(float(ce) + 0.25 * 0.01 * numel, rel=1e-5)
+    loss.backward()
+    for n, p in _trainable(task).items():
+        torch.testing.assert_close(p.grad, ce_grads[n] + 0.5 * 0.1, rtol=1e-4, atol=1e-6)
+
+
+def test_scaffold_one_full_batch_step_and_option_ii_update(tmp_path):
+    """K = 1: w_1 = w_0 − η(g + c − c_i), hence c_i⁺ = c_i − c − Δ/(η) = ∇ℓ(w_0) (the option-II idea)."""
+    probe, _ = make_task({"strategy": "scaffold"})
+    names = list(_trainable(probe))
+    gen = torch.Generator().manual_seed(3)
+    c = {n: 0.01 * torch.randn(p.shape, generator=gen) for n, p in _trainable(probe).items()}
+    c_i = {n: 0.01 * torch.randn(p.shape, generator=gen) for n, p in _trainable(probe).items()}
+    task, _ = make_task({"strategy": "scaffold", "batch_size": 100000}, extras={"server-cv": c}, state_dir=tmp_path)
+    task.state.save_arrays("scaffold-ci", c_i)
+    w0 = {k: v.clone() for k, v in task.model.state_dict().items()}
+    g = _full_batch_grad(task, w0)
+    out = run_local_training(ScaffoldClient(), task)
+    assert out.metrics["num-steps"] == 1
+    for n in names:
+        torch.testing.assert_close(out.arrays[n], w0[n] - task.lr * (g[n] + c[n] - c_i[n]), rtol=1e-5, atol=1e-6)
+    saved = task.state.load_arrays("scaffold-ci")
+    for n in names:
+        torch.testing.assert_close(saved[n], g[n], rtol=1e-3, atol=1e-5)
+        torch.testing.assert_close(out.extras["delta-cv"][n], saved[n] - c_i[n])
+
+
+def test_scaffold_update_with_neuron_wise_rates_divides_elementwise():
+    c_i, c = {"w": torch.tensor([[1.0, 1.0], [1.0, 1.0]])}, {"w": torch.zeros(2, 2)}
+    delta = {"w": torch.tensor([[-2.0, -2.0], [-2.0, -2.0]])}
+    out = control_variate_update(c_i, c, delta, steps=2, lr=0.5, scales={"w": torch.tensor([[1.0], [2.0]])})
+    torch.testing.assert_close(out["w"], torch.tensor([[3.0, 3.0], [2.0, 2.0]]))  # 1 + 2/(2·0.5·s)
+    same = control_variate_update(c_i, c, delta, steps=0, lr=0.5)
+    torch.testing.assert_close(same["w"], c_i["w"])
+
+
+def test_feddyn_one_full_batch_step_and_h_update(tmp_path):
+    """w_1 = w_0 − η(∇ℓ + λ(h_i − w_0) + (wd + λ) w_0) and h_i ← h_i + Δ_i (spec fedinit.md §5)."""
+    alpha, wd = 0.1, 0.01
+    values = {"strategy": "feddyn", "batch_size": 100000, "weight_decay": wd}
+    task, _ = make_task(values, config={"alpha": alpha}, state_dir=tmp_path)
+    gen = torch.Generator().manual_seed(5)
+    h = {n: 0.1 * torch.randn(p.shape, generator=gen) for n, p in _trainable(task).items()}
+    task.state.save_arrays("feddyn-h", h)
+    w0 = {k: v.clone() for k, v in task.model.state_dict().items()}
+    g = _full_batch_grad(task, w0)
+    out = run_local_training(FedDynClient(), task)
+    saved = task.state.load_arrays("feddyn-h")
+    for n in h:
+        expected = w0[n] - task.lr * (g[n] + alpha * (h[n] - w0[n]) + (wd + alpha) * w0[n])
+        torch.testing.assert_close(out.arrays[n], expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(saved[n], h[n] + (out.arrays[n] - w0[n]))
+    assert "start-offset" not in out.extras  # started at w^t: nothing extra to upload
+
+
+def test_feddyn_uploads_the_start_offset_when_the_start_point_moved():
+    class Moved(FedDynClient):
+        def start(self, task):
+            super().start(task)
+            with torch.no_grad():
+                for p in task.params:
+                    p.add_(0.25)
+
+    task, out = _local_round(Moved(), {"strategy": "feddyn", "num_clients": 100}, config={"alpha": 0.1})
+    for n, r in out.extras["start-offset"].items():
+        torch.testing.assert_close(r, torch.full_like(r, 0.25))
+
+
+# ------------------------------------------------------------------------------------------------
+# equivalences with FedAvg through REAL simulations (same seed, one round; 6 distinct runs)
+# ------------------------------------------------------------------------------------------------
+
+R1 = {"rounds": 1}
+IID = {"rounds": 1, "partitioner": "iid"}  # equal sizes → equal local step counts
+
+
+def _same_round(a, b) -> None:
+    assert_same_arrays(a.arrays, b.arrays)
+    keys = ("round", "test_accuracy", "test_loss", "train_loss", "cohort")
+    assert [{k: r.get(k) for k in keys} for r in a.rows] == [{k: r.get(k) for k in keys} for r in b.rows]
+
+
+def test_fedprox_mu_zero_is_fedavg_end_to_end(simulate):
+    _same_round(simulate(strategy="fedprox", **{"fedprox.mu": 0.0}, **R1), simulate(strategy="fedavg", **R1))
+
+
+def test_scaffold_round_one_is_fedavg_end_to_end(simulate):
+    """c = c_i = 0 in round 1 (spec fedmrur.md §5 equivalences); examples weighting as FedAvg's."""
+    run = simulate(strategy="scaffold", **{"scaffold.weighting": "examples"}, **R1)
+    fedavg = simulate(strategy="fedavg", **R1)
+    _same_round(run, fedavg)
+    assert run.rows[1]["bytes_sent"] > 1.9 * fedavg.rows[1]["bytes_sent"]  # c goes down with w^t
+    c = run.checkpoint["strategy"]["c"]
+    assert any(np.abs(v).sum() > 0 for v in c.values())  # but the server's c has moved
+    assert any((run.run_dir / "client-state").glob("client-*/scaffold-ci.pt"))
+
+
+def test_fednova_with_equal_step_counts_is_fedavg_end_to_end(simulate):
+    run = simulate(strategy="fednova", **IID)
+    _same_round(run, simulate(strategy="fedavg", **IID))
+    assert run.rows[1]["fednova_tau_eff"] == pytest.approx(math.ceil(3201 / FAST["batch_size"]))
+
+
+def test_fedexp_with_its_step_clipped_to_one_is_fedavg_end_to_end(simulate):
+    run = simulate(strategy="fedexp", **{"fedexp.epsilon": 1e9, "fedexp.eval_average": False}, **R1)
+    _same_round(run, simulate(strategy="fedavg", **R1))
+    assert run.rows[1]["fedexp_eta_g"] == 1.0
