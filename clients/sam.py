@@ -150,10 +150,13 @@ class SamMomentumClient(ClientRule):
     def adjust_gradient(self, task: LocalTask) -> None:
         if self.uses_momentum:
             params = task.params
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            mix_momentum(grads, task.scratch.get("momentum"), float(self.hp(task, "alpha", 1.0)))
-            for p, g in zip(params, grads):
-                p.grad = g
+            momentum = task.scratch.get("momentum") or [None] * len(params)
+            # a parameter without a data gradient still follows m (u = (1−α)m); without m it is left alone
+            grads = [p.grad if p.grad is not None or m is None else torch.zeros_like(p) for p, m in zip(params, momentum)]
+            live = [i for i, g in enumerate(grads) if g is not None]
+            mix_momentum([grads[i] for i in live], [momentum[i] for i in live], float(self.hp(task, "alpha", 1.0)))
+            for i in live:
+                params[i].grad = grads[i]
 
     def finish(self, task: LocalTask) -> LocalResult:
         task.scratch.pop("last_perturbation", None)

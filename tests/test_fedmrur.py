@@ -21,7 +21,7 @@ from clients.fedsam import FedSAMClient
 from clients.mofedsam import MoFedSAMClient
 from clients.sam import MOMENTUM_RECORD, asam_perturbation, global_norm, mix_momentum, sam_perturbation
 from fedsuite.config import build_config
-from fedsuite.training import run_local_training
+from fedsuite.training import LocalData, run_local_training
 from strategies.base import ClientReply, ServerSetup, weighted_mean
 from strategies.fedmrur import FedMRURStrategy
 from tests.conftest import assert_same_arrays, make_task
@@ -166,9 +166,16 @@ def _momentum_for(task, seed: int = 5, scale: float = 0.5) -> dict[str, torch.Te
     return {n: scale * torch.randn(p.shape, generator=g) for n, p in task.model.named_parameters()}
 
 
+def _small_task(values: dict, n: int = 96, **kwargs):
+    """make_task with the client's data cut to its first ``n`` samples (3 steps of 32), for speed."""
+    task, cfg = make_task(values, **kwargs)
+    task.data = LocalData(x=task.data.x[:n], y=task.data.y[:n], bundle=task.data.bundle, augment=task.data.augment)
+    return task, cfg
+
+
 def _round(rule, values: dict, momentum_seed: int | None = 5, server_round: int = 2):
-    """One full local round of ``rule`` on the FAST client 0, optionally with a server momentum."""
-    task, _ = make_task(values, server_round=server_round)
+    """One full local round of ``rule`` on (part of) the FAST client 0, optionally with a momentum."""
+    task, _ = _small_task(values, server_round=server_round)
     if momentum_seed is not None:
         task.extras[MOMENTUM_RECORD] = _momentum_for(task, momentum_seed)
     result = run_local_training(rule, task)
@@ -230,7 +237,7 @@ def test_fedcm_one_step_matches_formula():
 def test_fedcm_pure_momentum_displacement():
     """With γ = ρ = 0 and a zero data gradient (lr-free check): K steps move w by −K η (1−α) m."""
     vals = {"strategy": "fedcm", "fedcm.alpha": 0.25, "fedcm.clip_norm": 0.0, "lr": 0.05}
-    task, _ = make_task(vals)
+    task, _ = _small_task(vals, n=90)
     mom = _momentum_for(task)
     task.extras[MOMENTUM_RECORD] = mom
 
@@ -241,7 +248,7 @@ def test_fedcm_pure_momentum_displacement():
     w0 = {n: p.detach().clone() for n, p in task.model.named_parameters()}
     result = run_local_training(ZeroLoss(), task)
     k = result.metrics["num-steps"]
-    assert k == math.ceil(len(task.data) / 32)  # K_i = E·⌈n_i/B⌉ (spec §8.2 item 13)
+    assert k == math.ceil(90 / 32) == 3  # K_i = E·⌈n_i/B⌉ (spec §8.2 item 13)
     for n, _ in task.model.named_parameters():
         torch.testing.assert_close(result.arrays[n] - w0[n], -k * 0.05 * 0.75 * mom[n], rtol=1e-4, atol=1e-6)
 
