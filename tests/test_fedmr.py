@@ -530,6 +530,20 @@ def test_fedmut_strategy_round():
     assert_same_arrays(uniform_mean(s.pool, w0), glob2, exact=False)
 
 
+def test_fedmut_radius_zero_is_uniform_aggregation():
+    """α = 0: every mutated model is w_glb, so FedMut is FedMR's stage 1 (uniform FedAvg) round for round."""
+    mut = make_strategy(FedMutStrategy, "fedmut", radius=0.0)
+    mr = make_strategy(FedMRStrategy, "fedmr", first_stage_rounds=10)
+    for r in (1, 2, 3):
+        sm, _, gm = play_round(mut, r)
+        sr, _, gr = play_round(mr, r)
+        assert_same_arrays(gm, gr)
+        for p in sm:
+            assert_same_arrays(sm[p][1], sr[p][1])
+        for model in mut.pool:
+            assert_same_arrays(model, gm)
+
+
 # ================================================================================================
 # 4. real Flower simulations (5 configs: fedavg, fedmr, fedmr again, fedmr stage-1, fedmut)
 # ================================================================================================
