@@ -444,12 +444,17 @@ def test_norm_layer_parameters_inherit_their_channel_scale():
 # ------------------------------------------------------------------------------------------------
 
 
-def _methods_with_neuron_lr() -> list[str]:
-    return [name for name, spec in registry.methods().items() if spec.neuron_lr is True]
+class _Msg:
+    """Stand-in for flwr's ``Message`` (which needs a running Flower task): keeps content and destination."""
+
+    def __init__(self, content, dst_node_id, message_type):
+        self.content, self.dst_node_id = content, dst_node_id
 
 
-def _method_round(method: str, preset: str | None):
+def _method_round(method: str, preset: str | None, monkeypatch):
     """One local round of ``method``'s client rule on the message its own strategy builds for round 1."""
+    import strategies.base
+
     values = {"strategy": method}
     if preset:
         values["neuron_lr.preset"] = preset
@@ -460,8 +465,9 @@ def _method_round(method: str, preset: str | None):
                         build_model=lambda: runtime.make_model(cfg, bundle),
                         info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)})
     strategy = cfg.method.strategy(setup)
+    monkeypatch.setattr(strategies.base, "Message", _Msg)
     msg = list(strategy.configure_train(1, to_record(initial), ConfigRecord({}), None))[0]
-    pid = msg.metadata.dst_node_id
+    pid = msg.dst_node_id
     extras = {name: {k: torch.from_numpy(a.numpy().copy()) for k, a in rec.items()}
               for name, rec in msg.content.array_records.items() if name != "arrays"}
     task, cfg = make_task(values, pid=pid, extras=extras, config=dict(msg.content["config"]))
@@ -472,14 +478,25 @@ def _method_round(method: str, preset: str | None):
     return task, run_local_training(rule, task)
 
 
-@pytest.mark.parametrize("method", _methods_with_neuron_lr())
-def test_plugin_composes_with_every_method(method):
+@pytest.mark.parametrize("method", sorted(registry.methods()))
+def test_plugin_composes_with_every_method(method, monkeypatch):
     """For each registered method that allows neuron_lr: the plug-in runs inside the method's own
-    rule (scales computed, diagnostics reported, finite result), preset uniform reproduces the
-    method without the plug-in bit for bit, and paper_final changes the trained model."""
-    _, plain = _method_round(method, None)
-    task_u, uniform = _method_round(method, "uniform")
-    task_p, nlr = _method_round(method, "paper_final")
+    rule on the message the method's own strategy sends (scales computed, diagnostics reported,
+    finite result), preset uniform reproduces the method without the plug-in bit for bit (model and
+    extra uploads), and paper_final changes the trained model. A method that refuses says why."""
+    from fedsuite.cli import check_plugins
+    from fedsuite.config import ConfigError
+
+    spec = registry.methods()[method]
+    if spec.neuron_lr is not True:
+        assert isinstance(spec.neuron_lr, str) and spec.neuron_lr.strip()
+        _, cfg = make_task({"strategy": method, "neuron_lr.preset": "paper_main"})
+        with pytest.raises(ConfigError, match=f"neuron_lr does not apply to {method}"):
+            check_plugins(cfg)
+        return
+    _, plain = _method_round(method, None, monkeypatch)
+    task_u, uniform = _method_round(method, "uniform", monkeypatch)
+    task_p, nlr = _method_round(method, "paper_final", monkeypatch)
     assert "neuron_lr" in task_u.scratch and "neuron_lr" in task_p.scratch
     assert "nlr-mu-l1" in nlr.metrics
     for k in plain.arrays:
