@@ -483,7 +483,8 @@ def test_plugin_composes_with_every_method(method, monkeypatch):
     """For each registered method that allows neuron_lr: the plug-in runs inside the method's own
     rule on the message the method's own strategy sends (scales computed, diagnostics reported,
     finite result), preset uniform reproduces the method without the plug-in bit for bit (model and
-    extra uploads), and paper_final changes the trained model. A method that refuses says why."""
+    extra uploads; for fednlr itself: FedAvg), and paper_final changes the trained model. A method
+    that refuses says why."""
     from fedsuite.cli import check_plugins
     from fedsuite.config import ConfigError
 
@@ -494,7 +495,8 @@ def test_plugin_composes_with_every_method(method, monkeypatch):
         with pytest.raises(ConfigError, match=f"neuron_lr does not apply to {method}"):
             check_plugins(cfg)
         return
-    _, plain = _method_round(method, None, monkeypatch)
+    reference = "fedavg" if method == "fednlr" else method  # fednlr without the flag already runs paper_main
+    _, plain = _method_round(reference, None, monkeypatch)
     task_u, uniform = _method_round(method, "uniform", monkeypatch)
     task_p, nlr = _method_round(method, "paper_final", monkeypatch)
     assert "neuron_lr" in task_u.scratch and "neuron_lr" in task_p.scratch
@@ -505,8 +507,7 @@ def test_plugin_composes_with_every_method(method, monkeypatch):
         for k in plain.extras[name]:
             assert torch.equal(plain.extras[name][k], uniform.extras[name][k]), f"{method}: extra {name}/{k}"
     assert all(torch.isfinite(v).all() for v in nlr.arrays.values() if v.is_floating_point())
-    if method != "fednlr":  # fednlr without the plug-in flag already runs paper_main
-        assert any(not torch.equal(plain.arrays[k], nlr.arrays[k]) for k in plain.arrays), method
+    assert any(not torch.equal(plain.arrays[k], nlr.arrays[k]) for k in plain.arrays), method
 
 
 # ------------------------------------------------------------------------------------------------
