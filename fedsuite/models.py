@@ -124,8 +124,9 @@ class FeatureModel(nn.Module):
 
     head: nn.Linear
 
-    def features(self, x: Tensor) -> Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def features(self, x: Tensor) -> Tensor:
+        """The penultimate representation [B, D]; every registered architecture defines it."""
+        raise TypeError(f"{type(self).__name__} does not define features()")
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.features(x))

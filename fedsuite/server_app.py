@@ -70,7 +70,7 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     if ckpt_path.is_file():  # resume
         ckpt = torch.load(ckpt_path, weights_only=False)
         start_round, arrays = ckpt["round"], to_record(ckpt["arrays"])
-        strategy.load_state_dict(ckpt["strategy"])
+        strategy.load_checkpoint_state(ckpt["strategy"])
         log.warning("resuming %s from round %d", run_dir, start_round)
 
     model = runtime.make_model(cfg, bundle).to(device)
@@ -117,7 +117,7 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
 
 def save_checkpoint(path: Path, server_round: int, arrays: ArrayRecord, strategy) -> None:
     tmp = path.with_suffix(".tmp")
-    torch.save({"round": server_round, "arrays": to_ndarrays(arrays), "strategy": strategy.state_dict()}, tmp)
+    torch.save({"round": server_round, "arrays": to_ndarrays(arrays), "strategy": strategy.checkpoint_state()}, tmp)
     os.replace(tmp, path)
 
 

@@ -76,6 +76,13 @@ class FlowerOptAdapter(FedSuiteStrategy):
             raise TypeError(f"{type(self).__name__} needs a ServerSetup")
         FedSuiteStrategy.__init__(self, setup)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Flower's adaptive-optimiser moments m_t, v_t (FedAdam, FedYogi)."""
+        return {"m_t": state_arrays(getattr(self, "m_t", None)), "v_t": state_arrays(getattr(self, "v_t", None))}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.m_t, self.v_t = state_arrays(state["m_t"]), state_arrays(state["v_t"])
+
     def finish_round(self, arrays: ArrayRecord | None) -> ArrayRecord | None:
         """Cast Flower's result back to the model's dtypes and remember it as the global model."""
         if arrays is None:

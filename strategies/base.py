@@ -99,7 +99,7 @@ class ServerHooks:
     """The server side of a client plug-in (``ClientPlugin.server_hooks``), run by every strategy:
     :meth:`payload` may add records to a client's message after the method's own
     ``client_payload``; :meth:`observe` sees (and may replace) the validated, sorted replies before
-    the method's ``aggregate``; its state is saved under ``state_dict()["plugins"][name]``."""
+    the method's ``aggregate``; its state is saved under ``checkpoint_state()["plugins"][name]``."""
 
     name: str = "plugin"
 
@@ -261,11 +261,19 @@ class FedSuiteStrategy(FedAvg):
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """All server state beyond the global model (subclasses extend: ``{**super().state_dict(), ...}``)."""
-        return {"plugins": {h.name: h.state_dict() for h in self.server_hooks}} if self.server_hooks else {}
+        """The method's own server state beyond the global model (subclasses override)."""
+        return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (subclasses call ``super().load_state_dict(state)``)."""
+        """Restore what :meth:`state_dict` returned."""
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything a checkpoint needs: the method's state and each plug-in's server state.
+        Kept apart so a method's ``state_dict`` never has to remember to include the plug-ins'."""
+        return {"method": self.state_dict(), "plugins": {h.name: h.state_dict() for h in self.server_hooks}}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        self.load_state_dict(state["method"])
         for hooks in self.server_hooks:
-            if hooks.name in state.get("plugins", {}):
+            if hooks.name in state["plugins"]:
                 hooks.load_state_dict(state["plugins"][hooks.name])

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedavg import FedAvgClient
 from fedsuite.registry import register_method
-from strategies._baselines import FlowerOptAdapter, state_arrays
+from strategies._baselines import FlowerOptAdapter
 
 
 class FedAdamParams(BaseModel):
@@ -60,12 +60,6 @@ class FedAdamStrategy(FlowerFedAdam, FlowerOptAdapter):
         finally:
             self.eta = p.server_lr
         return self.finish_round(arrays), metrics
-
-    def state_dict(self):
-        return {"m_t": state_arrays(self.m_t), "v_t": state_arrays(self.v_t)}
-
-    def load_state_dict(self, state):
-        self.m_t, self.v_t = state_arrays(state["m_t"]), state_arrays(state["v_t"])
 
 
 register_method(

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedavg import FedAvgClient
 from fedsuite.registry import register_method
-from strategies._baselines import FlowerOptAdapter, state_arrays
+from strategies._baselines import FlowerOptAdapter
 
 
 class FedYogiParams(BaseModel):
@@ -38,12 +38,6 @@ class FedYogiStrategy(FlowerFedYogi, FlowerOptAdapter):
     def aggregate_train(self, server_round, replies):
         arrays, metrics = super().aggregate_train(server_round, replies)
         return self.finish_round(arrays), metrics
-
-    def state_dict(self):
-        return {"m_t": state_arrays(self.m_t), "v_t": state_arrays(self.v_t)}
-
-    def load_state_dict(self, state):
-        self.m_t, self.v_t = state_arrays(state["m_t"]), state_arrays(state["v_t"])
 
 
 register_method(

@@ -134,3 +134,12 @@ def reply_message(node_id: int, content=None, error: str | None = None):
     if error is not None:
         return Message(Error(code=0, reason=error), reply_to=instruction)
     return Message(content, reply_to=instruction)
+
+
+def pytest_collection_modifyitems(items):
+    """Keep each test file on one xdist worker (its tests share cached simulations), but let the
+    registry-wide end-to-end runs, one simulation each, spread over all workers."""
+    for item in items:
+        if item.module.__name__.endswith("test_registry_e2e"):
+            continue
+        item.add_marker(pytest.mark.xdist_group(item.module.__name__))

@@ -382,7 +382,7 @@ def test_clusamp_singleton_clusters_is_fedavg(simulate):
     clu = simulate(strategy="clusamp", **SIM)
     _same_rounds(clu, simulate(strategy="fedavg", **SIM))
     assert all(sorted(r["clusamp_draws"]) == list(range(10)) for r in clu.rows[1:])
-    assert clu.checkpoint["strategy"]["dist"].shape == (10, 10) and clu.checkpoint["strategy"]["dist"].max() > 0
+    assert clu.checkpoint["strategy"]["method"]["dist"].shape == (10, 10) and clu.checkpoint["strategy"]["method"]["dist"].max() > 0
 
 
 def test_ccvr_trains_as_fedavg_and_evaluates_calibrated_head(simulate):
@@ -393,4 +393,4 @@ def test_ccvr_trains_as_fedavg_and_evaluates_calibrated_head(simulate):
     assert last["ccvr_stats_clients"] == 10
     assert last["ccvr_virtual_loss_after"] < last["ccvr_virtual_loss_before"]
     assert last["test_accuracy"] != avg.rows[2]["test_accuracy"]  # the evaluated model has the calibrated head
-    assert ccvr.checkpoint["strategy"]["calibrated_round"] == 2
+    assert ccvr.checkpoint["strategy"]["method"]["calibrated_round"] == 2

@@ -567,7 +567,7 @@ def test_sim_fedmr_clients_train_the_model_built_for_them(simulate):
     res = simulate(strategy="fedmr")
     _check_per_client_models(res, stage2_from=2)
     assert [r["stage"] for r in res.rows[1:]] == [2, 2]
-    pool = res.checkpoint["strategy"]["pool"]
+    pool = res.checkpoint["strategy"]["method"]["pool"]
     assert len(pool) == FAST["clients_per_round"]
     assert_same_arrays(res.arrays, uniform_mean(pool, res.arrays), exact=False)
     assert res.summary and res.rows[-1]["test_accuracy"] is not None
@@ -598,5 +598,5 @@ def test_sim_fedmr_seeded_runs_identical(simulate):
     assert a.run_dir != b.run_dir
     assert a.metrics_without_time() == b.metrics_without_time()
     assert_same_arrays(a.arrays, b.arrays)
-    for ma, mb in zip(a.checkpoint["strategy"]["pool"], b.checkpoint["strategy"]["pool"]):
+    for ma, mb in zip(a.checkpoint["strategy"]["method"]["pool"], b.checkpoint["strategy"]["method"]["pool"]):
         assert_same_arrays(ma, mb)

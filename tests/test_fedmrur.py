@@ -440,7 +440,7 @@ def test_sim_fedcm_alpha1_equals_fedavg(simulate):
     fedcm = simulate(strategy="fedcm", **{"fedcm.alpha": 1.0, "fedcm.weighting": "examples", "fedcm.clip_norm": 0.0})
     assert_same_arrays(fedcm.arrays, fedavg.arrays)
     assert _rows(fedcm) == _rows(fedavg)
-    assert fedcm.checkpoint["strategy"]["momentum"] is not None  # momentum was computed and sent
+    assert fedcm.checkpoint["strategy"]["method"]["momentum"] is not None  # momentum was computed and sent
     assert fedcm.rows[-1]["bytes_sent"] > fedavg.rows[-1]["bytes_sent"]  # ... at 2× the downlink
 
 
@@ -449,7 +449,7 @@ def test_sim_mofedsam_rho0_equals_fedcm(simulate):
     mofedsam = simulate(strategy="mofedsam", **{"mofedsam.rho": 0.0})
     assert_same_arrays(mofedsam.arrays, fedcm.arrays)
     assert _rows(mofedsam) == _rows(fedcm)
-    assert_same_arrays(mofedsam.checkpoint["strategy"]["momentum"], fedcm.checkpoint["strategy"]["momentum"])
+    assert_same_arrays(mofedsam.checkpoint["strategy"]["method"]["momentum"], fedcm.checkpoint["strategy"]["method"]["momentum"])
 
 
 def test_sim_fedmrur_runs_and_logs(simulate):
@@ -461,6 +461,6 @@ def test_sim_fedmrur_runs_and_logs(simulate):
         assert r["global_update_norm"] == pytest.approx(r["mean_client_update_norm"], rel=1e-9)
         assert r["fedmrur-R-mean"] >= 1.0 and r["fedmrur-d2-mean"] >= 0
         assert math.isfinite(r["test_loss"])
-    momentum = sim.checkpoint["strategy"]["momentum"]
+    momentum = sim.checkpoint["strategy"]["method"]["momentum"]
     assert set(momentum) <= set(sim.arrays) and all(np.isfinite(v).all() for v in momentum.values())
     assert all(np.isfinite(v).all() for v in sim.arrays.values())
