@@ -165,22 +165,34 @@ def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 1)
 
 
 def plot_groups(curves: dict[str, list[list[dict[str, Any]]]], path: Path) -> None:
-    """Mean accuracy versus round per group, with a ± std band over seeds."""
-    fig, ax = plt.subplots(figsize=(7.0, 4.4), dpi=120)
-    for label, runs in curves.items():
+    """Mean accuracy versus round per group, with a ± std band over seeds. Words shared by every
+    group label (model, dataset, partition) go to the title, so the legend names what differs."""
+    labels = list(curves)
+    common = set.intersection(*(set(label.split()) for label in labels)) if len(labels) > 1 else set()
+    short = {label: " ".join(w for w in label.split() if w not in common) or label for label in labels}
+    cmap = plt.get_cmap("tab20" if len(labels) > 10 else "tab10")
+    styles = ["-", "--", ":", "-."]
+    fig, ax = plt.subplots(figsize=(8.0 if len(labels) > 8 else 7.0, 4.4), dpi=120)
+    for i, (label, runs) in enumerate(curves.items()):
         series = [{r["round"]: r["test_accuracy"] for r in rows if r.get("test_accuracy") is not None} for rows in runs]
+        series = [s for s in series if s]
         rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
         if not rounds:
             continue
         values = np.array([[s[r] for r in rounds] for s in series]) * 100
         mean, std = values.mean(0), values.std(0)
-        ax.plot(rounds, mean, label=f"{label} (n={len(series)})")
+        color = cmap(i % cmap.N)
+        ax.plot(rounds, mean, color=color, ls=styles[(i // cmap.N) % len(styles)] if len(labels) <= 20 else "-",
+                label=f"{short[label]} (n={len(series)})")
         if len(series) > 1:
-            ax.fill_between(rounds, mean - std, mean + std, alpha=0.2)
+            ax.fill_between(rounds, mean - std, mean + std, color=color, alpha=0.15)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if common:
+        ax.set_title(" ".join(w for w in labels[0].split() if w in common), fontsize=9)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
