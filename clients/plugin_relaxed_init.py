@@ -17,7 +17,7 @@ FedDyn prox anchor, SCAFFOLD's Δ_i, FedCM's momentum) refers to the relaxed sta
 What goes back (spec §2.2 S5-S6, §7 A1):
 
 * ``aggregation="delta"`` (default; produced the paper's numbers): arrays = w_{i,K} − r_i with
-  r_i = w_{i,0} − s, i.e. s + Δ_i with Δ_i = w_{i,K} − w_{i,0}. Any server rule that aggregates
+  r_i = β (s − ŵ_i) = w_{i,0} − s, i.e. s + Δ_i with Δ_i = w_{i,K} − w_{i,0}. Any server rule that aggregates
   models therefore aggregates w^t + mean Δ_i, measured from the relaxed starts (spec §2.3 C7).
   Computed as w_{i,K} − r_i, not s + (w_{i,K} − w_{i,0}): the two agree up to one float32 rounding,
   and the subtraction form leaves w_{i,K} bitwise unchanged when r_i = 0.
@@ -94,17 +94,23 @@ class RelaxedInitParams(BaseModel):
 # ------------------------------------------------------------------------------------------------
 
 
+def relaxation_offset(start: Tensors, last_local: Tensors, beta: float, keys: list[str]) -> Tensors:
+    """r_i = β (s − ŵ_i) for every key in ``keys``, so that w_{i,0} = s + r_i (spec §2.1). Client-state
+    and server-state mode both compute r_i (and w_{i,0} = s + r_i) with exactly these float ops."""
+    out = {}
+    for k in keys:
+        r = start[k] - last_local[k].to(start[k].device, start[k].dtype)
+        out[k] = r.mul_(beta)
+    return out
+
+
 def relaxed_start(start: Tensors, last_local: Tensors, beta: float, keys: list[str]) -> Tensors:
     """w_{i,0} = s + β (s − ŵ_i) for every key in ``keys`` (spec §2.1). β = 0 returns ``start``'s
     tensors themselves (no arithmetic), so the start point is s bit for bit."""
     if beta == 0:
         return {k: start[k] for k in keys}
-    return {k: start[k] + beta * (start[k] - last_local[k].to(start[k].device, start[k].dtype)) for k in keys}
-
-
-def offsets(relaxed: Tensors, start: Tensors) -> Tensors:
-    """r_i = w_{i,0} − s (only the relaxed keys)."""
-    return {k: relaxed[k] - start[k] for k in relaxed}
+    r = relaxation_offset(start, last_local, beta, keys)
+    return {k: start[k] + r[k] for k in keys}
 
 
 def translate(arrays: dict[str, Any], offset: dict[str, Any] | None) -> dict[str, Any]:
@@ -171,23 +177,20 @@ class RelaxedInit(ClientPlugin):
         keys = trainable_keys(task.model)
         state = task.model.state_dict()
         start = {k: state[k] for k in keys}  # s: the host's start point (views into the model)
+        task.scratch["relaxed_init.offset"] = None  # r_i when this client translates its upload
         if self.p.storage == "server-state":
-            relaxed = self._server_start(task, keys, start)
-        else:
-            relaxed = self._client_start(task, keys, start)
-        if relaxed is None:  # zero offset by rule: start point is s, nothing to translate
-            task.scratch["relaxed_init.offset"] = None
-            task.metrics["ri-offset-sq"] = 0.0
+            self._server_start(task, keys, start)
             return
-        offset = offsets(relaxed, start)  # before the model is overwritten (start are views)
+        offset = self._client_offset(task, keys, start)
+        if offset is None:  # zero offset by rule: the start point is s, nothing to translate
+            return
         with torch.no_grad():
             for name, p in task.model.named_parameters():
-                if name in relaxed:
-                    p.copy_(relaxed[name])
+                if name in offset:
+                    p.add_(offset[name])  # w_{i,0} = s + r_i, in place (the same op as relaxed_start)
         task.scratch["relaxed_init.offset"] = offset
-        task.metrics["ri-offset-sq"] = float(sum(float((r.double() ** 2).sum()) for r in offset.values()))
 
-    def _client_start(self, task: LocalTask, keys: list[str], start: Tensors) -> Tensors | None:
+    def _client_offset(self, task: LocalTask, keys: list[str], start: Tensors) -> Tensors | None:
         if self.beta == 0:
             return None
         stored = task.state.load_arrays(STATE_NAME, task.device)
@@ -196,9 +199,9 @@ class RelaxedInit(ClientPlugin):
         if source == "none":
             return None
         last = stored if source == "stored" else initial_params(task.cfg, task.data.bundle, keys)
-        return relaxed_start(start, last, self.beta, keys)
+        return relaxation_offset(start, last, self.beta, keys)
 
-    def _server_start(self, task: LocalTask, keys: list[str], start: Tensors) -> Tensors | None:
+    def _server_start(self, task: LocalTask, keys: list[str], start: Tensors) -> None:
         sent = task.extras.get(START_RECORD)
         if sent is None:
             raise RuntimeError(
@@ -208,10 +211,10 @@ class RelaxedInit(ClientPlugin):
             raise RuntimeError(
                 f"relaxed_init.storage='server-state' relaxes around the received model, but "
                 f"{task.cfg.strategy}'s client starts elsewhere; use relaxed_init.storage='client-state'")
-        relaxed = {k: sent[k].to(start[k].device, start[k].dtype) for k in keys}
-        if all(torch.equal(relaxed[k], start[k]) for k in keys):
-            return None
-        return relaxed
+        with torch.no_grad():
+            for name, p in task.model.named_parameters():
+                if name in sent:
+                    p.copy_(sent[name])
 
     def after_finish(self, task: LocalTask, result: LocalResult) -> LocalResult:
         offset = task.scratch.pop("relaxed_init.offset", None)
@@ -261,7 +264,6 @@ class RelaxedInitServer(ServerHooks):
         self.store = ArrayStore(root / "relaxed-init-server")
         self.initial = {k: torch.from_numpy(np.asarray(setup.initial[k])) for k in self.keys}
         self.index: dict[int, int] = self._scan()  # pid -> round its ŵ_i was made in
-        self.relaxed: set[int] = set()  # clients whose start this round differs from s
         self.offsets: dict[int, Tensors] = {}  # r_i of this round's cohort (N models, like the replies)
 
     @property
@@ -280,20 +282,19 @@ class RelaxedInitServer(ServerHooks):
     def payload(self, server_round: int, pid: int, content: Any) -> None:
         sent = to_ndarrays(content["arrays"])
         start = {k: torch.from_numpy(np.asarray(sent[k])) for k in self.keys}
-        relaxed = None
+        offset = None
         if self.beta != 0:
             source = effective_offset_source(self.p, server_round, self.index.get(pid))
             if source != "none":
                 last = self.store.load(f"client-{pid}", f"last-local-r{self.index[pid]}") if source == "stored" else self.initial
-                relaxed = relaxed_start(start, last, self.beta, self.keys)
-        if relaxed is None:
-            self.relaxed.discard(pid)
-            self.offsets.pop(pid, None)
+                offset = relaxation_offset(start, last, self.beta, self.keys)
+        self.offsets.pop(pid, None)
+        if offset is None:
             relaxed = start
         else:
-            self.relaxed.add(pid)
+            relaxed = {k: start[k] + offset[k] for k in self.keys}  # w_{i,0} = s + r_i
             if self.p.aggregation == "delta":  # r_i, needed to translate this client's reply
-                self.offsets[pid] = offsets(relaxed, start)
+                self.offsets[pid] = offset
         content[START_RECORD] = to_record({k: v.numpy() for k, v in relaxed.items()})
 
     def observe(self, server_round: int, replies: list) -> list:
@@ -301,11 +302,10 @@ class RelaxedInitServer(ServerHooks):
             pid = reply.partition_id
             w_k = {k: torch.from_numpy(np.asarray(reply.arrays[k])) for k in self.keys}
             self._save_last(pid, server_round, w_k)
-            if self.p.aggregation == "delta" and pid in self.relaxed:
-                offset = self.offsets.pop(pid)
+            offset = self.offsets.pop(pid, None)
+            if offset is not None:
                 moved = translate({k: torch.from_numpy(np.asarray(v)) for k, v in reply.arrays.items()}, offset)
                 reply.arrays = {k: v.numpy() for k, v in moved.items()}
-        self.relaxed.clear()
         self.offsets.clear()
         return replies
 
