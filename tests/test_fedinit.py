@@ -100,16 +100,16 @@ class QuadraticGD(ClientRule):
 
 @pytest.mark.parametrize("beta", [0.0, 0.1, -0.1])
 def test_quadratic_closed_form(beta, tmp_path):
-    values = {"clients_per_round": 10, "batch_size": 100_000, "local_epochs": 3, "lr": 0.1,
+    values = {"num_clients": 5, "clients_per_round": 5, "batch_size": 100_000, "local_epochs": 3, "lr": 0.1,
               "relaxed_init.beta": beta}
-    n, q = 10, 0.9 ** 3  # q = (1 − η)^K, K = 3 steps
+    n, q = 5, 0.9 ** 3  # q = (1 − η)^K, K = 3 steps
     w = w0_state(values)
     keys = [k for k in w]
     gen = torch.Generator().manual_seed(1)
     targets = [{k: torch.randn(v.shape, generator=gen) for k, v in w.items()} for _ in range(n)]
     a_bar = {k: sum(t[k] for t in targets) / n for k in keys}
     D = [{k: torch.zeros_like(w[k]) for k in keys} for _ in range(n)]
-    for t in range(1, 6):
+    for t in range(1, 5):
         replies, finals = [], []
         for pid in range(n):
             _, res, w_k = client_round(values, pid, w, t, tmp_path / f"c{pid}",
@@ -142,7 +142,7 @@ def _perturbed(sd, scale, seed):
 
 
 def test_client_state_first_visit_stale_and_staleness(tmp_path):
-    values = {"relaxed_init.beta": 0.1}
+    values = {"relaxed_init.beta": 0.1, "batch_size": 100_000, "local_epochs": 2, "lr": 0.5}
     w0 = w0_state(values)
     keys = [k for k in w0]
     # round 1: every client starts at w^0 exactly (ŵ_i = w^0), whatever β is
@@ -213,17 +213,20 @@ def _federated(values, rounds, tmp_path, tag, rule_factory=None):
     w = w0_state(values)
     traj = [w]
     for t in range(1, rounds + 1):
-        replies = [client_round(values, pid, w, t, tmp_path / f"{tag}{pid}", rule_factory)[1].arrays for pid in range(10)]
+        replies = [client_round(values, pid, w, t, tmp_path / f"{tag}{pid}", rule_factory)[1].arrays
+                   for pid in range(values["num_clients"])]
         w = mean_model(replies)
         traj.append(w)
     return traj
 
 
 def test_delta_and_model_agree_under_full_participation(tmp_path):
-    base = {"clients_per_round": 10, "relaxed_init.beta": 0.1}
+    # 5 clients, all sampled; 2 full-batch CE steps each (cheap, but real non-linear training)
+    full = {"num_clients": 5, "clients_per_round": 5, "batch_size": 100_000, "local_epochs": 2, "lr": 0.5}
+    base = {**full, "relaxed_init.beta": 0.1}
     delta = _federated({**base, "relaxed_init.aggregation": "delta"}, 3, tmp_path, "d")
     model = _federated({**base, "relaxed_init.aggregation": "model"}, 3, tmp_path, "m")
-    plain = _federated({"clients_per_round": 10}, 3, tmp_path, "p")
+    plain = _federated(full, 3, tmp_path, "p")
     for a, b in zip(delta, model):
         assert_same_arrays({k: v.numpy() for k, v in a.items()}, {k: v.numpy() for k, v in b.items()}, exact=False)
     # ... and RI really changed the trajectory
