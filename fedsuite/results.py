@@ -122,21 +122,54 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     return {"dir": run_dir, "config": json.loads(config_path.read_text()), "rows": read_metrics(run_dir)}
 
 
+#: config keys that do not define a setting: runs differing only in these are seeds of one setting
+NOT_SETTING = ("seed", "run_name", "output_dir", "data_root", "num_cpus", "num_gpus", "device", "eval_batch_size")
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and key != "dataset_options":
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def group_label(config: dict[str, Any]) -> str:
-    """Runs that differ only in seed (and run name/output) are one group."""
+    """The base label of a setting: method, model, dataset and partition."""
     label = f"{config['strategy']} {config['model']} {config['dataset']} {config['partitioner']}"
     if config["partitioner"].startswith("dirichlet"):
         label += f"({config['alpha']:g})"
     return label
 
 
+def group_runs(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Group runs whose configs are equal up to :data:`NOT_SETTING`; label each group by
+    :func:`group_label` plus every other key whose value varies between groups (``relaxed_init.beta=0.1``)."""
+    keyed: dict[str, list[dict[str, Any]]] = {}
+    flats: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        flat = {k: v for k, v in _flat(run["config"]).items() if k not in NOT_SETTING}
+        key = repr(sorted(flat.items(), key=lambda kv: kv[0]))
+        keyed.setdefault(key, []).append(run)
+        flats[key] = flat
+    shown = {"strategy", "model", "dataset", "partitioner", "alpha"}
+    varying = sorted({k for f in flats.values() for k in f
+                      if k not in shown and len({repr(g[k]) for g in flats.values() if k in g}) > 1})
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for key, members in keyed.items():
+        flat = flats[key]
+        extra = [f"{k}={flat[k]}" for k in varying if k in flat]
+        label = " ".join([group_label(members[0]["config"]), *extra])
+        groups[label] = members
+    return groups
+
+
 def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 1) -> tuple[list[dict[str, Any]], dict]:
     """One row per group of seeds: final accuracy mean ± std (mean of the last ``last`` evaluations
     per run), best accuracy, rounds to ``target`` accuracy (mean over the runs that reach it)."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for d in run_dirs:
-        run = load_run(Path(d))
-        groups.setdefault(group_label(run["config"]), []).append(run)
+    groups = group_runs([load_run(Path(d)) for d in run_dirs])
     table = []
     curves: dict[str, list[list[dict[str, Any]]]] = {}
     for label, runs in groups.items():
@@ -193,8 +226,7 @@ def plot_groups(curves: dict[str, list[list[dict[str, Any]]]], path: Path) -> No
     if common:
         ax.set_title(" ".join(w for w in labels[0].split() if w in common), fontsize=9)
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0)
-    fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 
 
