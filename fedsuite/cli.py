@@ -7,6 +7,7 @@ any run directory is created.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -86,6 +87,8 @@ def simulate(
             fail(str(exc))
         raise
 
+    # a SIGTERM (e.g. from `timeout` or a job scheduler) must still stop the processes we start
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run_dir = runtime.default_run_dir(cfg)
     if run_dir.exists() and not resume:
         fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
