@@ -40,15 +40,16 @@ class ClientRule:
         """The local objective on one batch (default: mean cross-entropy)."""
         return F.cross_entropy(self.logits(task, x), y)
 
-    def step(self, task: LocalTask, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
-        """One local step; returns the batch loss. Default: a first-order step on ``loss``."""
+    def step(self, task: LocalTask, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One local step; returns the batch loss as a detached 0-dim tensor (a Python float would
+        force a host-device sync every step). Default: a first-order step on ``loss``."""
         opt.zero_grad(set_to_none=True)
         loss = self.loss(task, x, y)
         loss.backward()
         self.adjust_gradient(task)
         clip_grad(task.params, task.cfg.grad_clip)
         opt.step()
-        return float(loss.detach())
+        return loss.detach()
 
     def adjust_gradient(self, task: LocalTask) -> None:
         """Change ``p.grad`` in place before clipping and the optimizer step (SCAFFOLD, FedCM)."""

@@ -68,7 +68,7 @@ from strategies.base import ServerHooks, to_ndarrays, to_record
 
 Tensors = dict[str, torch.Tensor]
 
-STATE_NAME = "relaxed_init-last_local"  # ŵ_i in the client's ArrayStore
+STATE_NAME = "relaxed_init-last_local"  # ŵ_i in the client's ClientState
 ROUND_KEY = "__round__"  # the round ŵ_i was made in, stored beside it
 START_RECORD = "start"  # server-state mode: the extra ArrayRecord with w_{i,0}
 

@@ -109,7 +109,7 @@ class SamMomentumClient(ClientRule):
     def prepare_batch(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> None:
         """Called once per mini-batch before both SAM passes (FedMRUR computes ẑ here)."""
 
-    def step(self, task: LocalTask, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
+    def step(self, task: LocalTask, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         params = task.params
         self.prepare_batch(task, x, y)
         opt.zero_grad(set_to_none=True)
@@ -122,7 +122,7 @@ class SamMomentumClient(ClientRule):
         clip_grad(params, clip_norm if clip_norm > 0 else None)
         clip_grad(params, task.cfg.grad_clip)
         opt.step()
-        return float(loss.detach())
+        return loss.detach()
 
     def sam_second_pass(
         self, task: LocalTask, params: list[torch.nn.Parameter], rho: float, closure: Callable[[], torch.Tensor]

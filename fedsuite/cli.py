@@ -60,6 +60,7 @@ def simulate(
     relaxed_init: Optional[float] = typer.Option(None, "--relaxed-init", help="FedInit's β: relaxed initialisation on any method"),
     neuron_lr: Optional[str] = typer.Option(None, "--neuron-lr", help="FedNLR's neuron-wise lr preset on any method"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted run in the same run directory"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run the clients on this Ray cluster (auto, host:port, ray://...)"),
 ) -> None:
     """Run one federated simulation on Flower's Simulation Engine."""
     from fedsuite import launch, runtime
@@ -69,7 +70,7 @@ def simulate(
         classes_per_client=classes_per_client, num_clients=num_clients, clients_per_round=clients_per_round,
         fraction=fraction, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, model=model,
         seed=seed, output_dir=output_dir, run_name=run_name, num_cpus=num_cpus, num_gpus=num_gpus,
-        eval_every=eval_every,
+        eval_every=eval_every, ray_address=ray_address,
     )
     if relaxed_init is not None:
         values["relaxed_init.beta"] = relaxed_init
@@ -77,7 +78,10 @@ def simulate(
         values["neuron_lr.preset"] = neuron_lr
     try:
         cfg = build_config(config, set_, values)
+        if resume:  # the run's record is the base; the command line may change only RESUME_MUTABLE
+            cfg = resume_config(cfg, config, set_, values)
         check_plugins(cfg)
+        check_hardware(cfg)
         bundle = runtime.load_bundle(cfg)  # fail early on missing data, before any directory exists
         runtime.client_indices(cfg, bundle, 0)
     except ConfigError as exc:
@@ -92,8 +96,7 @@ def simulate(
     run_dir = runtime.default_run_dir(cfg)
     if run_dir.exists() and not resume:
         fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
-    if resume and not (run_dir / "config.json").is_file():
-        fail(f"--resume: {run_dir} holds no run to continue")
+    check_writable_folder(run_dir.parent, "output_dir")
 
     console.print(f"[bold]fedsuite[/] {cfg.strategy} on {cfg.dataset} ({cfg.partitioner}), "
                   f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds -> {run_dir}")
@@ -107,6 +110,9 @@ def simulate(
             desc = f"round {done[-1]['round']}/{cfg.rounds}" if done else "starting Flower"
             if accs:
                 desc += f"  acc {100 * accs[-1]:.2f}%"
+            failed = sum(r.get("failed", 0) or 0 for r in done)
+            if failed:
+                desc += f"  [yellow]{failed} failed replies[/]"
             progress.update(task, completed=done[-1]["round"] if done else 0, description=desc)
 
         try:
@@ -117,10 +123,101 @@ def simulate(
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     if not outcome.ok:
         err = run_dir / "error.txt"
-        detail = err.read_text().strip().splitlines()[-1] if err.is_file() else outcome.details
+        if "failure" in summary:
+            detail = summary["failure"]["message"]
+        else:
+            detail = err.read_text().strip().splitlines()[-1] if err.is_file() else outcome.details
+            detail = flower_log_reason(run_dir) or detail
         fail(f"run {outcome.status}: {detail} (logs: {run_dir / 'flower.log'})", code=1)
     acc = summary.get("final_accuracy")
-    console.print(f"done: final accuracy {100 * acc:.2f}%" if acc is not None else "done", f"-> {run_dir}")
+    failed = summary.get("failed_replies", 0)
+    note = f" ({failed} failed client replies in {summary.get('rounds_with_failures')} rounds)" if failed else ""
+    console.print(f"done: final accuracy {100 * acc:.2f}%{note}" if acc is not None else f"done{note}", f"-> {run_dir}")
+
+
+def resume_config(given, config: Optional[Path], set_: list[str], values: dict[str, Any]):
+    """The config a ``--resume`` continues with: the run's recorded ``config.json`` with the command
+    line's options on top, refused (``ConfigError``, exit 2, nothing written) if they change a field
+    outside ``fedsuite.config.RESUME_MUTABLE`` or ask for fewer rounds than the run has done."""
+    import torch
+
+    from fedsuite import runtime
+    from fedsuite.config import check_resume, validate
+
+    if given.run_name is None:
+        raise ConfigError("--resume needs the run's --run-name (and --output-dir, if not the default)")
+    run_dir = runtime.default_run_dir(given)
+    record = run_dir / "config.json"
+    if not record.is_file():
+        raise ConfigError(f"--resume: {run_dir} holds no run to continue (no config.json)")
+    try:
+        recorded = json.loads(record.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--resume: {record} is not valid JSON ({exc})") from None
+    try:
+        validate(recorded)
+    except ConfigError as exc:
+        raise ConfigError(f"--resume: {record} does not validate with this fedsuite: {exc}") from None
+    cfg = build_config(config, set_, values, base=recorded)
+    cfg.output_dir, cfg.run_name = given.output_dir, given.run_name  # where the run was found
+    ckpt = run_dir / "checkpoint.pt"
+    done = int(torch.load(ckpt, weights_only=False)["round"]) if ckpt.is_file() else 0
+    check_resume(recorded, cfg, done)
+    return cfg
+
+
+def check_hardware(cfg) -> None:
+    """GPUs asked for (``num_gpus`` > 0 or ``device=cuda``) must be visible here; else one line, exit 2,
+    instead of Ray failing late ("ActorPool is empty") or training silently on the CPU."""
+    if cfg.ray_address:  # the clients run on the cluster's nodes: ask the cluster (fedsuite.raycluster)
+        from fedsuite.raycluster import ClusterError, check_cluster
+
+        try:
+            check_cluster(cfg.ray_address, cfg.num_cpus, cfg.num_gpus)
+        except ClusterError as exc:
+            raise ConfigError(str(exc)) from None
+        if cfg.device != "cuda":
+            return
+    elif cfg.num_gpus <= 0 and cfg.device != "cuda":
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    asked = f"num_gpus={cfg.num_gpus:g}" if cfg.num_gpus > 0 else "device=cuda"
+    if count == 0:
+        raise ConfigError(f"{asked} asks for a GPU, but no CUDA GPU is visible on this machine "
+                          "(torch.cuda.is_available() is False); use num_gpus=0 and device=auto or cpu")
+    if cfg.num_gpus > count and not cfg.ray_address:
+        raise ConfigError(f"num_gpus={cfg.num_gpus:g} is the GPU share of one client, but this machine has "
+                          f"{count} GPU(s); use a share of at most {count} (e.g. 0.25 puts 4 clients on a GPU)")
+
+
+def check_writable_folder(folder: Path, field: str) -> None:
+    """``folder`` exists as a writable folder or can be created (its nearest existing parent is one)."""
+    import os
+
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        fail(f"{field}: {existing} is a file, not a folder, so {folder} cannot be created")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        fail(f"{field}: {existing} is not writable, so nothing can be written under {folder}")
+
+
+def flower_log_reason(run_dir: Path) -> str | None:
+    """The real reason of a run that failed before the ServerApp could record one, from flower.log
+    (Flower's own status says only "An error was encountered")."""
+    log = run_dir / "flower.log"
+    if not log.is_file():
+        return None
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
+    if any("ActorPool is empty" in line for line in lines):
+        return ("Ray could not start any client (ActorPool is empty): the per-client resources "
+                "(num_cpus, num_gpus) exceed what this machine offers")
+    errors = [line for line in lines if ("ERROR" in line or "Error:" in line or "Exception:" in line)
+              and "An error was encountered" not in line and "exception occurred !!" not in line]
+    return errors[-1] if errors else None
 
 
 def check_plugins(cfg) -> None:
@@ -172,7 +269,7 @@ def partition(
     alpha: Optional[float] = typer.Option(None), classes_per_client: Optional[int] = typer.Option(None),
     num_clients: Optional[int] = typer.Option(None), seed: Optional[int] = typer.Option(None),
     out: Path = typer.Option(Path("partition.png"), help="where to save the label-histogram plot"),
-    show: int = typer.Option(20, help="clients shown in the table"),
+    show: int = typer.Option(20, min=0, help="clients shown in the table"),
 ) -> None:
     """Per-client label histogram of a dataset/partition choice (table + saved plot)."""
     import numpy as np
@@ -193,6 +290,8 @@ def partition(
         if exc.__class__.__name__ in ("DatasetError", "ValueError"):
             fail(str(exc))
         raise
+    out = out.expanduser()
+    check_writable_folder(out.parent.resolve(), "--out")
     hist = label_histogram(bundle.y_train.numpy(), parts, bundle.num_classes)
     table = Table(title=f"{cfg.dataset} / {cfg.partitioner}: samples per class (first {min(show, len(parts))} clients)")
     table.add_column("client")
@@ -204,6 +303,7 @@ def partition(
     console.print(table)
     sizes = hist.sum(1)
     console.print(f"clients: {len(parts)}  sizes min/median/max: {sizes.min()}/{int(np.median(sizes))}/{sizes.max()}")
+    out.parent.mkdir(parents=True, exist_ok=True)
     plot_partition(hist, out, title=f"{cfg.dataset} {cfg.partitioner} (N={cfg.num_clients})")
     console.print(f"plot -> {out}")
 
@@ -216,13 +316,17 @@ def report(
     out: Path = typer.Option(Path("report"), help="folder for report.md, report.json and accuracy.png"),
 ) -> None:
     """Table of final accuracy (mean ± std over seeds), rounds to a target, and a figure."""
-    from fedsuite.results import plot_groups
+    from fedsuite.results import ResultsError, plot_groups
     from fedsuite.results import report as make_report
 
     missing = [str(d) for d in run_dirs if not (d / "config.json").is_file()]
     if missing:
         fail(f"not fedsuite run directories (no config.json): {', '.join(missing)}")
-    rows, curves = make_report(run_dirs, target=None if target is None else target / 100, last=last)
+    try:
+        rows, curves = make_report(run_dirs, target=None if target is None else target / 100, last=last)
+    except ResultsError as exc:
+        fail(str(exc))
+    check_writable_folder(out.resolve(), "--out")
     out.mkdir(parents=True, exist_ok=True)
     table = Table(title="fedsuite report")
     headers = ["setting", "seeds", "final acc (%)", "best acc (%)"] + ([f"rounds to {target:g}%"] if target else [])

@@ -22,6 +22,9 @@ from flwr.clientapp import ClientApp
 
 from clients.plugins import active_plugins
 from fedsuite import runtime
+from fedsuite.data import DatasetError
+from fedsuite.faults import FaultDraw
+from fedsuite.raycluster import node_label
 from fedsuite.state import ClientState
 from fedsuite.training import LocalData, LocalTask, run_local_training, seed_for
 from strategies.base import record_checksum
@@ -43,9 +46,14 @@ def train(msg: Message, context: Context) -> Message:
     torch.use_deterministic_algorithms(True, warn_only=True)
     device = runtime.device_for(cfg)
     server_round = int(msg.content["config"]["server-round"])
+    faults = FaultDraw.for_task(cfg.faults, cfg.seed, pid, server_round)
+    faults.before_training(pid, server_round)
 
-    bundle = runtime.load_bundle(cfg)
-    data = local_data(cfg, bundle, pid, context, device)
+    try:
+        bundle = runtime.load_bundle(cfg)
+        data = local_data(cfg, bundle, pid, context, device)
+    except DatasetError as exc:  # say which machine lacks the files (a Ray cluster or real node)
+        raise DatasetError(f"on {node_label()}: {exc}") from None
     model = runtime.make_model(cfg, bundle).to(device)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     received = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -61,13 +69,13 @@ def train(msg: Message, context: Context) -> Message:
     state_dir = context.node_config.get("state-dir") or str(run_dir / "client-state")
     task = LocalTask(
         model=model, received=received, extras=extras, config=dict(msg.content["config"]), cfg=cfg,
-        data=data, state=ClientState(context, Path(state_dir).expanduser(), pid), partition_id=pid,
+        data=data, state=ClientState(context, Path(state_dir).expanduser(), pid, server_round), partition_id=pid,
         server_round=server_round, lr=float(msg.content["config"]["lr"]), device=device, generator=generator,
     )
     rule = cfg.method.client(plugins=active_plugins(cfg))
     result = run_local_training(rule, task)
 
-    content = RecordDict({"arrays": _record(result.arrays)})
+    content = RecordDict({"arrays": _record(faults.corrupt(result.arrays))})
     for name, arrays in result.extras.items():
         content[name] = _record(arrays)
     # CRC-32 of the model as received: lets a server that sends per-client models verify them

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,30 @@ from fedsuite import registry
 
 class ConfigError(ValueError):
     """A user error in the configuration (message is one line, ready to print)."""
+
+
+#: ``max_failed_fraction`` when unset, on the Deployment Engine (real clients drop out)
+DEPLOYMENT_MAX_FAILED_FRACTION = 0.5
+
+
+def on_simulation_engine() -> bool:
+    """Whether this process is Flower's simulation process (``flwr-simulation``: it runs the
+    ServerApp and the Ray-backed virtual clients); the Deployment Engine runs ``flwr-serverapp``."""
+    return Path(sys.argv[0]).name == "flwr-simulation"
+
+
+class FaultsConfig(BaseModel):
+    """Fault injection (section ``[faults]``): client tasks that fail on demand, for robustness
+    studies and tests. Applied inside the ClientApp (``fedsuite.faults``); every draw is seeded from
+    (seed, partition id, round), so a run with faults is as reproducible as one without."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    client_error: float = Field(0.0, ge=0, le=1, description="probability that a client's training task raises")
+    nan: float = Field(0.0, ge=0, le=1, description="probability that a reply carries non-finite arrays")
+    wrong_shape: float = Field(0.0, ge=0, le=1, description="probability that a reply has an array of the wrong shape")
+    delay_s: float = Field(0.0, ge=0, description="seconds a straggler sleeps before training")
+    delay_prob: float = Field(1.0, ge=0, le=1, description="probability that a task is a straggler (when delay_s > 0)")
 
 
 class BaseRunConfig(BaseModel):
@@ -59,7 +84,7 @@ class BaseRunConfig(BaseModel):
     grad_clip: float | None = Field(None, gt=0, description="clip the local gradient to this global L2 norm")
     augment: bool | None = Field(None, description="batch augmentation; default: the dataset's default")
     # --- run ----------------------------------------------------------------------------------
-    seed: int = Field(0, description="fixes partitions, cohorts, initial weights and local shuffling")
+    seed: int = Field(0, ge=0, description="fixes partitions, cohorts, initial weights and local shuffling")
     eval_every: int = Field(1, ge=1, description="central evaluation of the global model every k rounds")
     eval_batch_size: int = Field(1000, ge=1, description="batch size of central evaluation")
     output_dir: str = Field("runs", description="parent folder of run directories")
@@ -67,6 +92,30 @@ class BaseRunConfig(BaseModel):
     num_cpus: int = Field(1, ge=1, description="CPU cores per simulated client (Ray actor)")
     num_gpus: float = Field(0.0, ge=0, description="GPU share per simulated client, e.g. 0.25")
     device: str = Field("auto", description="training device: auto (cuda if visible), cpu or cuda")
+    stall_timeout_s: float = Field(
+        1800.0, ge=0,
+        description="watchdog of fedsuite simulate: fail the run when no round (or the start-up) has finished "
+        "for this many seconds; 0 turns it off",
+    )
+    round_timeout_s: float = Field(
+        3600.0, gt=0,
+        description="seconds a round waits for its clients' replies (Flower's default, 3600); a client that has "
+        "not answered by then is dropped for the round (reason: no reply within round_timeout_s)",
+    )
+    min_replies: int = Field(
+        1, ge=1, description="fewest accepted client replies a round needs; a round with fewer fails the run",
+    )
+    ray_address: str | None = Field(
+        None, description="run the virtual clients on this existing Ray cluster ('auto', 'host:port' or "
+        "'ray://host:port'); default: a private single-machine Ray started for the run",
+    )
+    max_failed_fraction: float | None = Field(
+        None, ge=0, le=1,
+        description="largest share of a round's cohort whose replies may fail or be rejected before the run "
+        "stops as failed; a round with no accepted reply always does. Default: 0 on the Simulation Engine "
+        f"(any failure stops the run), {DEPLOYMENT_MAX_FAILED_FRACTION} on the Deployment Engine (dropouts are normal)",
+    )
+    faults: FaultsConfig = Field(default_factory=FaultsConfig, description="fault injection ([faults])")
 
     @model_validator(mode="after")
     def _check_names(self) -> "BaseRunConfig":
@@ -74,6 +123,10 @@ class BaseRunConfig(BaseModel):
         _check_choice("dataset", self.dataset, registry.datasets())
         _check_choice("partitioner", self.partitioner, registry.partitioners())
         _check_choice("model", self.model, registry.models())
+        if self.run_name is not None and (
+            not self.run_name or self.run_name in (".", "..") or "/" in self.run_name or "\\" in self.run_name
+        ):
+            raise ValueError(f"run_name must be a plain folder name inside output_dir (no '/', '..'), got {self.run_name!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError("device must be one of: auto, cpu, cuda")
         if self.cohort_size > self.num_clients:
@@ -88,6 +141,13 @@ class BaseRunConfig(BaseModel):
         if self.clients_per_round is not None:
             return self.clients_per_round
         return max(1, int(self.fraction * self.num_clients + 1e-9))
+
+    @property
+    def resolved_max_failed_fraction(self) -> float:
+        """``max_failed_fraction``, or the engine's default when unset (see the field)."""
+        if self.max_failed_fraction is not None:
+            return self.max_failed_fraction
+        return 0.0 if on_simulation_engine() else DEPLOYMENT_MAX_FAILED_FRACTION
 
     @property
     def method(self) -> registry.MethodSpec:
@@ -160,9 +220,12 @@ def build_config(
     file: str | Path | None = None,
     overrides: list[str] | None = None,
     values: dict[str, Any] | None = None,
+    base: dict[str, Any] | None = None,
 ) -> BaseRunConfig:
-    """Defaults < TOML ``file`` < ``values`` (typed CLI options) < ``overrides`` (``key=value``)."""
-    data: dict[str, Any] = load_toml(file) if file else {}
+    """Defaults < ``base`` (a run's recorded config, on ``--resume``) < TOML ``file`` < ``values``
+    (typed CLI options) < ``overrides`` (``key=value``)."""
+    data: dict[str, Any] = json.loads(json.dumps(base)) if base else {}
+    _merge(data, load_toml(file) if file else {})
     for key, value in (values or {}).items():
         apply_override(data, key, value)
     for item in overrides or []:
@@ -171,6 +234,71 @@ def build_config(
         key, text = item.split("=", 1)
         apply_override(data, key.strip(), parse_value(text.strip()))
     return validate(data)
+
+
+def _merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
+    for key, value in src.items():
+        if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _merge(dst[key], value)
+        else:
+            dst[key] = value
+
+
+# ------------------------------------------------------------------------------------------------
+# resume: what may differ from the run's record
+# ------------------------------------------------------------------------------------------------
+
+#: The only config fields ``--resume`` may change (top-level names; a section name covers its keys).
+#: ``rounds`` continues a run for more rounds (never fewer than it has done); the rest are
+#: operational: where things live and what hardware runs them. Everything else (method, data,
+#: partition, model, local training, seed, evaluation schedule, fault injection, ...) would make
+#: the resumed rounds a different experiment from the recorded ones, so it is refused.
+RESUME_MUTABLE: tuple[str, ...] = (
+    "rounds", "output_dir", "run_name", "data_root", "num_cpus", "num_gpus", "device", "eval_batch_size",
+    "stall_timeout_s", "ray_address",
+)
+
+
+def _flat(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if isinstance(value, dict) and key != "dataset_options":
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def resume_changes(recorded: dict[str, Any], cfg: BaseRunConfig) -> list[str]:
+    """The fields where ``cfg`` differs from a run's recorded ``config.json`` and that
+    :data:`RESUME_MUTABLE` does not allow to change, as ``"name (recorded R, given G)"``."""
+    try:
+        old = _flat(validate(recorded).active_dump())
+    except ConfigError as exc:
+        raise ConfigError(f"--resume: the run's config.json no longer validates: {exc}") from None
+    new = _flat(cfg.active_dump())
+    changed: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        top = key.split(".", 1)[0]
+        if top in RESUME_MUTABLE or old.get(key, None) == new.get(key, None):
+            continue
+        if key not in old or key not in new:  # a section only one side has (another strategy/plug-in)
+            continue
+        changed.append(f"{key} (recorded {old[key]!r}, given {new[key]!r})")
+    if old.get("strategy") != new.get("strategy") and not any(c.startswith("strategy ") for c in changed):
+        changed.insert(0, f"strategy (recorded {old.get('strategy')!r}, given {new.get('strategy')!r})")
+    return changed
+
+
+def check_resume(recorded: dict[str, Any], cfg: BaseRunConfig, rounds_done: int) -> None:
+    """Raise :class:`ConfigError` (one line) unless ``cfg`` may continue the recorded run."""
+    changed = resume_changes(recorded, cfg)
+    if changed:
+        raise ConfigError(
+            f"--resume cannot change {', '.join(changed)}; a resumed run keeps its recorded config except "
+            f"{', '.join(RESUME_MUTABLE)} (start a new run, with another --run-name, to change the rest)")
+    if cfg.rounds < rounds_done:
+        raise ConfigError(f"--resume: rounds={cfg.rounds} is fewer than the {rounds_done} rounds this run has done")
 
 
 def validate(data: dict[str, Any]) -> BaseRunConfig:

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 import psutil
 import tomli_w
 
+from fedsuite import reaper
 from fedsuite.config import BaseRunConfig, to_run_config
 from fedsuite.results import read_metrics
 from fedsuite.runtime import RUN_DIR_KEY
@@ -52,8 +53,13 @@ class RunOutcome:
         return self.status == "finished:completed"
 
 
-def flower_env(flwr_home: Path) -> dict[str, str]:
+def flower_env(flwr_home: Path, ray_address: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    # Flower's simulation process calls ray.init(), which joins the cluster named by RAY_ADDRESS:
+    # set exactly when the run asks for one (fedsuite.raycluster), never inherited from the shell
+    env.pop("RAY_ADDRESS", None)
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     env.update({
         "FLWR_HOME": str(flwr_home),
         "FLWR_TELEMETRY_ENABLED": "0",
@@ -63,7 +69,13 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
         "RAY_DEDUP_LOGS": "0",
         "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": str(2 * 1024**3),
         "PYTHONUNBUFFERED": "1",
+        # numpy's OpenBLAS single-threaded in Flower's processes: flwr-simulation runs the ServerApp
+        # thread while Ray forks its daemons, and OpenBLAS's at-fork handler can then leave a
+        # threaded BLAS call in another thread spinning forever (issue 16, item 1)
+        "OPENBLAS_NUM_THREADS": "1",
     })
+    # deterministic cuBLAS (torch.use_deterministic_algorithms needs it on CUDA); no effect on CPU
+    env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # Flower starts flower-superexec / flwr-simulation by name: put this environment's scripts first
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     # the subprocesses must import this very fedsuite (a checkout or an installed package)
@@ -151,26 +163,34 @@ def wait_for_port(port: int, proc: subprocess.Popen, log_path: Path, timeout: fl
 
 
 @contextmanager
-def private_superlink(run_dir: Path, simulation: bool = True) -> Iterator[tuple[dict[str, str], str]]:
+def private_superlink(run_dir: Path, simulation: bool = True,
+                      ray_address: str | None = None) -> Iterator[tuple[dict[str, str], str]]:
     """Start a SuperLink owned by this process; yield (env for flwr commands, connection name)."""
     flwr_home = run_dir / ".flwr"
     port = free_port()
     address = f"127.0.0.1:{port}"
     write_connection(flwr_home, address)
-    env = flower_env(flwr_home)
+    env = flower_env(flwr_home, ray_address)
     log_path = run_dir / "superlink.log"
     cmd = [bin_path("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
            "--disable-runtime-dependency-installation", "--database", str(flwr_home / "state.db")]
     if simulation:
         cmd.append("--simulation")
-    with log_path.open("ab") as log_file:
-        proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    # a run must not outlive this process: the SuperLink dies with it (PDEATHSIG) and a watcher in
+    # its own session stops everything carrying our FLWR_HOME if this process is killed
+    watcher = reaper.start(flwr_home, run_dir / "reaper.log")
     try:
-        wait_for_port(port, proc, log_path)
-        yield env, CONNECTION
+        with log_path.open("ab") as log_file:
+            proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=reaper.die_with_parent())
+        try:
+            wait_for_port(port, proc, log_path)
+            yield env, CONNECTION
+        finally:
+            stop_tree(proc, ("FLWR_HOME", str(flwr_home)))
     finally:
-        stop_tree(proc, ("FLWR_HOME", str(flwr_home)))
+        reaper.stop(watcher)
 
 
 def submit(app_dir: Path, env: dict[str, str], connection: str, federation_config: str | None) -> int:
@@ -197,33 +217,53 @@ def run_status(run_id: int, env: dict[str, str], connection: str, cwd: Path) -> 
     return str(run.get("status", "unknown")), str(run.get("status-details", ""))
 
 
+class StallError(LaunchError):
+    """The watchdog fired: no progress for ``stall_timeout_s`` seconds."""
+
+
 def follow(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
-           on_progress: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+           on_progress: Callable[[list[dict[str, Any]]], None] | None = None,
+           stall_timeout_s: float = 0.0) -> None:
     """Stream the run's logs into flower.log and report metrics as they land, until the run ends.
 
     The run has ended when the ServerApp has written ``summary.json`` (it does so last, also on
     failure) or when Flower's log stream closes. Flower's own teardown (Ray shutdown, ~3-5 s) is
     not waited for: the caller stops the whole process tree.
+
+    Watchdog: progress is a new line in ``metrics.jsonl`` (round 0 = start-up done, then one per
+    round); with ``stall_timeout_s > 0``, that long without progress raises :class:`StallError`.
     """
     summary = run_dir / "summary.json"
     with (run_dir / "flower.log").open("ab") as log_file:
         proc = subprocess.Popen([bin_path("flwr"), "log", str(run_id), connection, "--stream"], env=env,
-                                stdout=log_file, stderr=subprocess.STDOUT, cwd=run_dir, start_new_session=True)
+                                stdout=log_file, stderr=subprocess.STDOUT, cwd=run_dir, start_new_session=True,
+                                preexec_fn=reaper.die_with_parent())
     seen = -1
+    last_progress = time.monotonic()
     try:
         while proc.poll() is None and not summary.exists():
-            if on_progress is not None:
-                rows = read_metrics(run_dir)
-                if len(rows) != seen:
-                    seen = len(rows)
+            rows = read_metrics(run_dir, tolerant=True)
+            if len(rows) != seen:
+                seen, last_progress = len(rows), time.monotonic()
+                if on_progress is not None:
                     on_progress(rows)
+            elif stall_timeout_s > 0 and time.monotonic() - last_progress > stall_timeout_s:
+                done = [r["round"] for r in rows if r.get("round", 0) > 0]
+                where = (f"after round {done[-1]}" if done else
+                         "during start-up (no round-0 evaluation yet)" if not rows else "in round 1")
+                message = (f"no progress for {stall_timeout_s:g} s (stall_timeout_s) {where}; the run was "
+                           f"stopped. Logs: {run_dir / 'flower.log'}")
+                err = run_dir / "error.txt"
+                if not err.exists():
+                    err.write_text(f"StallError: {message}\n")
+                raise StallError(message)
             time.sleep(0.25)
         if summary.exists():
             time.sleep(0.5)  # let the last log lines reach flower.log
     finally:
         stop_tree(proc, timeout=3.0)
     if on_progress is not None:
-        on_progress(read_metrics(run_dir))
+        on_progress(read_metrics(run_dir, tolerant=True))
 
 
 def federation_config(cfg: BaseRunConfig, num_supernodes: int | None = None) -> str:
@@ -237,16 +277,32 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
              on_progress: Callable[[list[dict[str, Any]]], None] | None = None) -> RunOutcome:
     """Run ``cfg`` on Flower's Simulation Engine; results land in ``run_dir``."""
     run_dir = run_dir.resolve()
+    check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
     run_dir.mkdir(parents=True, exist_ok=True)
     app_dir = run_dir / "app"
     write_app(app_dir, cfg, run_dir)
     (run_dir / "summary.json").unlink(missing_ok=True)  # a resumed run rewrites it when it ends
-    with private_superlink(run_dir) as (env, connection):
+    with private_superlink(run_dir, ray_address=cfg.ray_address) as (env, connection):
         run_id = submit(app_dir, env, connection, federation_config(cfg))
         (run_dir / "flower-run-id").write_text(f"{run_id}\n")
-        follow(run_id, env, connection, run_dir, on_progress)
+        follow(run_id, env, connection, run_dir, on_progress, cfg.stall_timeout_s)
         status, details = final_status(run_id, env, connection, run_dir)
     return RunOutcome(run_dir, status, details)
+
+
+def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> None:
+    """A run directory that already holds a run is continued only with a config its record allows
+    (``fedsuite.config.check_resume``); raises ``ConfigError`` otherwise, having written nothing."""
+    record = run_dir / "config.json"
+    if not record.is_file():
+        return
+    import torch
+
+    from fedsuite.config import check_resume
+
+    ckpt = run_dir / "checkpoint.pt"
+    done = int(torch.load(ckpt, weights_only=False)["round"]) if ckpt.is_file() else 0
+    check_resume(json.loads(record.read_text()), cfg, done)
 
 
 def final_status(run_id: int, env: dict[str, str], connection: str, run_dir: Path) -> tuple[str, str]:
@@ -254,9 +310,11 @@ def final_status(run_id: int, env: dict[str, str], connection: str, run_dir: Pat
     after its last round, so Flower's teardown need not be waited for), else Flower's status."""
     summary = run_dir / "summary.json"
     if summary.exists():
-        ours = json.loads(summary.read_text()).get("status")
-        if ours == "completed":
+        ours = json.loads(summary.read_text())
+        if ours.get("status") == "completed":
             return "finished:completed", ""
+        if ours.get("status") == "failed" and "failure" in ours:  # stopped on failed client replies
+            return "finished:failed", ours["failure"]["message"]
     deadline = time.monotonic() + 60
     while True:
         status, details = run_status(run_id, env, connection, run_dir)

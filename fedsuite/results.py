@@ -4,8 +4,11 @@ A run directory holds::
 
     config.json      the resolved config
     metrics.jsonl    one line per round: round, test_accuracy, test_loss, train_loss, wall_seconds,
-                     bytes_sent, bytes_received, cohort, dropped (+ method metrics)
-    summary.json     final/best accuracy, rounds, total time, status
+                     bytes_sent, bytes_received, cohort, dropped (partition ids), failed (their
+                     count), failure_reasons ({partition id: reason}) (+ method metrics)
+    summary.json     final/best accuracy, rounds, total time, status, failed_replies and
+                     rounds_with_failures (totals), failure (round, partition ids, first error)
+                     when the run stopped on too many failed replies
     checkpoint.pt    global arrays + strategy state + round (rewritten atomically every round)
     accuracy.png     test accuracy versus round
 """
@@ -32,11 +35,31 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+class ResultsError(ValueError):
+    """A run directory's files cannot be read; the message is one line naming the file."""
+
+
+def read_metrics(run_dir: str | Path, tolerant: bool = False) -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl``. A line that is not a JSON object raises :class:`ResultsError`
+    naming file and line, or is skipped with ``tolerant`` (a live run's line being written)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("round"), int):
+                raise ValueError("not a metrics row (a JSON object with an integer 'round')")
+        except ValueError as exc:
+            if tolerant:
+                continue
+            raise ResultsError(f"{path}, line {number}: not a valid metrics row, the file is truncated or "
+                               f"corrupt ({exc})") from None
+        rows.append(row)
+    return rows
 
 
 class RunRecorder:
@@ -52,10 +75,38 @@ class RunRecorder:
             f.flush()
             os.fsync(f.fileno())
 
+    def rewind(self, checkpoint_round: int, checkpoint_row: dict[str, Any] | None) -> None:
+        """Make ``metrics.jsonl`` end at the checkpoint a run resumes from: keep the rows of earlier
+        rounds, then the checkpoint's own row (a checkpoint without one keeps the file's row of that
+        round). Rows of a round the checkpoint does not hold, and a half-written last line, go."""
+        if not self.metrics_path.is_file():
+            if checkpoint_row is None:
+                return
+            lines = []
+        else:
+            lines = self.metrics_path.read_text().splitlines()
+        rows: list[dict[str, Any]] = []
+        for line in lines:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+        keep = [r for r in rows if r["round"] < checkpoint_round]
+        if checkpoint_row is not None:
+            keep.append(_clean(checkpoint_row))
+        elif checkpoint_round > 0:
+            keep += [r for r in rows if r["round"] == checkpoint_round][:1]
+        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
+        os.replace(tmp, self.metrics_path)
+
     def finish(self, status: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         rows = read_metrics(self.run_dir)
         summary = summarize(rows)
         summary.update({"status": status, **(extra or {})})
+        if "failure" in summary:  # the failed round has no metrics row: count its failures too
+            summary["failed_replies"] += len(summary["failure"]["partition_ids"])
+            summary["rounds_with_failures"] += 1
         write_json(self.run_dir / "summary.json", summary)
         if rows:
             plot_accuracy({self.run_dir.name: rows}, self.run_dir / "accuracy.png")
@@ -71,6 +122,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out["best_accuracy"], out["best_round"] = best, best_round
         losses = [r["test_loss"] for r in rows if r.get("test_loss") is not None]
         out["final_loss"] = losses[-1] if losses else None
+    failed = [r.get("failed", 0) or 0 for r in rows if r["round"] > 0]
+    out["failed_replies"] = int(sum(failed))
+    out["rounds_with_failures"] = int(sum(1 for f in failed if f))
     walls = [r["wall_seconds"] for r in rows if r.get("wall_seconds") is not None and r["round"] > 0]
     if walls:
         out["seconds_per_round"] = float(np.median(walls))
@@ -118,12 +172,21 @@ def plot_accuracy(curves: dict[str, list[dict[str, Any]]], path: Path, title: st
 def load_run(run_dir: Path) -> dict[str, Any]:
     config_path = run_dir / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a fedsuite run directory (no config.json)")
-    return {"dir": run_dir, "config": json.loads(config_path.read_text()), "rows": read_metrics(run_dir)}
+        raise ResultsError(f"{run_dir} is not a fedsuite run directory (no config.json)")
+    try:
+        config = json.loads(config_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{config_path} is not valid JSON ({exc})") from None
+    needed = ("strategy", "model", "dataset", "partitioner")
+    missing = [k for k in needed if not isinstance(config, dict) or k not in config]
+    if missing:
+        raise ResultsError(f"{config_path} is not a fedsuite run config: it lacks {', '.join(missing)}")
+    return {"dir": run_dir, "config": config, "rows": read_metrics(run_dir)}
 
 
 #: config keys that do not define a setting: runs differing only in these are seeds of one setting
-NOT_SETTING = ("seed", "run_name", "output_dir", "data_root", "num_cpus", "num_gpus", "device", "eval_batch_size")
+NOT_SETTING = ("seed", "run_name", "output_dir", "data_root", "num_cpus", "num_gpus", "device", "eval_batch_size",
+               "stall_timeout_s")
 
 
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

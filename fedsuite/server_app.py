@@ -1,11 +1,14 @@
 """fedsuite's Flower ServerApp (Message API). The same app runs in simulation and deployment.
 
 1. read the config from the run config, load the dataset (test split for central evaluation);
-2. handshake: one QUERY to every node maps Flower node ids to partition ids;
+2. handshake: one QUERY to every node maps Flower node ids to partition ids (the strategy re-maps
+   before every round, so a SuperNode that reconnects under a new node id gets work again);
 3. build w^0 from the seed and the method's strategy; resume from ``checkpoint.pt`` if present;
 4. ``strategy.start`` runs the rounds; after each round the global model is evaluated centrally
-   (every ``eval_every`` rounds and at the last), one line goes to ``metrics.jsonl`` and the
-   checkpoint is rewritten, so a crash loses at most the round in flight;
+   (every ``eval_every`` rounds and at the last); the checkpoint is rewritten with that round's
+   metrics row inside it, then the row is appended to ``metrics.jsonl``, so a crash loses at most
+   the round in flight, and a resume rewinds ``metrics.jsonl`` to the checkpoint (no round twice);
+   per-client state is versioned by round (``fedsuite.state``), so a killed round's state is unused;
 5. ``summary.json`` and ``accuracy.png`` are written at the end, also when a round fails.
 """
 
@@ -23,8 +26,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedsuite import runtime
 from fedsuite.results import RunRecorder, write_json
+from fedsuite.state import prune_committed
 from fedsuite.training import evaluate
-from strategies.base import ServerSetup, to_ndarrays, to_record
+from strategies.base import RoundFailure, ServerSetup, to_ndarrays, to_record
 
 log = logging.getLogger("fedsuite")
 app = ServerApp()
@@ -39,15 +43,20 @@ def main(grid: Grid, context: Context) -> None:
     write_json(run_dir / "config.json", cfg.active_dump())
     recorder = RunRecorder(run_dir)
     torch.set_num_threads(max(1, cfg.num_cpus))
-    status, timing = "failed", {"serverapp_start": time.time()}
+    status, extra = "failed", {"timing": {"serverapp_start": time.time()}}
     try:
-        run(grid, cfg, run_dir, recorder, timing)
+        run(grid, cfg, run_dir, recorder, extra["timing"])
         status = "completed"
+    except RoundFailure as exc:  # too many failed client replies: say which, keep the last good checkpoint
+        log.error("%s", exc)
+        extra["failure"] = exc.record()
+        (run_dir / "error.txt").write_text(traceback.format_exc())
+        raise
     except Exception:
         (run_dir / "error.txt").write_text(traceback.format_exc())
         raise
     finally:
-        recorder.finish(status, {"timing": timing})
+        recorder.finish(status, extra)
 
 
 def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> None:
@@ -72,6 +81,9 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
         start_round, arrays = ckpt["round"], to_record(ckpt["arrays"])
         strategy.load_checkpoint_state(ckpt["strategy"])
         log.warning("resuming %s from round %d", run_dir, start_round)
+        recorder.rewind(start_round, ckpt.get("metrics_row"))
+    else:
+        recorder.rewind(0, None)  # killed before round 1 was checkpointed: round 0 is written again
 
     model = runtime.make_model(cfg, bundle).to(device)
     x_test, y_test = bundle.x_test.to(device), bundle.y_test.to(device)
@@ -90,7 +102,7 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
                 recorder.append({"round": 0, "test_accuracy": test.get("accuracy"), "test_loss": test.get("loss")})
         else:
             info = strategy.round_info
-            recorder.append({
+            row = {
                 "round": server_round,
                 "test_accuracy": test.get("accuracy"),
                 "test_loss": test.get("loss"),
@@ -100,9 +112,16 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
                 "bytes_received": info.get("bytes_received"),
                 "cohort": info.get("cohort"),
                 "dropped": info.get("dropped", []),
+                "failed": info.get("failed", 0),
+                "failure_reasons": {str(k): v for k, v in info.get("drop_reasons", {}).items()},
                 **{k: v for k, v in info.get("extra", {}).items()},
-            })
-            save_checkpoint(ckpt_path, server_round, global_arrays, strategy)
+            }
+            # one atomic step: the checkpoint carries its round's row; the row is appended after it,
+            # and a resume rewrites metrics.jsonl to end with the checkpoint's row (RunRecorder.rewind)
+            save_checkpoint(ckpt_path, server_round, global_arrays, strategy, row)
+            recorder.append(row)
+            # round t is committed: each of its clients needs only its newest state version <= t
+            prune_committed(run_dir / "client-state", info.get("cohort", []), server_round)
         clock["t"] = time.perf_counter()
         return MetricRecord({k: float(v) for k, v in test.items()}) if test else None
 
@@ -112,12 +131,14 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     strategy.round_offset = start_round
     timing["setup_s"] = time.perf_counter() - t0
     strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining, evaluate_fn=after_round,
+                   timeout=cfg.round_timeout_s,
                    train_config=ConfigRecord({}))
 
 
-def save_checkpoint(path: Path, server_round: int, arrays: ArrayRecord, strategy) -> None:
+def save_checkpoint(path: Path, server_round: int, arrays: ArrayRecord, strategy, row: dict | None = None) -> None:
     tmp = path.with_suffix(".tmp")
-    torch.save({"round": server_round, "arrays": to_ndarrays(arrays), "strategy": strategy.checkpoint_state()}, tmp)
+    torch.save({"round": server_round, "arrays": to_ndarrays(arrays), "strategy": strategy.checkpoint_state(),
+                "metrics_row": row}, tmp)
     os.replace(tmp, path)
 
 

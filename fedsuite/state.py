@@ -1,22 +1,41 @@
-"""Per-client state: small values in Flower's ``context.state``, large arrays on disk.
+"""Per-client state, committed with the round it belongs to.
 
 SCAFFOLD's c_i, FedDyn's gradient memory and FedInit's last local model are model-sized; kept in
 ``context.state`` they would be pickled to and from the Ray actor on every call and held in RAM for
-every virtual client. So arrays go to ``<state_dir>/client-<partition id>/<name>.pt`` (written
-atomically), and only scalars go to ``context.state``. In simulation ``state_dir`` is inside the
-run directory; a real SuperNode gets it from ``--node-config "state-dir=..."``.
+every virtual client. So arrays go to disk under ``<state_dir>/client-<partition id>/``, written
+atomically; a real SuperNode gets ``state_dir`` from ``--node-config "state-dir=..."``, in
+simulation it is ``<run>/client-state``.
+
+**Versioned by round** (what makes ``--resume`` exact): the state a client writes in round t goes to
+``<name>.r<t>.pt``, and a client in round t reads the newest version made in a round < t. The server
+sends round t only after it has checkpointed round t − 1, so every version < t belongs to a committed
+round, while a version written during a round that was killed (and is re-run after ``--resume``)
+is never read: the re-run overwrites it. After writing round t a client deletes the versions older
+than the one it read (no later round can need them); the ServerApp, once it has checkpointed round
+t, keeps only the newest version ≤ t of the clients it sampled (:func:`prune_committed`). So a client
+holds one version of each name, two while a round that sampled it is in flight.
+
+Small values (``get``/``set``) follow the same rule, as ``values.r<t>.json``: Flower's
+``context.state`` is not used for them, since it neither survives a process restart nor rolls back
+with a killed round.
+
+``ClientState(..., server_round=None)`` (tools and benchmarks outside a federated round) keeps one
+unversioned ``<name>.pt``/``values.json`` per name instead.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
-from flwr.app import ConfigRecord, Context
+from flwr.app import Context
 
-_RECORD = "fedsuite-state"
+_VERSION = re.compile(r"^(?P<name>.+)\.r(?P<round>\d+)\.(?P<ext>pt|json)$")
+_VALUES = "values"
 
 
 class ArrayStore:
@@ -45,16 +64,68 @@ class ArrayStore:
         os.replace(tmp, path)  # atomic: a crash never leaves a half-written state file
 
 
-class ClientState:
-    """One client's persistent state across rounds (see module docstring)."""
+def _versions(folder: Path) -> dict[tuple[str, str], list[int]]:
+    """{(name, ext): sorted rounds} of the versioned files in ``folder``."""
+    out: dict[tuple[str, str], list[int]] = {}
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return out
+    for entry in entries:
+        m = _VERSION.match(entry.name)
+        if m:
+            out.setdefault((m["name"], m["ext"]), []).append(int(m["round"]))
+    return {k: sorted(v) for k, v in out.items()}
 
-    def __init__(self, context: Context | None, state_dir: str | Path, partition_id: int) -> None:
-        self.context = context
-        self.store = ArrayStore(state_dir)
-        self.owner = f"client-{partition_id}"
-        self._values: dict[str, Any] = {}
-        if context is not None and _RECORD in context.state:
-            self._values = dict(context.state[_RECORD])
+
+def _file(folder: Path, name: str, ext: str, rnd: int | None) -> Path:
+    return folder / (f"{name}.{ext}" if rnd is None else f"{name}.r{rnd}.{ext}")
+
+
+def _atomic_write(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)  # atomic: a crash never leaves a half-written state file
+
+
+class ClientState:
+    """One client's persistent state across rounds, as seen from round ``server_round``
+    (see module docstring). Within one instance a client reads what it wrote itself."""
+
+    def __init__(self, context: Context | None, state_dir: str | Path, partition_id: int,
+                 server_round: int | None = None) -> None:
+        self.context = context  # kept for callers; state does not live in context.state (see module)
+        self.folder = Path(state_dir) / f"client-{partition_id}"
+        self.round = server_round
+        self._written: set[tuple[str, str]] = set()
+        self._seen = _versions(self.folder) if server_round is not None else {}
+        raw = self._read(_VALUES, "json")
+        self._values: dict[str, Any] = json.loads(raw.read_text()) if raw is not None else {}
+
+    # which file holds a name ---------------------------------------------------------------------
+    def _committed_round(self, name: str, ext: str) -> int | None:
+        """The newest version made before this round (None: none)."""
+        older = [r for r in self._seen.get((name, ext), []) if r < self.round]
+        return older[-1] if older else None
+
+    def _read(self, name: str, ext: str) -> Path | None:
+        if self.round is None or (name, ext) in self._written:
+            path = _file(self.folder, name, ext, self.round)
+            return path if path.is_file() else None
+        rnd = self._committed_round(name, ext)
+        return None if rnd is None else _file(self.folder, name, ext, rnd)
+
+    def _wrote(self, name: str, ext: str) -> None:
+        """After writing this round's version: drop versions older than the one this round read."""
+        first = (name, ext) not in self._written
+        self._written.add((name, ext))
+        if self.round is None or not first:
+            return
+        keep = self._committed_round(name, ext)
+        for rnd in self._seen.get((name, ext), []):
+            if keep is not None and rnd < keep:
+                _file(self.folder, name, ext, rnd).unlink(missing_ok=True)
 
     # small values ------------------------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
@@ -62,15 +133,31 @@ class ClientState:
 
     def set(self, key: str, value: Any) -> None:
         self._values[key] = value
-        if self.context is not None:
-            self.context.state[_RECORD] = ConfigRecord(self._values)
+        path = _file(self.folder, _VALUES, "json", self.round)
+        _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(self._values, sort_keys=True)))
+        self._wrote(_VALUES, "json")
 
     # large arrays ------------------------------------------------------------------------------
     def has_arrays(self, name: str) -> bool:
-        return self.store.has(self.owner, name)
+        return self._read(name, "pt") is not None
 
     def load_arrays(self, name: str, device: torch.device | str = "cpu") -> dict[str, torch.Tensor] | None:
-        return self.store.load(self.owner, name, device)
+        path = self._read(name, "pt")
+        return None if path is None else torch.load(path, map_location=device, weights_only=True)
 
     def save_arrays(self, name: str, arrays: dict[str, torch.Tensor]) -> None:
-        self.store.save(self.owner, name, arrays)
+        data = {k: v.detach().cpu() for k, v in arrays.items()}
+        _atomic_write(_file(self.folder, name, "pt", self.round), lambda tmp: torch.save(data, tmp))
+        self._wrote(name, "pt")
+
+
+def prune_committed(state_dir: str | Path, partition_ids: Iterable[int], committed_round: int) -> None:
+    """Called by the ServerApp after it has checkpointed ``committed_round``: for each client in
+    ``partition_ids`` keep, per name, only the newest version made in a round ≤ ``committed_round``
+    (versions of later rounds, if any, are left alone). A missing folder is not an error."""
+    for pid in partition_ids:
+        folder = Path(state_dir) / f"client-{pid}"
+        for (name, ext), rounds in _versions(folder).items():
+            done = [r for r in rounds if r <= committed_round]
+            for rnd in done[:-1]:
+                _file(folder, name, ext, rnd).unlink(missing_ok=True)

@@ -43,9 +43,12 @@ class LocalData:
         return int(self.y.shape[0])
 
     def batches(self, batch_size: int, generator: torch.Generator):
-        """Shuffled mini-batches (last partial batch kept), normalised and augmented on device."""
+        """Shuffled mini-batches (last partial batch kept), normalised and augmented on device.
+
+        The permutation is drawn on the generator's own device (a CUDA generator cannot draw a CPU
+        permutation), then moved to the data's device."""
         n = len(self)
-        order = torch.randperm(n, generator=generator).to(self.x.device)
+        order = torch.randperm(n, generator=generator, device=generator.device).to(self.x.device)
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
             xb = to_float(self.x[idx], self.bundle)
@@ -72,7 +75,7 @@ class LocalTask:
     generator: torch.Generator
     start_point: dict[str, torch.Tensor] = field(default_factory=dict)  # w_{i,0}, set after start hooks
     num_steps: int = 0
-    loss_sum: float = 0.0
+    loss_sum: torch.Tensor | float = 0.0  # Σ batch losses, kept on the device (no host sync per step)
     scratch: dict[str, Any] = field(default_factory=dict)  # per-round working memory of rules/plug-ins
     metrics: dict[str, float] = field(default_factory=dict)  # extra metrics to report
 
@@ -99,9 +102,10 @@ def run_local_training(rule: "ClientRule", task: LocalTask) -> LocalResult:
         for x, y in task.data.batches(task.cfg.batch_size, task.generator):
             loss = rule.step(task, opt, x, y)
             task.num_steps += 1
-            task.loss_sum += loss
+            # float64 on the loss's device: the same sum as Python floats, without a sync per step
+            task.loss_sum = task.loss_sum + (loss.double() if torch.is_tensor(loss) else loss)
     result = rule.run_finish(task)
-    result.metrics.setdefault("train-loss", task.loss_sum / max(task.num_steps, 1))
+    result.metrics.setdefault("train-loss", float(task.loss_sum) / max(task.num_steps, 1))
     result.metrics["num-steps"] = float(task.num_steps)
     result.metrics["num-examples"] = float(len(task.data))
     return result
@@ -121,15 +125,18 @@ def flat_norm(tensors) -> torch.Tensor:
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bundle, batch_size: int) -> dict[str, float]:
     """Accuracy and mean cross-entropy of ``model`` on (x, y) in eval mode."""
     model.eval()
-    correct, loss_sum, n = 0, 0.0, int(y.shape[0])
+    n = int(y.shape[0])
+    # accumulated on the evaluation device, read once at the end (no host sync per batch)
+    correct = torch.zeros((), dtype=torch.int64, device=y.device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)
     for start in range(0, n, batch_size):
         xb = to_float(x[start : start + batch_size], bundle)
         yb = y[start : start + batch_size]
         logits = model(xb)
-        loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(1) == yb).sum())
-    loss = loss_sum / max(n, 1)
-    return {"accuracy": correct / max(n, 1), "loss": loss if math.isfinite(loss) else float("nan")}
+        loss_sum += F.cross_entropy(logits, yb, reduction="sum").double()
+        correct += (logits.argmax(1) == yb).sum()
+    loss = float(loss_sum) / max(n, 1)
+    return {"accuracy": int(correct) / max(n, 1), "loss": loss if math.isfinite(loss) else float("nan")}
 
 
 def seed_for(*parts: int) -> int:

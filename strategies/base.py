@@ -6,8 +6,17 @@ What it adds to Flower's ``FedAvg``, and why (see ARCHITECTURE.md, "Determinism"
   seed gives the same clients, in simulation and deployment alike;
 * each sampled client gets its own message, built by :meth:`client_payload` (FedMR sends each a
   different model, SCAFFOLD adds the server control variate, ...);
+* node ids are re-mapped before every round (:meth:`refresh_nodes`): a SuperNode that reconnects
+  with a new node id is asked its partition id and gets work again; a sampled client whose node is
+  not connected is sent nothing. Every message sent is remembered with its partition id, so an error
+  reply (whose source may be the SuperLink, not the node) and a reply missing after
+  ``round_timeout_s`` are recorded under that partition id in ``round_info["dropped"]``, with the
+  reason in ``round_info["drop_reasons"]``; fewer than ``min_replies`` accepted replies fail the run;
 * replies that are errors, non-finite, or of the wrong keys/shapes are dropped and logged with the
   client's partition id, never averaged in; the rest are sorted by partition id before aggregation;
+* a round whose failed share of the cohort (error, rejected or missing replies) exceeds
+  ``max_failed_fraction``, or that has no accepted reply at all, raises :class:`RoundFailure`: the
+  run stops as failed and the last good round's checkpoint stays;
 * :meth:`aggregate` is the server rule proper. The default is FedAvg's data-size-weighted mean
 
       w^{t+1} = Σ_{i∈S_t} n_i w_i / Σ_{i∈S_t} n_i
@@ -34,6 +43,13 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 log = logging.getLogger("fedsuite")
+
+#: ``round_info["drop_reasons"]`` for a sampled client whose SuperNode is not connected
+DROP_NOT_CONNECTED = "node not connected"
+#: ... and for one that was sent work but did not answer before the round timed out
+DROP_TIMEOUT = "no reply within round_timeout_s"
+#: how long a round waits for newly connected nodes to say which partition they hold
+QUERY_TIMEOUT_S = 60.0
 
 NDArrays = dict[str, np.ndarray]
 
@@ -95,6 +111,40 @@ def record_checksum(record: ArrayRecord) -> int:
     return crc
 
 
+class RoundFailure(RuntimeError):
+    """Too many of a round's client replies failed or were rejected (see ``max_failed_fraction``).
+
+    Carries what ``summary.json`` records under ``failure``: the round, the failed partition ids,
+    the cohort size and the first error message."""
+
+    def __init__(self, server_round: int, failed: list[int], cohort_size: int, first_error: str, limit: float) -> None:
+        self.server_round, self.failed, self.cohort_size = server_round, failed, cohort_size
+        self.first_error, self.limit = first_error, limit
+        shown = ", ".join(map(str, failed[:20])) + (", ..." if len(failed) > 20 else "")
+        super().__init__(
+            f"round {server_round}: {len(failed)} of {cohort_size} client replies failed "
+            f"(partitions {shown}; max_failed_fraction={limit:g}); first error: {first_error}"
+        )
+
+    def record(self) -> dict[str, Any]:
+        return {"round": self.server_round, "partition_ids": self.failed, "cohort_size": self.cohort_size,
+                "first_error": self.first_error, "max_failed_fraction": self.limit, "message": str(self)}
+
+
+def failure_reason(reason: str) -> str:
+    """The informative part of an error reply's reason. Flower wraps a ClientApp's exception as
+    ``<class '...ClientAppException'>:<'...Exception ClientAppException occurred. Message: MSG'>``;
+    this returns ``MSG`` (or the last non-empty line of any other reason)."""
+    text = str(reason)
+    marker = "occurred. Message: "
+    if marker in text:
+        text = text.split(marker, 1)[1]
+        if text.endswith("'>"):
+            text = text[:-2]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "unknown error"
+
+
 class ServerHooks:
     """The server side of a client plug-in (``ClientPlugin.server_hooks``), run by every strategy:
     :meth:`payload` may add records to a client's message after the method's own
@@ -131,6 +181,9 @@ class FedSuiteStrategy(FedAvg):
         self.cfg = cfg
         self.params = cfg.method_params
         self.pid_to_node = {pid: node for node, pid in setup.node_to_pid.items()}
+        self.connected: set[int] = set(setup.node_to_pid)  # node ids online at the last check
+        self.retired: set[int] = set()  # node ids replaced by a newer one, or that never answered a query
+        self._messages_out: list[tuple[int, int, Any]] = []  # this round's messages: (pid, node id, metadata)
         self.template = setup.initial
         self.global_arrays: NDArrays = dict(setup.initial)  # w^t as last sent
         self.round_info: dict[str, Any] = {}
@@ -167,19 +220,80 @@ class FedSuiteStrategy(FedAvg):
         """The message content for client ``pid`` (default: the global model and the config)."""
         return RecordDict({"arrays": arrays, "config": config})
 
+    # --- nodes: Flower node id <-> partition id, refreshed every round ---------------------------
+    def refresh_nodes(self, grid: Grid | None) -> None:
+        """Compare the SuperLink's connected nodes with the known map; ask each new node (a SuperNode
+        that joined late or restarted under a new node id) its partition id with a QUERY, as the
+        handshake does, and point that partition at it. Partitions whose node is gone stay in the
+        map (sampling is by partition id, whoever is online) and are sent nothing while gone."""
+        if grid is None:  # strategy-level tests drive configure_train without a Grid
+            return
+        current = {int(n) for n in grid.get_node_ids()}
+        # a dead node stays listed until its heartbeat lapses: a retired id is not asked again
+        new = sorted(current - set(self.setup.node_to_pid) - self.retired)
+        if new:
+            queries = [Message(RecordDict({}), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
+            self.retired.update(new)  # until it answers
+            for reply in grid.send_and_receive(queries, timeout=min(QUERY_TIMEOUT_S, self.cfg.round_timeout_s)):
+                node = int(reply.metadata.src_node_id)
+                if reply.has_error() or node not in new:
+                    log.warning("node query failed (node %s): %s", node,
+                                failure_reason(reply.error.reason) if reply.has_error() else "unexpected reply")
+                    continue
+                self.retired.discard(node)
+                pid = int(reply.content["info"]["partition-id"])
+                if not 0 <= pid < self.cfg.num_clients:
+                    log.warning("node %s claims partition %s, outside 0..%s; ignored", node, pid, self.cfg.num_clients - 1)
+                    self.retired.add(node)
+                    continue
+                old = self.pid_to_node.get(pid)
+                if old is not None and old != node:
+                    self.setup.node_to_pid.pop(old, None)
+                    self.retired.add(old)
+                    log.warning("client %s is now node %s (was node %s)", pid, node, old)
+                self.setup.node_to_pid[node] = pid
+                self.pid_to_node[pid] = node
+        self.connected = current
+
+    def reply_pid(self, msg: Message) -> int:
+        """The partition id a reply belongs to: that of the message it answers (an error reply made
+        by the SuperLink has the SuperLink as its source), else that of its source node; -1 if unknown."""
+        reply_to = msg.metadata.reply_to_message_id
+        if reply_to:
+            for pid, _, meta in self._messages_out:
+                if meta.message_id == reply_to:
+                    return pid
+        return self.setup.node_to_pid.get(msg.metadata.src_node_id, -1)
+
+    def record_drop(self, pid: int, reason: str) -> None:
+        log.warning("round %s: dropped client %s: %s", self.round_info.get("round"), pid, reason)
+        self.round_info.setdefault("dropped", []).append(pid)
+        self.round_info.setdefault("drop_reasons", {}).setdefault(pid, reason)
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         server_round += self.round_offset
+        self.refresh_nodes(grid)
         self.global_arrays = to_ndarrays(arrays)
         cohort = self.sample_cohort(server_round)
         conf = ConfigRecord({**dict(config), **self.train_config(server_round)})
-        messages, sent = [], 0
+        messages, sent, absent = [], 0, []
+        self._messages_out = []
         for pid in cohort:
+            node = self.pid_to_node.get(pid)
+            if node is None or node not in self.connected:
+                absent.append(pid)
+                continue
             content = self.client_payload(server_round, pid, arrays, conf)
             for hooks in self.server_hooks:
                 hooks.payload(server_round, pid, content)
             sent += record_nbytes(content)
-            messages.append(Message(content=content, dst_node_id=self.pid_to_node[pid], message_type=MessageType.TRAIN))
-        self.round_info = {"round": server_round, "cohort": cohort, "bytes_sent": sent, "bytes_received": 0, "dropped": []}
+            msg = Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
+            messages.append(msg)
+            self._messages_out.append((pid, node, msg.metadata))  # the Grid sets metadata.message_id when it pushes
+        self.round_info = {"round": server_round, "cohort": cohort, "bytes_sent": sent, "bytes_received": 0,
+                           "dropped": [], "drop_reasons": {}}
+        for pid in absent:
+            self.record_drop(pid, DROP_NOT_CONNECTED)
         return messages
 
     # --- replies --------------------------------------------------------------------------------
@@ -187,16 +301,17 @@ class FedSuiteStrategy(FedAvg):
         """Drop and log bad replies; return the good ones sorted by partition id."""
         good: list[ClientReply] = []
         for msg in replies:
-            pid = self.setup.node_to_pid.get(msg.metadata.src_node_id, -1)
+            pid = self.reply_pid(msg)
             problem = None
             if msg.has_error():
-                problem = f"error reply: {msg.error.reason}"
+                problem = f"client error: {failure_reason(msg.error.reason)}"
             else:
                 self.round_info["bytes_received"] = self.round_info.get("bytes_received", 0) + record_nbytes(msg.content)
                 problem = self._check_reply(msg.content)
             if problem:
                 log.warning("round %s: dropped reply of client %s: %s", self.round_info.get("round"), pid, problem)
                 self.round_info.setdefault("dropped", []).append(pid)
+                self.round_info.setdefault("drop_reasons", {}).setdefault(pid, problem)
                 continue
             content = msg.content
             metrics = {k: float(v) for k, v in content["metrics"].items() if not isinstance(v, list)}
@@ -226,18 +341,41 @@ class FedSuiteStrategy(FedAvg):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round += self.round_offset
+        replies = list(replies)
+        answered = {self.reply_pid(m) for m in replies}
         good = self.parse_replies(replies)
+        for pid, _, _ in self._messages_out:  # sent, never answered: send_and_receive gave up at round_timeout_s
+            if pid not in answered:
+                self.record_drop(pid, f"{DROP_TIMEOUT} ({self.cfg.round_timeout_s:g} s)")
         for hooks in self.server_hooks:
             good = hooks.observe(server_round, good)
         self.round_info["num_replies"] = len(good)
-        if not good:
-            log.warning("round %s: no usable replies; the global model is unchanged", server_round)
-            return None, None
+        self.check_failures(server_round, good)
+        if len(good) < self.cfg.min_replies:
+            failed = sorted(set(self.round_info.get("cohort", [])) - {r.partition_id for r in good})
+            raise RoundFailure(server_round, failed, len(self.round_info.get("cohort", [])),
+                               f"{len(good)} accepted replies, fewer than min_replies={self.cfg.min_replies}",
+                               self.cfg.resolved_max_failed_fraction)
         new_arrays = self.aggregate(server_round, good)
         self.global_arrays = new_arrays
         metrics = self.aggregate_metrics(good)
         self.round_info["train_loss"] = metrics.get("train-loss")
         return to_record(new_arrays), MetricRecord(metrics)
+
+    def check_failures(self, server_round: int, good: list[ClientReply]) -> None:
+        """Count the cohort's failed replies (error, rejected or missing) into ``round_info``;
+        raise :class:`RoundFailure` past ``max_failed_fraction`` or when no reply was accepted."""
+        cohort = list(self.round_info.get("cohort", []))
+        accepted = {r.partition_id for r in good}
+        failed = sorted(set(cohort) - accepted)
+        reasons = self.round_info.setdefault("drop_reasons", {})
+        for pid in failed:
+            reasons.setdefault(pid, "no reply")
+        self.round_info["failed"] = len(failed)
+        limit = self.cfg.resolved_max_failed_fraction
+        if not good or len(failed) > limit * len(cohort) + 1e-9:
+            first = reasons[failed[0]] if failed else "no client in the cohort"
+            raise RoundFailure(server_round, failed, len(cohort), first, limit)
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
         """The server rule. Default: data-size-weighted mean of the client models (FedAvg)."""

@@ -127,11 +127,12 @@ class CCVRStrategy(FedSuiteStrategy):
     def gather_statistics(self, server_round: int, arrays: ArrayRecord) -> list[NDArrays]:
         """The statistics round: w^{t+1} to every client (or the cohort), per-class statistics back."""
         pids = sorted(self.pid_to_node) if self.params.stats_clients == "all" else self.round_info["cohort"]
+        pids = [p for p in pids if self.pid_to_node.get(p) in self.connected]  # gone nodes are asked nothing
         conf = ConfigRecord({"server-round": server_round, "lr": 0.0, STATS_FLAG: 1})
         messages = [Message(RecordDict({"arrays": arrays, "config": conf}), dst_node_id=self.pid_to_node[p],
                             message_type=MessageType.TRAIN) for p in pids]
         self.round_info["bytes_sent"] += sum(record_nbytes(m.content) for m in messages)
-        good = self.parse_replies(self.grid.send_and_receive(messages, timeout=3600))
+        good = self.parse_replies(self.grid.send_and_receive(messages, timeout=self.cfg.round_timeout_s))
         return [g.extras[STATS_FLAG] for g in good if STATS_FLAG in g.extras]
 
     def calibrate(self, server_round: int, base: NDArrays, stats: list[NDArrays]) -> None:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ConfigRecord
 
-from conftest import FAST, assert_same_arrays, make_task
+from conftest import FAST, UNIT_ROUND, assert_same_arrays, make_task
 from fedsuite.config import build_config
 from fedsuite.training import run_local_training
 from strategies.base import ClientReply, ServerSetup, to_ndarrays, to_record
@@ -41,7 +41,7 @@ def make_strategy(name: str, initial: dict | None = None, num_clients: int = 4, 
     from fedsuite import runtime
 
     cfg = build_config(values={**FAST, "data_root": tempfile.gettempdir() + "/fedsuite-test-data", "strategy": name,
-                               "num_clients": num_clients, "clients_per_round": cohort, **values})
+                               "num_clients": num_clients, "clients_per_round": cohort, **UNIT_ROUND, **values})
     if initial is None:
         initial = runtime.initial_arrays(cfg, runtime.load_bundle(cfg))
     setup = ServerSetup(cfg=cfg, node_to_pid={1000 + i: i for i in range(num_clients)},

@@ -10,7 +10,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedsuite.config import build_config
-from strategies.base import ServerSetup, to_record, weighted_mean
+from strategies.base import RoundFailure, ServerSetup, failure_reason, to_record, weighted_mean
 from strategies.fedavg import FedAvgStrategy
 from tests.conftest import FAST, assert_same_arrays, reply_message
 
@@ -74,11 +74,34 @@ def test_bad_replies_are_dropped_and_logged_with_partition_id(caplog):
     assert "client 3: array 'w' has shape" in text and "client crashed" in text
 
 
-def test_no_usable_reply_keeps_the_global_model():
-    strategy = make_strategy()
-    strategy.round_info = {"round": 1}
-    arrays, metrics = strategy.aggregate_train(1, [reply_message(1000, error="boom")])
-    assert arrays is None and metrics is None
+def test_round_failures_are_bounded_by_max_failed_fraction():
+    """Missing, error and rejected replies all count against the cohort; past the bound (or with no
+    accepted reply at all, whatever the bound) the round raises RoundFailure naming the clients."""
+    good = {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32), "n": np.array(1)}
+    replies = [client_reply(0, good, 10), client_reply(1, good, 10), reply_message(1000 + 2, error="boom")]
+    for limit, fails in [(0.5, False), (0.25, True), (0.0, True)]:
+        strategy = make_strategy(max_failed_fraction=limit)
+        strategy.round_info = {"round": 1, "cohort": [0, 1, 2, 3]}  # client 3 never answers
+        if fails:
+            with pytest.raises(RoundFailure) as exc:
+                strategy.aggregate_train(1, replies)
+            assert exc.value.failed == [2, 3] and exc.value.first_error == "client error: boom"
+            assert "round 1: 2 of 4 client replies failed (partitions 2, 3" in str(exc.value)
+        else:
+            arrays, _ = strategy.aggregate_train(1, replies)
+            assert arrays is not None and strategy.round_info["failed"] == 2
+            assert strategy.round_info["drop_reasons"] == {2: "client error: boom", 3: "no reply"}
+    strategy = make_strategy(max_failed_fraction=1.0)
+    strategy.round_info = {"round": 1, "cohort": [0]}
+    with pytest.raises(RoundFailure):
+        strategy.aggregate_train(1, [reply_message(1000, error="boom")])
+
+
+def test_failure_reason_unwraps_flowers_clientapp_exception():
+    wrapped = ("<class 'flwr.clientapp.client_app.ClientAppException'>:<'\n"
+               "Exception ClientAppException occurred. Message: CUDA out of memory'>")
+    assert failure_reason(wrapped) == "CUDA out of memory"
+    assert failure_reason("line one\nReply timed out") == "Reply timed out"
 
 
 def test_cohort_sampling_is_seeded_by_partition_id():
@@ -122,13 +145,15 @@ def test_same_seed_gives_identical_metrics(simulate):
     assert_same_arrays(a.arrays, b.arrays)
 
 
-def test_divergent_clients_are_rejected_not_averaged(simulate):
-    """A learning rate of 1e30 makes every client's model non-finite: all replies are dropped and
-    logged, and the global model stays w^0 (its accuracy does not change)."""
-    res = simulate(strategy="fedavg", rounds=1, lr=1e30)
-    row = res.rows[1]
-    assert sorted(row["dropped"]) == sorted(row["cohort"])
-    assert row["test_accuracy"] == res.rows[0]["test_accuracy"]
+def test_divergent_clients_fail_the_run_loudly(simulate):
+    """A learning rate of 1e30 makes every client's model non-finite: every reply is rejected, never
+    averaged, and a round with no accepted reply fails the run with the clients and the reason."""
+    res = simulate(strategy="fedavg", rounds=1, lr=1e30, expect_failure=True)
+    failure = res.summary["failure"]
+    assert res.summary["status"] == "failed" and failure["round"] == 1
+    assert len(failure["partition_ids"]) == FAST["clients_per_round"]
+    assert "non-finite values" in failure["first_error"]
+    assert [r["round"] for r in res.rows] == [0] and res.checkpoint == {}
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "FashionMNIST" / "raw").is_dir(), reason="../shared/data is not present")

@@ -20,7 +20,7 @@ from strategies.fedmr import FedMRStrategy, draw_permutations, make_units, recom
 from strategies.fedmut import FedMutStrategy, mutate, mutation_beta, mutation_coefficients
 from strategies.indep import IndepAggrStrategy, IndepStrategy
 from strategies.pool import uniform_mean
-from tests.conftest import FAST, assert_same_arrays, reply_message
+from tests.conftest import FAST, UNIT_ROUND, assert_same_arrays, reply_message
 
 # a small "model" with a conv, a BatchNorm (incl. its integer buffer) and a head, in state_dict order
 SHAPES = {
@@ -248,7 +248,7 @@ NUM_CLIENTS, K = 10, 4
 
 
 def make_strategy(cls, strategy: str, seed: int = 7, **params):
-    values = {**FAST, "strategy": strategy, "num_clients": NUM_CLIENTS, "clients_per_round": K, "seed": seed,
+    values = {**FAST, "strategy": strategy, "num_clients": NUM_CLIENTS, "clients_per_round": K, "seed": seed, **UNIT_ROUND,
               **{f"{strategy}.{k}": v for k, v in params.items()}}
     cfg = build_config(values=values)
     initial = random_model(np.random.default_rng(1000))

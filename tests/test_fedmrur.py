@@ -24,7 +24,7 @@ from fedsuite.config import build_config
 from fedsuite.training import LocalData, run_local_training
 from strategies.base import ClientReply, ServerSetup, weighted_mean
 from strategies.fedmrur import FedMRURStrategy
-from tests.conftest import assert_same_arrays, make_task
+from tests.conftest import UNIT_ROUND, assert_same_arrays, make_task
 
 
 def naive_sq_dist(z: torch.Tensor, zh: torch.Tensor, beta: float) -> torch.Tensor:
@@ -316,7 +316,7 @@ def test_sam_family_reductions():
 
 
 def _strategy(values: dict | None = None, template: dict | None = None) -> FedMRURStrategy:
-    cfg = build_config(values={"strategy": "fedmrur", "num_clients": 10, **(values or {})})
+    cfg = build_config(values={"strategy": "fedmrur", "num_clients": 10, **UNIT_ROUND, **(values or {})})
     template = template or {"a": np.zeros(3), "b": np.zeros((2, 2))}
     return cfg.method.strategy(ServerSetup(cfg=cfg, node_to_pid={i: i for i in range(10)}, initial=template))
 
@@ -428,6 +428,11 @@ def test_momentum_is_sent_and_checkpointed():
 # real Flower simulations (5 configs, FAST defaults)
 # ------------------------------------------------------------------------------------------------
 
+# these tests run on test_fedmr.py's xdist worker, whose session cache already holds the FAST FedAvg
+# run (so it starts once for both files); tests/test_registry_e2e.py's fedcm and fedmrur runs are the
+# default-knob runs below (same overrides, same group)
+SIM_GROUP = pytest.mark.xdist_group("test_fedmr")
+
 COMPARED = ("round", "test_accuracy", "test_loss", "train_loss", "cohort")
 
 
@@ -435,6 +440,7 @@ def _rows(sim):
     return [{k: r.get(k) for k in COMPARED} for r in sim.rows]
 
 
+@SIM_GROUP
 def test_sim_fedcm_alpha1_equals_fedavg(simulate):
     fedavg = simulate(strategy="fedavg")
     fedcm = simulate(strategy="fedcm", **{"fedcm.alpha": 1.0, "fedcm.weighting": "examples", "fedcm.clip_norm": 0.0})
@@ -444,6 +450,7 @@ def test_sim_fedcm_alpha1_equals_fedavg(simulate):
     assert fedcm.rows[-1]["bytes_sent"] > fedavg.rows[-1]["bytes_sent"]  # ... at 2× the downlink
 
 
+@SIM_GROUP
 def test_sim_mofedsam_rho0_equals_fedcm(simulate):
     fedcm = simulate(strategy="fedcm")
     mofedsam = simulate(strategy="mofedsam", **{"mofedsam.rho": 0.0})
@@ -452,6 +459,7 @@ def test_sim_mofedsam_rho0_equals_fedcm(simulate):
     assert_same_arrays(mofedsam.checkpoint["strategy"]["method"]["momentum"], fedcm.checkpoint["strategy"]["method"]["momentum"])
 
 
+@SIM_GROUP
 def test_sim_fedmrur_runs_and_logs(simulate):
     sim = simulate(strategy="fedmrur")
     rows = sim.rows[1:]

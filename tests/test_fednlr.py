@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord
+from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 
 from clients.fednlr import FedNLRClient
@@ -220,7 +221,7 @@ def test_stats_are_label_free_and_use_the_received_model_without_touching_traini
     # statelessness: the same inputs give the same scales, no client state is written
     plugin.before_start(task2)
     assert all(torch.equal(a, b) for a, b in zip(plan.scales, task2.scratch["neuron_lr"].scales))
-    assert not any(task2.state.store.root.rglob("*.pt"))
+    assert not any(task2.state.folder.rglob("*"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -444,17 +445,8 @@ def test_norm_layer_parameters_inherit_their_channel_scale():
 # ------------------------------------------------------------------------------------------------
 
 
-class _Msg:
-    """Stand-in for flwr's ``Message`` (which needs a running Flower task): keeps content and destination."""
-
-    def __init__(self, content, dst_node_id, message_type):
-        self.content, self.dst_node_id = content, dst_node_id
-
-
-def _method_round(method: str, preset: str | None, monkeypatch):
+def _method_round(method: str, preset: str | None):
     """One local round of ``method``'s client rule on the message its own strategy builds for round 1."""
-    import strategies.base
-
     values = {"strategy": method}
     if preset:
         values["neuron_lr.preset"] = preset
@@ -465,9 +457,9 @@ def _method_round(method: str, preset: str | None, monkeypatch):
                         build_model=lambda: runtime.make_model(cfg, bundle),
                         info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)})
     strategy = cfg.method.strategy(setup)
-    monkeypatch.setattr(strategies.base, "Message", _Msg)
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # as inside a ServerApp
     msg = list(strategy.configure_train(1, to_record(initial), ConfigRecord({}), None))[0]
-    pid = msg.dst_node_id
+    pid = setup.node_to_pid[msg.metadata.dst_node_id]
     extras = {name: {k: torch.from_numpy(a.numpy().copy()) for k, a in rec.items()}
               for name, rec in msg.content.array_records.items() if name != "arrays"}
     task, cfg = make_task(values, pid=pid, extras=extras, config=dict(msg.content["config"]))
@@ -479,7 +471,7 @@ def _method_round(method: str, preset: str | None, monkeypatch):
 
 
 @pytest.mark.parametrize("method", sorted(registry.methods()))
-def test_plugin_composes_with_every_method(method, monkeypatch):
+def test_plugin_composes_with_every_method(method):
     """For each registered method that allows neuron_lr: the plug-in runs inside the method's own
     rule on the message the method's own strategy sends (scales computed, diagnostics reported,
     finite result), preset uniform reproduces the method without the plug-in bit for bit (model and
@@ -496,9 +488,9 @@ def test_plugin_composes_with_every_method(method, monkeypatch):
             check_plugins(cfg)
         return
     reference = "fedavg" if method == "fednlr" else method  # fednlr without the flag already runs paper_main
-    _, plain = _method_round(reference, None, monkeypatch)
-    task_u, uniform = _method_round(method, "uniform", monkeypatch)
-    task_p, nlr = _method_round(method, "paper_final", monkeypatch)
+    _, plain = _method_round(reference, None)
+    task_u, uniform = _method_round(method, "uniform")
+    task_p, nlr = _method_round(method, "paper_final")
     assert "neuron_lr" in task_u.scratch and "neuron_lr" in task_p.scratch
     assert "nlr-mu-l1" in nlr.metrics
     for k in plain.arrays:
@@ -514,7 +506,12 @@ def test_plugin_composes_with_every_method(method, monkeypatch):
 # real Flower simulations (3 configs; the FedAvg run is shared)
 # ------------------------------------------------------------------------------------------------
 
+# these tests run on test_fedinit.py's xdist worker, whose session cache already holds the FAST FedAvg
+# run (so it starts once for both files); tests/test_registry_e2e.py's fednlr run is the one below
+SIM_GROUP = pytest.mark.xdist_group("test_fedinit")
 
+
+@SIM_GROUP
 def test_simulation_uniform_neuron_lr_equals_fedavg(simulate):
     """§8.12 end to end: FedAvg with neuron_lr preset uniform = FedAvg bit for bit (model and accuracy)."""
     plain = simulate(strategy="fedavg")
@@ -526,6 +523,7 @@ def test_simulation_uniform_neuron_lr_equals_fedavg(simulate):
     assert last["nlr-mu-l1"] == 1.0 and last["nlr-smin-l1"] == 1.0 == last["nlr-smax-l1"]
 
 
+@SIM_GROUP
 def test_simulation_fednlr(simulate):
     """Method fednlr end to end: runs, logs per-layer μ_l (Eq. 17 with paper_main) and scale ranges,
     and trains a different model from FedAvg with the same seeds."""

@@ -44,6 +44,7 @@ import json
 import os
 import pickle
 import socket
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,8 +142,38 @@ def _try_download(fn: Callable[[], Any]) -> str | None:
     return None
 
 
-def _as_labels(y: Any) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(y), dtype=torch.int64).reshape(-1)
+def _as_labels(y: Any, where: str = "labels") -> torch.Tensor:
+    """Labels as int64; float labels are accepted only when every value is a whole number."""
+    a = np.asarray(y)
+    if a.dtype.kind == "f":
+        bad = ~np.isfinite(a) | (a != np.round(a))
+        if bad.any():
+            raise DatasetError(f"{where} must be integers, but holds {a[bad].flat[0]!r} (at index {int(np.argmax(bad.reshape(-1)))}).")
+    elif a.size and a.dtype.kind not in "iub":
+        raise DatasetError(f"{where} must be integers, got an array of dtype {a.dtype}.")
+    return torch.as_tensor(a, dtype=torch.int64).reshape(-1)
+
+
+def check_bundle(b: DatasetBundle, source: str = "") -> DatasetBundle:
+    """Reject data no round could use, with one line naming the problem: empty splits,
+    NaN/inf features, labels outside ``[0, num_classes)``."""
+    where = f"Dataset '{b.name}'" + (f" ({source})" if source else "")
+    for split, x, y in (("train", b.x_train, b.y_train), ("test", b.x_test, b.y_test)):
+        if len(y) == 0 or len(x) == 0:
+            raise DatasetError(f"{where}: the {split} split is empty; it needs at least one sample.")
+        if len(x) != len(y):
+            raise DatasetError(f"{where}: x_{split} has {len(x)} samples but y_{split} has {len(y)} labels.")
+        if x.is_floating_point():
+            finite = torch.isfinite(x).reshape(len(x), -1).all(dim=1)
+            if not bool(finite.all()):
+                i = int((~finite).nonzero()[0])
+                raise DatasetError(f"{where}: x_{split} holds NaN or inf values (first in sample {i}).")
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or hi >= b.num_classes:
+            bad = lo if lo < 0 else hi
+            raise DatasetError(f"{where}: y_{split} holds label {bad}, outside 0..{b.num_classes - 1} "
+                               f"(num_classes={b.num_classes}).")
+    return b
 
 
 def _channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -266,7 +297,11 @@ def load_synthetic(
             b = rng.normal(mean_w[k], 1, n_cls)
         n = samples[k]
         x = mean_x + rng.standard_normal((n, dim)) * np.sqrt(cov_diag)
-        y = np.argmax(x @ w + b, axis=1)
+        # not ``x @ w``: a multi-threaded OpenBLAS product here can hang forever when another
+        # thread of the process forks meanwhile (Flower runs this ServerApp thread while Ray
+        # starts its daemons with fork + preexec_fn; OpenBLAS's at-fork handler then shuts its
+        # thread pool down under the running ``exec_blas``). einsum's own loop uses no BLAS.
+        y = np.argmax(np.einsum("nd,dc->nc", x, w) + b, axis=1)
         n_tr = int(train_fraction * n)
         xs_tr.append(x[:n_tr])
         ys_tr.append(y[:n_tr])
@@ -303,8 +338,11 @@ _MNIST_FILES = (
 def read_idx(path: Path) -> np.ndarray:
     """Read an idx file (``.gz`` or plain), the format of MNIST-like datasets."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
-        raw = fh.read()
+    try:
+        with opener(path, "rb") as fh:
+            raw = fh.read()
+    except (OSError, EOFError, zlib.error) as exc:  # truncated or damaged gzip
+        raise DatasetError(f"{path} is corrupt ({type(exc).__name__}: {exc}); delete it and download it again.") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
         raise DatasetError(f"{path} is not an idx file (bad magic number); the file is corrupt.")
     ndim = raw[3]
@@ -734,10 +772,10 @@ def load_npz(root: Path, *, path: str | Path | None = None, num_classes: int | N
         )
     if x_tr.shape[1:] != x_te.shape[1:]:
         raise DatasetError(f"npz: x_train {tuple(x_tr.shape)} and x_test {tuple(x_te.shape)} differ in shape in {p}.")
-    y_tr, y_te = _as_labels(arrs["y_train"]), _as_labels(arrs["y_test"])
+    y_tr, y_te = _as_labels(arrs["y_train"], f"npz: y_train in {p}"), _as_labels(arrs["y_test"], f"npz: y_test in {p}")
     if len(y_tr) != len(x_tr) or len(y_te) != len(x_te):
         raise DatasetError(f"npz: label and sample counts differ in {p}.")
-    nc = num_classes or int(max(int(y_tr.max()), int(y_te.max()) if len(y_te) else 0) + 1)
+    nc = num_classes or int(max(int(y_tr.max()) if len(y_tr) else 0, int(y_te.max()) if len(y_te) else 0) + 1)
     return DatasetBundle(
         name="npz", x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te, num_classes=nc,
         input_shape=tuple(x_tr.shape[1:]), mean=mean, std=std, augment="none",
@@ -776,7 +814,8 @@ def _hashable(v: Any) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _load_cached(name: str, root: str, options: tuple[tuple[str, Any], ...]) -> DatasetBundle:
-    return DATASETS[name](Path(root), **dict(options))
+    source = dict(options).get("path") or root
+    return check_bundle(DATASETS[name](Path(root), **dict(options)), str(source))
 
 
 def load_dataset(name: str, root: str | Path = "data", **options: Any) -> DatasetBundle:

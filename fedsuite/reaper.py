@@ -1,0 +1,142 @@
+"""A run must not outlive its CLI: the parent-death half of ``fedsuite simulate``'s process hygiene.
+
+``fedsuite simulate`` starts a private ``flower-superlink``; Flower detaches ``flower-superexec``
+into a new session, which starts ``flwr-simulation`` and Ray. Killing only the CLI's process group
+(Ctrl-C in some shells, a job scheduler's kill) used to leave all of them running. Two mechanisms:
+
+* :func:`die_with_parent` (a ``preexec_fn``): the processes the CLI starts itself get
+  ``PR_SET_PDEATHSIG`` (Linux), so the kernel signals them when the CLI dies;
+* :func:`start` launches this module as a small watcher in its own session (so a process-group
+  kill does not reach it). It polls the CLI's PID; once the CLI is gone it stops every process
+  whose environment carries the run's private ``FLWR_HOME`` (SuperLink, SuperExec, the
+  simulation, Ray's daemons and workers), then exits. After a normal run the CLI stops it.
+
+This module imports only the standard library and psutil, so the watcher starts fast and small.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM):
+    """A ``preexec_fn`` that makes the child receive ``sig`` when the process that started it dies
+    (Linux; a no-op elsewhere). Call it in the parent: it captures the parent's PID."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if sys.platform.startswith("linux"):
+            try:
+                ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+            except (OSError, AttributeError):
+                pass
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os._exit(1)
+
+    return preexec
+
+
+def marked(key: str, value: str, exclude: tuple[int, ...] = ()) -> list[psutil.Process]:
+    """Processes whose environment has ``key=value`` (our private ``FLWR_HOME``)."""
+    out = []
+    for p in psutil.process_iter():
+        if p.pid in exclude:
+            continue
+        try:
+            if p.environ().get(key) == value:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def sweep(key: str, value: str, exclude: tuple[int, ...] = (), settle: float = 2.0, limit: float = 60.0) -> int:
+    """Stop every process marked ``key=value`` (SIGTERM, then SIGKILL after 5 s), repeating until no
+    new one has appeared for ``settle`` seconds (Ray may still be starting workers). Returns how many."""
+    stopped: set[int] = set()
+    quiet_since = time.monotonic()
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        procs = marked(key, value, exclude)
+        if not procs:
+            if time.monotonic() - quiet_since >= settle:
+                break
+            time.sleep(0.2)
+            continue
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=5.0)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5.0)
+        stopped.update(p.pid for p in procs)
+        quiet_since = time.monotonic()
+    return len(stopped)
+
+
+def start(flwr_home: Path, log_path: Path | None = None) -> subprocess.Popen:
+    """Start the watcher for this process (the CLI) and the run whose ``FLWR_HOME`` is ``flwr_home``."""
+    me = psutil.Process()
+    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    out = log_path.open("ab") if log_path is not None else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "fedsuite.reaper", str(me.pid), repr(me.create_time()), str(flwr_home)],
+            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    finally:
+        if log_path is not None:
+            out.close()
+
+
+def stop(watcher: subprocess.Popen | None) -> None:
+    """Stop the watcher after a run that ended normally (its processes are already stopped)."""
+    if watcher is None or watcher.poll() is not None:
+        return
+    watcher.terminate()
+    try:
+        watcher.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        watcher.kill()
+        watcher.wait()
+
+
+def _alive(pid: int, create_time: float) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE and abs(p.create_time() - create_time) < 1e-3
+    except psutil.NoSuchProcess:
+        return False
+
+
+def main(argv: list[str]) -> int:
+    pid, create_time, flwr_home = int(argv[0]), float(argv[1]), argv[2]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the CLI finished normally
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while _alive(pid, create_time):
+        time.sleep(0.5)
+    n = sweep("FLWR_HOME", flwr_home, exclude=(os.getpid(),))
+    print(f"fedsuite reaper: CLI {pid} is gone; stopped {n} processes of {flwr_home}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,132 @@
+"""Loud failures and fault injection (issue 10): a run in which clients fail says so.
+
+The faults are injected inside the real ClientApp (``[faults]``), seeded from (seed, partition,
+round), so each test predicts exactly which client fails in which round and why, and checks that
+the run's status, exit code, metrics and summary say the same."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fedsuite.config import FaultsConfig, build_config
+from fedsuite.faults import FaultDraw, InjectedFault
+from strategies.base import FedSuiteStrategy, ServerSetup
+from tests.conftest import FAST
+
+MIXED = {"client_error": 0.2, "nan": 0.1, "wrong_shape": 0.1}
+
+
+def predicted_failures(seed: int, rounds: int, faults: dict) -> dict[int, dict[int, str]]:
+    """{round: {partition id: expected reason fragment}} from the same draws the ClientApp makes,
+    and the same cohorts the server samples."""
+    cfg = build_config(values={**FAST, "seed": seed})
+    strategy = FedSuiteStrategy(ServerSetup(cfg=cfg, node_to_pid={p: p for p in range(cfg.num_clients)}, initial={}))
+    out: dict[int, dict[int, str]] = {}
+    for r in range(1, rounds + 1):
+        out[r] = {}
+        for pid in strategy.sample_cohort(r):
+            d = FaultDraw.for_task(FaultsConfig(**faults), seed, pid, r)
+            # the ClientApp raises before training; the server checks shapes before finiteness
+            reason = "injected fault" if d.raise_error else "has shape" if d.wrong_shape else "non-finite" if d.nan else None
+            if reason:
+                out[r][pid] = reason
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the fault draws themselves
+# ------------------------------------------------------------------------------------------------
+
+
+def test_fault_draws_are_seeded_per_client_and_round():
+    f = FaultsConfig(client_error=0.5, nan=0.5, wrong_shape=0.5, delay_s=1.0, delay_prob=0.5)
+    draws = [FaultDraw.for_task(f, 3, pid, r) for pid in range(20) for r in range(1, 6)]
+    assert draws == [FaultDraw.for_task(f, 3, pid, r) for pid in range(20) for r in range(1, 6)]
+    assert draws != [FaultDraw.for_task(f, 4, pid, r) for pid in range(20) for r in range(1, 6)]
+    for field in ("raise_error", "nan", "wrong_shape"):
+        share = np.mean([getattr(d, field) for d in draws])
+        assert 0.3 < share < 0.7, field  # about the asked probability, neither never nor always
+    assert {d.delay_s for d in draws} == {0.0, 1.0}
+    assert FaultDraw.for_task(FaultsConfig(), 3, 0, 1) == FaultDraw()
+    everything = FaultDraw.for_task(FaultsConfig(client_error=1, nan=1, wrong_shape=1, delay_s=2.0), 3, 0, 1)
+    assert everything == FaultDraw(raise_error=True, nan=True, wrong_shape=True, delay_s=2.0)
+
+
+def test_fault_actions_raise_sleep_and_corrupt(monkeypatch):
+    slept = []
+    monkeypatch.setattr("fedsuite.faults.time.sleep", slept.append)
+    with pytest.raises(InjectedFault, match="client 4, round 2"):
+        FaultDraw(raise_error=True, delay_s=0.5).before_training(4, 2)
+    assert slept == [0.5]
+    arrays = {"w": torch.ones(2, 3), "b": torch.ones(3), "n": torch.tensor(5)}
+    nan = FaultDraw(nan=True).corrupt(arrays)
+    assert torch.isnan(nan["w"]).all() and torch.equal(nan["b"], arrays["b"])
+    bad = FaultDraw(wrong_shape=True).corrupt(arrays)
+    assert bad["w"].shape == (3, 3) and torch.equal(arrays["w"], torch.ones(2, 3))  # inputs untouched
+
+
+# ------------------------------------------------------------------------------------------------
+# real simulations
+# ------------------------------------------------------------------------------------------------
+
+
+def test_all_clients_failing_exits_nonzero_with_one_line(tmp_path, data_root):
+    """`fedsuite simulate --set faults.client_error=1.0` exits non-zero and names the failure in one
+    line; the run directory records status failed, the round, the clients and the first error."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedsuite.cli", "simulate", "--strategy", "fedavg", "--rounds", "2",
+         "--num-clients", "6", "--clients-per-round", "3", "--output-dir", str(tmp_path), "--run-name", "r",
+         "--set", f"data_root={data_root}", "--set", "faults.client_error=1.0"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "round 1: 3 of 3 client replies failed" in errors[0] and "injected fault" in errors[0]
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["failure"]["round"] == 1
+    assert len(summary["failure"]["partition_ids"]) == 3 and summary["failed_replies"] == 3
+    assert not (tmp_path / "r" / "checkpoint.pt").exists()  # no round was good
+
+
+def test_failure_past_the_bound_stops_the_run_and_keeps_the_last_good_round(simulate):
+    """Default bound in simulation: 0. Seed 1's first failing round is 2: the run stops there as
+    failed, names round 2's failing clients, and the checkpoint and metrics end at round 1."""
+    expected = predicted_failures(1, 3, MIXED)
+    assert not expected[1] and expected[2], "the seed no longer fits the test"
+    res = simulate(strategy="fedavg", seed=1, rounds=3, **{f"faults.{k}": v for k, v in MIXED.items()},
+                   expect_failure=True)
+    failure = res.summary["failure"]
+    assert res.summary["status"] == "failed" and failure["round"] == 2
+    assert failure["partition_ids"] == sorted(expected[2]) and failure["max_failed_fraction"] == 0
+    assert expected[2][failure["partition_ids"][0]] in failure["first_error"]
+    assert res.checkpoint["round"] == 1 and [r["round"] for r in res.rows] == [0, 1]
+
+
+def test_failures_below_the_bound_are_counted_and_never_averaged(simulate):
+    """20% raising clients plus NaN and wrong-shape replies, bound 0.5: the run completes; every
+    round lists exactly the predicted failed clients with the right reason, the summary totals them,
+    and the global model is finite."""
+    rounds, seed = 3, 23
+    expected = predicted_failures(seed, rounds, MIXED)
+    kinds = {reason for per_round in expected.values() for reason in per_round.values()}
+    assert kinds == {"injected fault", "has shape", "non-finite"}, "the seed no longer fits the test"
+    res = simulate(strategy="fedavg", seed=seed, rounds=rounds, max_failed_fraction=0.5,
+                   **{f"faults.{k}": v for k, v in MIXED.items()})
+    for row in res.rows[1:]:
+        want = expected[row["round"]]
+        assert sorted(row["dropped"]) == sorted(want) and row["failed"] == len(want)
+        for pid, fragment in want.items():
+            assert fragment in row["failure_reasons"][str(pid)]
+        assert math.isfinite(row["train_loss"])
+    total = sum(len(v) for v in expected.values())
+    assert res.summary["status"] == "completed" and res.summary["failed_replies"] == total
+    assert res.summary["rounds_with_failures"] == sum(1 for v in expected.values() if v)
+    assert all(np.isfinite(a).all() for a in res.arrays.values() if np.issubdtype(a.dtype, np.floating))

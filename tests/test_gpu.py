@@ -1,0 +1,62 @@
+"""The CUDA path (``pytest -m gpu`` on a machine with a GPU; skipped, with the reason, without one).
+
+Every registered method and both plug-ins run 2 rounds on CUDA with 4 virtual clients sharing the
+GPU (``--num-gpus 0.25``): no client reply may be dropped (a dropped reply fails the run, see
+``max_failed_fraction``) and the global model must change. Two runs with one seed must give
+identical metrics on the GPU (``torch.use_deterministic_algorithms`` + ``CUBLAS_WORKSPACE_CONFIG``).
+An image dataset with batch augmentation covers the device-side augmentation draws.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedsuite.registry import methods
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible: the GPU tests need one"),
+]
+
+ON_GPU = {"device": "cuda", "num_gpus": 0.25, "num_clients": 6, "clients_per_round": 3, "rounds": 2}
+
+
+def assert_trained_without_failures(run) -> None:
+    assert [r["round"] for r in run.rows] == [0, 1, 2]
+    assert all(r["dropped"] == [] and r["failed"] == 0 for r in run.rows[1:])
+    assert run.summary["status"] == "completed" and run.summary["failed_replies"] == 0
+    first, last = run.rows[0], run.rows[-1]
+    assert (last["test_accuracy"], last["test_loss"]) != (first["test_accuracy"], first["test_loss"])
+
+
+@pytest.mark.parametrize("name", sorted(methods()))
+def test_method_trains_on_cuda(simulate, name):
+    assert_trained_without_failures(simulate(strategy=name, **ON_GPU))
+
+
+@pytest.mark.parametrize("plugin", [{"relaxed_init.beta": 0.1}, {"neuron_lr.preset": "paper"}], ids=["relaxed_init", "neuron_lr"])
+def test_plugins_train_on_cuda(simulate, plugin):
+    assert_trained_without_failures(simulate(strategy="fedavg", **ON_GPU, **plugin))
+
+
+def test_image_model_with_augmentation_on_cuda(simulate, tmp_path_factory):
+    """uint8 images, the CNN, and crop-flip augmentation drawn from the CUDA generator."""
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("npz") / "images.npz"
+    y = rng.integers(0, 10, 600)
+    x = (rng.integers(0, 60, (600, 1, 28, 28)) + 19 * y[:, None, None, None]).astype(np.uint8)  # learnable
+    np.savez(path, x_train=x[:500], y_train=y[:500], x_test=x[500:], y_test=y[500:])
+    run = simulate(strategy="fedavg", dataset="npz", dataset_options={"path": str(path)}, model="cnn",
+                   augment=True, **ON_GPU)
+    assert_trained_without_failures(run)
+
+
+def test_same_seed_same_metrics_on_cuda(simulate):
+    a = simulate(strategy="fedavg", **ON_GPU)
+    b = simulate(strategy="fedavg", **ON_GPU, run_name="again")
+    assert a.run_dir != b.run_dir
+    assert a.metrics_without_time() == b.metrics_without_time()
+    for k in a.arrays:
+        assert np.array_equal(a.arrays[k], b.arrays[k]), k

@@ -1,0 +1,283 @@
+"""``--resume`` is exact (issue 16 items 2-4).
+
+* A run of a method with per-client state (SCAFFOLD, FedDyn, FedInit in client-state mode), killed
+  with SIGKILL (the whole process tree: CLI, SuperLink, ServerApp, Ray) at a seeded point in the
+  middle of a round, then continued with ``fedsuite simulate --resume``, ends with the same metrics
+  (all but wall-clock) and the same global model and client state, bit for bit, as the run that was
+  never interrupted.
+* A kill between the checkpoint and the metrics row (either order) never loses or doubles a round.
+* ``--resume`` compares the command line with the run's ``config.json``: a change outside
+  ``RESUME_MUTABLE`` is refused with exit code 2, and nothing in the run directory is touched.
+
+Real processes throughout; the uninterrupted runs come from the session-cached ``simulate`` fixture.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import tomli_w
+import torch
+from typer.testing import CliRunner
+
+from fedsuite import cli, launch
+from fedsuite.config import ConfigError, apply_override, build_config
+from fedsuite.results import read_metrics
+from fedsuite.state import ClientState, prune_committed
+from tests.conftest import FAST, assert_same_arrays
+
+ROOT = Path(__file__).resolve().parent.parent
+ROUNDS = 6
+METHODS: dict[str, dict[str, Any]] = {
+    "scaffold": {"strategy": "scaffold"},
+    "feddyn": {"strategy": "feddyn"},
+    "fedinit": {"strategy": "fedinit", "relaxed_init.storage": "client-state"},
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers: real `fedsuite simulate` processes
+# ------------------------------------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fedsuite.cli", "simulate", *args]
+
+
+def _write_toml(path: Path, values: dict[str, Any]) -> Path:
+    data: dict[str, Any] = {}
+    for key, value in values.items():
+        apply_override(data, key, value)
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def _tree(proc: subprocess.Popen, flwr_home: Path) -> list[psutil.Process]:
+    """``proc``, its descendants and every process carrying the run's private FLWR_HOME (SuperLink,
+    SuperExec, the ServerApp, Ray's workers and daemons, which Flower detaches)."""
+    found: dict[int, psutil.Process] = {}
+    try:
+        root = psutil.Process(proc.pid)
+        found[root.pid] = root
+        found.update({p.pid: p for p in root.children(recursive=True)})
+    except psutil.NoSuchProcess:
+        pass
+    for p in psutil.process_iter():
+        try:
+            if p.pid not in found and p.environ().get("FLWR_HOME") == str(flwr_home):
+                found[p.pid] = p
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return list(found.values())
+
+
+def _kill_9(proc: subprocess.Popen, run_dir: Path) -> None:
+    """SIGKILL the whole run at once, as a power cut would: nobody gets to clean up."""
+    flwr_home = run_dir / ".flwr"
+    victims = _tree(proc, flwr_home)
+    for p in victims:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(victims, timeout=15)
+    proc.wait(timeout=15)
+    left = [p.pid for p in _tree(proc, flwr_home) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes of the killed run survived: {left}"
+
+
+def _state_files(run_dir: Path) -> list[Path]:
+    return [p for p in (run_dir / "client-state").glob("client-*/*") if p.suffix in (".pt", ".json")]
+
+
+def _kill_mid_round(proc: subprocess.Popen, run_dir: Path, rng: random.Random, log: Path) -> dict[str, int]:
+    """Wait until round ``c`` (seeded) is checkpointed and ``j`` (seeded) client-state files of round
+    c + 1 have been written, then SIGKILL everything. Returns the kill point for the report."""
+    target = rng.randint(1, ROUNDS - 2)
+    files = rng.randint(1, 3)
+    ckpt = run_dir / "checkpoint.pt"
+    deadline = time.monotonic() + 540
+    while True:
+        assert proc.poll() is None, f"the run ended before it could be killed: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "the run did not reach the kill point in time"
+        rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+        if any(r["round"] >= target for r in rows) and ckpt.is_file():
+            since = ckpt.stat().st_mtime_ns
+            fresh = [p for p in _state_files(run_dir) if p.stat().st_mtime_ns > since]
+            if len(fresh) >= files:
+                break
+        time.sleep(0.02)
+    _kill_9(proc, run_dir)
+    return {"checkpointed_round": int(torch.load(ckpt, weights_only=False)["round"]), "state_files": files}
+
+
+def _newest_state(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """{client/name: tensors} of the newest version of every client-state entry."""
+    newest: dict[str, tuple[int, Path]] = {}
+    for path in _state_files(run_dir):
+        stem, _, rnd = path.name.rsplit(".", 1)[0].rpartition(".r")
+        key = f"{path.parent.name}/{stem}"
+        if key not in newest or int(rnd) > newest[key][0]:
+            newest[key] = (int(rnd), path)
+    return {k: torch.load(p, weights_only=True) for k, (_, p) in sorted(newest.items())}
+
+
+def _assert_same_run(resumed_dir: Path, reference, method: str) -> None:
+    rows = read_metrics(resumed_dir)
+    assert [r["round"] for r in rows] == list(range(ROUNDS + 1)), f"{method}: rounds {[r['round'] for r in rows]}"
+    got = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in rows]
+    for want_row, got_row in zip(reference.metrics_without_time(), got):
+        assert got_row == want_row, f"{method}: round {want_row['round']} differs after resume"
+    ckpt = torch.load(resumed_dir / "checkpoint.pt", weights_only=False)
+    assert ckpt["round"] == ROUNDS
+    assert_same_arrays(reference.arrays, ckpt["arrays"], exact=True)
+    want_state, got_state = _newest_state(reference.run_dir), _newest_state(resumed_dir)
+    assert list(got_state) == list(want_state), f"{method}: client-state entries differ"
+    for key in want_state:
+        assert list(got_state[key]) == list(want_state[key])
+        for name in want_state[key]:
+            assert torch.equal(got_state[key][name], want_state[key][name]), f"{method}: client state {key}[{name}]"
+    summary = json.loads((resumed_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == ROUNDS
+
+
+# ------------------------------------------------------------------------------------------------
+# item 2: kill -9 mid-round, resume, bit-identical to the uninterrupted run
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_root, tmp_path):
+    overrides = {"rounds": ROUNDS, **METHODS[method]}
+    reference = simulate(**overrides)
+    out, name = tmp_path / "runs", f"killed-{method}"
+    toml = _write_toml(tmp_path / "run.toml", {**FAST, **overrides, "data_root": str(data_root),
+                                                "output_dir": str(out), "run_name": name})
+    run_dir = out / name
+    log = tmp_path / "killed.log"
+    with log.open("wb") as f:
+        proc = subprocess.Popen(_cli("-c", str(toml)), env=_env(), cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        point = _kill_mid_round(proc, run_dir, random.Random(f"resume-{method}"), log)
+    finally:
+        if proc.poll() is None:
+            _kill_9(proc, run_dir)
+    assert point["checkpointed_round"] < ROUNDS and not (run_dir / "summary.json").exists()
+
+    # continue with nothing but the run's name: the run's own config.json is the config
+    res = subprocess.run(_cli("--output-dir", str(out), "--run-name", name, "--resume"), env=_env(), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"resume failed (killed at {point}): {res.stdout[-2000:]} {res.stderr[-3000:]}"
+    _assert_same_run(run_dir, reference, method)
+
+
+# ------------------------------------------------------------------------------------------------
+# item 3: a kill between the checkpoint and the metrics row never loses or doubles a round
+# ------------------------------------------------------------------------------------------------
+
+
+def test_row_and_checkpoint_are_one_step_on_resume(simulate, data_root, tmp_path):
+    """FedDyn, 2 + 2 + 2 rounds. After the first segment the last row is missing (a kill after the
+    checkpoint, before the append); after the second an extra row of a round the checkpoint does not
+    hold is present (a kill after an append, before its checkpoint: the old order). Both resumes
+    must give the uninterrupted run's rows: no round missing, none twice."""
+    method = "feddyn"
+    reference = simulate(rounds=ROUNDS, **METHODS[method])
+    values = {**FAST, **METHODS[method], "data_root": str(data_root), "output_dir": str(tmp_path), "run_name": "r"}
+    run_dir = tmp_path / "r"
+    assert launch.simulate(build_config(values={**values, "rounds": 2}), run_dir).ok
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run_dir / "metrics.jsonl").write_text("".join(lines[:-1]))  # checkpoint 2 is there, row 2 is not
+
+    assert launch.simulate(build_config(values={**values, "rounds": 4}), run_dir).ok  # more rounds: allowed
+    assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2, 3, 4]
+    orphan = {**read_metrics(run_dir)[-1], "round": 5, "test_accuracy": 0.123}
+    with (run_dir / "metrics.jsonl").open("a") as f:  # round 5's row, whose checkpoint never came
+        f.write(json.dumps(orphan, sort_keys=True) + "\n")
+
+    res = subprocess.run(_cli("--output-dir", str(tmp_path), "--run-name", "r", "--resume", "--rounds", str(ROUNDS)),
+                         env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert json.loads((run_dir / "config.json").read_text())["rounds"] == ROUNDS
+    _assert_same_run(run_dir, reference, method)
+
+
+# ------------------------------------------------------------------------------------------------
+# item 4: --resume trusts the run's record, not the command line
+# ------------------------------------------------------------------------------------------------
+
+
+def _snapshot(run_dir: Path) -> dict[str, tuple[int, str]]:
+    return {str(p.relative_to(run_dir)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(run_dir.rglob("*")) if p.is_file() and ".flwr" not in p.parts}
+
+
+@pytest.mark.parametrize("change, field", [
+    (["--strategy", "fedadam"], "strategy"),
+    (["--set", "lr=0.5"], "lr"),
+    (["--set", "scaffold.server_lr=0.5"], "scaffold.server_lr"),
+    (["--rounds", "3"], "rounds=3"),
+])
+def test_resume_refuses_changes_to_the_record_and_writes_nothing(change, field, simulate, data_root):
+    """On a completed run: one line naming the field, exit code 2, every file untouched."""
+    done = simulate(rounds=ROUNDS, **METHODS["scaffold"])
+    before = _snapshot(done.run_dir)
+    args = ["simulate", "--output-dir", str(done.run_dir.parent), "--run-name", done.run_dir.name, "--resume", *change]
+    res = CliRunner().invoke(cli.app, args)
+    assert res.exit_code == 2, res.output
+    assert field in res.output and "--resume" in res.output
+    assert _snapshot(done.run_dir) == before
+    # the Python entry point refuses too, before it touches the directory
+    cfg = build_config(values={**FAST, "rounds": ROUNDS, **METHODS["scaffold"], "data_root": str(data_root),
+                               "lr": 0.5})
+    with pytest.raises(ConfigError, match="lr"):
+        launch.simulate(cfg, done.run_dir)
+    assert _snapshot(done.run_dir) == before
+
+
+def test_resume_needs_a_run_to_continue(tmp_path):
+    res = CliRunner().invoke(cli.app, ["simulate", "--output-dir", str(tmp_path), "--run-name", "none", "--resume"])
+    assert res.exit_code == 2 and "no run to continue" in res.output
+    assert not (tmp_path / "none").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# the store itself: a client in round t reads only state of rounds < t
+# ------------------------------------------------------------------------------------------------
+
+
+def test_client_state_is_versioned_by_round(tmp_path):
+    t = lambda v: {"x": torch.tensor([float(v)])}  # noqa: E731
+    ClientState(None, tmp_path, 3, server_round=2).save_arrays("s", t(2))
+    r5 = ClientState(None, tmp_path, 3, server_round=5)
+    assert r5.load_arrays("s")["x"].item() == 2  # the newest version of an earlier round
+    r5.save_arrays("s", t(5))
+    r5.set("k", 5)
+    assert r5.load_arrays("s")["x"].item() == 5 and r5.get("k") == 5  # a round reads its own writes
+    # round 5 killed and re-run: its own half-round writes are invisible, round 2's state is used
+    rerun = ClientState(None, tmp_path, 3, server_round=5)
+    assert rerun.load_arrays("s")["x"].item() == 2 and rerun.get("k") is None
+    r7 = ClientState(None, tmp_path, 3, server_round=7)
+    assert r7.load_arrays("s")["x"].item() == 5 and r7.get("k") == 5
+    r7.save_arrays("s", t(7))  # the version older than the one round 7 read (r2) is gone
+    assert sorted(p.name for p in (tmp_path / "client-3").glob("s.*")) == ["s.r5.pt", "s.r7.pt"]
+    prune_committed(tmp_path, [3], 7)  # round 7 checkpointed: only its version stays
+    assert sorted(p.name for p in (tmp_path / "client-3").glob("s.*")) == ["s.r7.pt"]
+    prune_committed(tmp_path, [3, 4], 9)  # nothing newer, a client without a folder: no-op
+    assert ClientState(None, tmp_path, 3, server_round=8).load_arrays("s")["x"].item() == 7

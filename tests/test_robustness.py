@@ -1,0 +1,332 @@
+"""Issue 16 items 1, 5, 7 (and issue 10's GPU check): start-up hangs, process hygiene, one-line errors.
+
+* The start-up hang: numpy's OpenBLAS inside the ServerApp thread while Ray forks its daemons in
+  another thread (``subprocess.Popen(preexec_fn=...)``, i.e. fork with at-fork handlers). The
+  tests recreate that situation in a child process, bounded in time, and start real simulations.
+* A run must not outlive its CLI: ``fedsuite simulate`` in its own process group, the group
+  SIGKILLed, and no process carrying the run's ``FLWR_HOME`` may survive.
+* Bad input: one line naming the file or field, exit code 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from conftest import FAST
+from fedsuite import launch, reaper
+from fedsuite.cli import app
+from fedsuite.config import build_config
+from fedsuite.data.datasets import DatasetError, load_dataset
+
+ROOT = Path(__file__).resolve().parent.parent
+FEDSUITE = Path(sys.executable).parent / "fedsuite"
+
+# ------------------------------------------------------------------------------------------------
+# item 1: the start-up hang
+# ------------------------------------------------------------------------------------------------
+
+#: a thread does BLAS-sized work while the main thread forks the way Ray starts its daemons;
+#: exits 0 when the work finishes, 3 when it is still running at the deadline (the hang)
+FORK_RACE = textwrap.dedent("""
+    import subprocess, sys, threading, time
+    import numpy as np
+    from fedsuite.data.datasets import load_synthetic
+
+    what, count, deadline = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+    done = threading.Event()
+
+    def work():
+        rng = np.random.default_rng(0)
+        x, w = rng.standard_normal((20000, 60)), rng.standard_normal((60, 10))
+        for i in range(count):
+            if what == "synthetic":
+                load_synthetic(seed=i)
+            else:
+                for _ in range(20):
+                    x @ w
+        done.set()
+
+    threading.Thread(target=work, daemon=True).start()
+    forks = 0
+    while not done.is_set():
+        if time.monotonic() > deadline:
+            print(f"still running after {forks} forks", flush=True)
+            import os
+            os._exit(3)
+        subprocess.Popen(["true"], preexec_fn=lambda: None).wait()  # fork + at-fork handlers, as Ray
+        forks += 1
+    print(f"finished with {forks} forks meanwhile", flush=True)
+""")
+
+
+def _fork_race(tmp_path: Path, what: str, count: int, env: dict[str, str]) -> subprocess.CompletedProcess:
+    script = tmp_path / "fork_race.py"
+    script.write_text(FORK_RACE)
+    env = {**env, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(script), what, str(count), "40"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_load_synthetic_finishes_while_another_thread_forks(tmp_path):
+    # OpenBLAS multi-threaded on purpose: load_synthetic itself must not depend on the env fix
+    # (before the fix: "still running", the first load spinning in exec_blas)
+    proc = _fork_race(tmp_path, "synthetic", 8, {**os.environ, "OPENBLAS_NUM_THREADS": "2"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_flower_processes_get_single_threaded_openblas(tmp_path):
+    # any numpy BLAS in a ServerApp thread (a plain x @ w here) survives Ray's forks in the
+    # environment that fedsuite gives Flower's processes (before the fix: hang)
+    env = launch.flower_env(tmp_path / ".flwr")
+    assert env["OPENBLAS_NUM_THREADS"] == "1"
+    proc = _fork_race(tmp_path, "matmul", 10, env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedinit"])
+def test_offline_default_starts_repeatedly(tmp_path, strategy):
+    # a few real starts of the offline default (synthetic + mlp), watchdog armed so a hang fails
+    cfg = build_config(values={**FAST, "strategy": strategy, "rounds": 1, "seed": 3,
+                               "data_root": str(tmp_path / "data"), "stall_timeout_s": 180})
+    outcome = launch.simulate(cfg, tmp_path / "run")
+    assert outcome.ok, outcome.details
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1]
+
+
+def test_watchdog_fails_a_run_without_progress_and_stops_it(tmp_path):
+    # start-up takes seconds (SuperExec, Ray, actors): with a 1 s watchdog the run stalls "during start-up"
+    out = tmp_path / "runs"
+    proc = subprocess.run([str(FEDSUITE), "simulate", "--num-clients", "4", "--clients-per-round", "2",
+                           "--rounds", "1", "--output-dir", str(out), "--run-name", "stall",
+                           "--set", f"data_root={tmp_path / 'data'}", "--set", "stall_timeout_s=1"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no progress for 1 s (stall_timeout_s)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "StallError" in (out / "stall" / "error.txt").read_text()
+    assert not _wait_gone(str(out / "stall" / ".flwr"), 30)
+
+
+# ------------------------------------------------------------------------------------------------
+# item 5: a run must not outlive its CLI
+# ------------------------------------------------------------------------------------------------
+
+
+def _marked(flwr_home: str) -> list[psutil.Process]:
+    return reaper.marked("FLWR_HOME", flwr_home)
+
+
+def _wait_gone(flwr_home: str, timeout: float) -> list[str]:
+    """Wait until no process carries ``FLWR_HOME=flwr_home``; return the survivors' descriptions."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for p in _marked(flwr_home):
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{p.pid} {' '.join(p.cmdline()[:3])}")
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
+def test_killing_the_cli_process_group_stops_the_whole_run(tmp_path):
+    out = tmp_path / "runs"
+    run_dir = out / "orphan"
+    flwr_home = str(run_dir / ".flwr")
+    cli = subprocess.Popen(
+        [str(FEDSUITE), "simulate", "--num-clients", "4", "--clients-per-round", "2", "--rounds", "500",
+         "--output-dir", str(out), "--run-name", "orphan", "--set", f"data_root={tmp_path / 'data'}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):  # round 1 done
+            assert cli.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "the run did not reach round 1"
+            time.sleep(0.5)
+        names = {" ".join(p.cmdline()[:2]) for p in _marked(flwr_home)}
+        assert any("flower-superlink" in n for n in names), names
+        assert any("flower-superexec" in n for n in names), names
+        os.killpg(cli.pid, signal.SIGKILL)  # what a job scheduler does: the CLI gets no say
+        cli.wait(timeout=10)
+        survivors = _wait_gone(flwr_home, 60)
+        assert not survivors, f"processes outlived the CLI: {survivors}"
+        rows = len(metrics.read_text().splitlines())
+        time.sleep(2)
+        assert len(metrics.read_text().splitlines()) == rows  # the run does not go on in the background
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
+        reaper.sweep("FLWR_HOME", flwr_home, settle=0.5)
+
+
+def test_die_with_parent_signals_the_child_when_its_parent_dies(tmp_path):
+    # the parent (a short python) starts a long sleep with die_with_parent(), then exits
+    code = ("import subprocess, sys; from fedsuite import reaper; "
+            "p = subprocess.Popen(['sleep', '300'], preexec_fn=reaper.die_with_parent(), start_new_session=True); "
+            "print(p.pid, flush=True)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.1)
+
+
+# ------------------------------------------------------------------------------------------------
+# item 7: one clear line for bad input
+# ------------------------------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def _cli(*args: str):
+    result = runner.invoke(app, list(args))
+    text = result.stdout + (result.stderr or "")
+    return result.exit_code, text, result.exception
+
+
+def _assert_one_line_error(code, text, exc, fragment):
+    assert code == 2, text
+    assert fragment in text, text
+    assert "Traceback" not in text and "Aborted" not in text
+    assert exc is None or isinstance(exc, SystemExit)
+    assert len([line for line in text.splitlines() if line.strip()]) <= 2, text  # one message (maybe wrapped)
+
+
+def _write_idx(path: Path, arr: np.ndarray) -> None:
+    arr = np.ascontiguousarray(arr, dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wb") as fh:
+        fh.write(bytes([0, 0, 0x08, arr.ndim]) + struct.pack(">" + "i" * arr.ndim, *arr.shape) + arr.tobytes())
+
+
+def test_truncated_fmnist_gz_names_the_file(tmp_path):
+    raw = tmp_path / "data" / "FashionMNIST" / "raw"
+    rng = np.random.default_rng(0)
+    for name, shape in (("train-images-idx3-ubyte", (40, 28, 28)), ("train-labels-idx1-ubyte", (40,)),
+                        ("t10k-images-idx3-ubyte", (20, 28, 28)), ("t10k-labels-idx1-ubyte", (20,))):
+        _write_idx(raw / f"{name}.gz", rng.integers(0, 10, shape))
+    bad = raw / "train-images-idx3-ubyte.gz"
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    code, text, exc = _cli("simulate", "--dataset", "fmnist", "--model", "mlp", "--set", f"data_root={tmp_path / 'data'}",
+                           "--output-dir", str(tmp_path / "runs"))
+    _assert_one_line_error(code, text, exc, "corrupt")
+    assert "train-images-idx3-ubyte.gz" in text
+    assert not (tmp_path / "runs").exists()
+
+
+def test_output_dir_under_a_regular_file(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    code, text, exc = _cli("simulate", "--output-dir", str(tmp_path / "afile" / "runs"), "--set",
+                           f"data_root={tmp_path / 'data'}")
+    _assert_one_line_error(code, text, exc, "is a file, not a folder")
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--seed", "-1"], "seed"),
+    (["--run-name", "../x"], "run_name"),
+    (["--run-name", "a/b"], "run_name"),
+])
+def test_bad_fields_are_named(tmp_path, args, fragment):
+    code, text, exc = _cli("simulate", *args, "--output-dir", str(tmp_path / "runs"))
+    _assert_one_line_error(code, text, exc, fragment)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "x").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine-without-GPU message")
+@pytest.mark.parametrize("args", [["--num-gpus", "1"], ["--num-gpus", "0.25"], ["--set", "device=cuda"]])
+def test_gpu_asked_without_cuda_is_one_line_before_any_run_dir(tmp_path, args):
+    code, text, exc = _cli("simulate", *args, "--output-dir", str(tmp_path / "runs"), "--set",
+                           f"data_root={tmp_path / 'data'}")
+    _assert_one_line_error(code, text, exc, "no CUDA GPU is visible")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_partition_out_into_a_missing_folder_and_negative_show(tmp_path):
+    out = tmp_path / "new" / "sub" / "p.png"
+    code, text, _ = _cli("partition", "--num-clients", "5", "--set", f"data_root={tmp_path / 'data'}", "--out", str(out))
+    assert code == 0, text
+    assert out.stat().st_size > 1000
+    code, text, _ = _cli("partition", "--show", "-1", "--set", f"data_root={tmp_path / 'data'}",
+                         "--out", str(tmp_path / "q.png"))
+    assert code == 2 and "show" in text, text
+    assert not (tmp_path / "q.png").exists()
+
+
+def _run_dir(tmp_path: Path, config: dict, metrics: str) -> Path:
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "metrics.jsonl").write_text(metrics)
+    return d
+
+
+def test_report_on_a_truncated_metrics_file(tmp_path):
+    cfg = build_config().active_dump()
+    d = _run_dir(tmp_path, cfg, '{"round": 0, "test_accuracy": 0.1}\n{"round": 1, "test_acc')
+    code, text, exc = _cli("report", str(d), "--out", str(tmp_path / "rep"))
+    _assert_one_line_error(code, text, exc, "line 2")
+    assert "metrics.jsonl" in text
+
+
+def test_report_on_an_empty_config(tmp_path):
+    d = _run_dir(tmp_path, {}, '{"round": 0, "test_accuracy": 0.1}\n')
+    code, text, exc = _cli("report", str(d), "--out", str(tmp_path / "rep"))
+    _assert_one_line_error(code, text, exc, "is not a fedsuite run config")
+    assert "config.json" in text
+
+
+def _npz(tmp_path: Path, **change) -> Path:
+    rng = np.random.default_rng(0)
+    arrays = {"x_train": rng.standard_normal((30, 5)).astype(np.float32), "y_train": rng.integers(0, 3, 30),
+              "x_test": rng.standard_normal((10, 5)).astype(np.float32), "y_test": rng.integers(0, 3, 10)}
+    arrays.update(change)
+    path = tmp_path / f"d{len(list(tmp_path.glob('*.npz')))}.npz"
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    ({"x_train": np.full((30, 5), np.nan, dtype=np.float32)}, "x_train holds NaN or inf"),
+    ({"x_test": np.full((10, 5), np.inf, dtype=np.float32)}, "x_test holds NaN or inf"),
+    ({"y_train": np.full(30, -1)}, "label -1, outside"),
+    ({"y_test": np.full(10, 0.5)}, "must be integers"),
+    ({"x_test": np.zeros((0, 5), dtype=np.float32), "y_test": np.zeros(0, dtype=np.int64)}, "test split is empty"),
+])
+def test_npz_data_checks_at_load(tmp_path, change, fragment):
+    path = _npz(tmp_path, **change)
+    with pytest.raises(DatasetError, match=fragment):
+        load_dataset("npz", tmp_path, path=str(path))
+    # and through the CLI: exit 2 before any round (or run directory)
+    code, text, exc = _cli("simulate", "--dataset", "npz", "--model", "mlp", "--num-clients", "2",
+                           "--set", f"dataset_options={{path='{path}'}}", "--set", f"data_root={tmp_path}",
+                           "--output-dir", str(tmp_path / "runs"))
+    _assert_one_line_error(code, text, exc, fragment.split(",")[0])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_npz_labels_above_num_classes(tmp_path):
+    path = _npz(tmp_path, y_test=np.full(10, 7))
+    with pytest.raises(DatasetError, match=r"label 7, outside 0\.\.2"):
+        load_dataset("npz", tmp_path, path=str(path), num_classes=3)
