@@ -79,6 +79,23 @@ def translate_connect_error(address: str, exc: BaseException) -> str:
     return f"cannot connect to the Ray cluster at {address}: {first}"
 
 
+def check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Raise :class:`ClusterError` unless something accepts TCP connections at ``address``
+    (``host:port`` or ``ray://host:port``; ``auto`` is left to Ray). Ray itself retries an
+    unreachable GCS for minutes before it gives up."""
+    import socket
+
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if address == "auto" or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ClusterError(f"cannot connect to the Ray cluster at {address}: {exc.strerror or exc}; "
+                           f"is `ray start --head` running there?") from None
+
+
 def cluster_nodes(address: str) -> list[NodeResources]:
     """Connect to the cluster at ``address``, read its live nodes, disconnect."""
     import os
@@ -86,6 +103,7 @@ def cluster_nodes(address: str) -> list[NodeResources]:
 
     import ray
 
+    check_reachable(address)
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as in Flower's processes (launch.py)
     try:
         with warnings.catch_warnings():

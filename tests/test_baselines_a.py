@@ -391,7 +391,7 @@ def test_scaffold_round_one_is_fedavg_end_to_end(simulate):
     assert run.rows[1]["bytes_sent"] > 1.9 * fedavg.rows[1]["bytes_sent"]  # c goes down with w^t
     c = run.checkpoint["strategy"]["method"]["c"]
     assert any(np.abs(v).sum() > 0 for v in c.values())  # but the server's c has moved
-    assert any((run.run_dir / "client-state").glob("client-*/scaffold-ci.pt"))
+    assert any((run.run_dir / "client-state").glob("client-*/scaffold-ci.r1.pt"))  # versioned by round (fedsuite/state.py)
 
 
 def test_fednova_with_equal_step_counts_is_fedavg_end_to_end(simulate):

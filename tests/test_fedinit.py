@@ -424,7 +424,7 @@ def test_storage_modes_identical_and_fedinit_is_fedavg_plus_ri(simulate):
     assert (server.run_dir / "relaxed-init-server").is_dir()
     # client-state mode keeps ŵ_i on the clients' disks, one per client that trained
     trained = set().union(*cohorts)
-    assert {int(p.parent.name.split("-")[1]) for p in (client.run_dir / "client-state").glob(f"client-*/{STATE_NAME}.pt")} == trained
+    assert {int(p.parent.name.split("-")[1]) for p in (client.run_dir / "client-state").glob(f"client-*/{STATE_NAME}.r*.pt")} == trained
     # fedinit is fedavg + RI with β = 0.1, nothing else
     ri = simulate(strategy="fedavg", **RI3, **{"relaxed_init.beta": 0.1})
     assert_same_arrays(client.arrays, ri.arrays)

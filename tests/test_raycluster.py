@@ -57,10 +57,15 @@ def cluster(tmp_path_factory):
     np.savez(data / "mine.npz", x_train=x[:300], y_train=y[:300], x_test=x[300:], y_test=y[300:])
     port = free_port()
     address = f"127.0.0.1:{port}"
+    # each node's workers get their own port range: Ray's default (10002-19999) is shared with
+    # every other Ray on this machine (the private one of each simulation running beside this test)
+    lo = 20000 + (port % 400) * 100
+    ports = {"head": ["--min-worker-port", str(lo), "--max-worker-port", str(lo + 49)],
+             "worker": ["--min-worker-port", str(lo + 50), "--max-worker-port", str(lo + 99)]}
     ray_tmp = tempfile.mkdtemp(prefix="fsray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     head = subprocess.Popen(
         [RAY, "start", "--head", "--block", "--port", str(port), "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-         "--num-gpus", "0", "--include-dashboard", "false", "--temp-dir", ray_tmp],
+         "--num-gpus", "0", "--include-dashboard", "false", "--temp-dir", ray_tmp, *ports["head"]],
         env=ray_env(FEDSUITE_TEST_DATA=str(data), FEDSUITE_NODE_DATA=str(data)),
         stdout=(base / "head.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     procs = [head]
@@ -71,7 +76,7 @@ def cluster(tmp_path_factory):
             time.sleep(1)
         worker = subprocess.Popen(
             [RAY, "start", "--block", "--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-             "--num-gpus", "0"],
+             "--num-gpus", "0", *ports["worker"]],
             env=ray_env(FEDSUITE_TEST_DATA=str(data), FEDSUITE_NODE_DATA=str(base / "not-on-this-node")),
             stdout=(base / "worker.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
         procs.append(worker)
