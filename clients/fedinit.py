@@ -4,14 +4,14 @@
     w ← w − η_t (∇ℓ(w; b) + λ_wd w)  for K local epochs      (spec §2.3 C3-C4)
     ŵ_i := w_{i,K};  upload w^t + (w_{i,K} − w_{i,0})       (delta, default) or w_{i,K} (model)
 
-All of it is the ``relaxed_init`` plug-in (``clients/plugin_relaxed_init.py``) on FedAvg's rule;
+All of it is the ``relaxed_init`` plug-in (``fedsuite/plugins/relaxed_init.py``) on FedAvg's rule;
 this class only switches the plug-in on with β = :data:`DEFAULT_BETA` (spec §2.1: best on CIFAR-10,
 (R)'s default) when the run did not set ``relaxed_init.beta`` itself. Every other option
 (``storage``, ``aggregation``, ``first_visit``, ``max_staleness``) is read from ``[relaxed_init]``.
 """
 
 from clients.fedavg import FedAvgClient
-from clients.plugin_relaxed_init import with_relaxed_init
+from fedsuite.plugins.relaxed_init import with_relaxed_init
 from fedsuite.training import LocalTask
 
 #: β of method ``fedinit`` unless ``relaxed_init.beta`` / ``--relaxed-init`` says otherwise

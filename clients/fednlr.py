@@ -1,6 +1,6 @@
 """FedNLR's client rule: FedAvg's local SGD with neuron-wise learning rates (spec fednlr.md §2.6, §2.8).
 
-    s_{l,m} from the received w^t on the local data (Eq. 14-17, ``clients.plugin_neuron_lr``)
+    s_{l,m} from the received w^t on the local data (Eq. 14-17, ``fedsuite.plugins.neuron_lr``)
     for each mini-batch b:  w_{l,m} ← w_{l,m} − η s_{l,m} ∇_{w_{l,m}} ℓ(w; b)              (18)
     return w_{i,K}
 
@@ -14,7 +14,7 @@ plug-in itself with the ``[neuron_lr]`` settings and ``preset = [fednlr] preset`
 from __future__ import annotations
 
 from clients.fedavg import FedAvgClient
-from clients.plugin_neuron_lr import NeuronLRPlugin
+from fedsuite.plugins.neuron_lr import NeuronLRPlugin
 from fedsuite.training import LocalTask
 
 

@@ -223,7 +223,7 @@ def flower_log_reason(run_dir: Path) -> str | None:
 def check_plugins(cfg) -> None:
     """Reject a plug-in the chosen method cannot take, saying why."""
     spec = cfg.method
-    from clients.plugins import plugin_classes
+    from fedsuite.plugins import plugin_classes
 
     for name, cls in plugin_classes().items():
         if cls.enabled(getattr(cfg, name)):
@@ -316,8 +316,7 @@ def report(
     out: Path = typer.Option(Path("report"), help="folder for report.md, report.json and accuracy.png"),
 ) -> None:
     """Table of final accuracy (mean ± std over seeds), rounds to a target, and a figure."""
-    from fedsuite.results import ResultsError, plot_groups
-    from fedsuite.results import report as make_report
+    from fedsuite.results import ResultsError, plot_groups, report as make_report
 
     missing = [str(d) for d in run_dirs if not (d / "config.json").is_file()]
     if missing:

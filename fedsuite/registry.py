@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
+from fedsuite.plugins import PLUGINS
+
 
 class NoParams(BaseModel):
     """Hyperparameters of a method that has none of its own."""
@@ -28,8 +30,8 @@ class NoParams(BaseModel):
 class MethodSpec:
     """A registered federated method.
 
-    ``strategy`` is a server-rule class (``strategies.base.FedSuiteStrategy`` subclass),
-    ``client`` a client-rule class (``clients.base.ClientRule`` subclass), ``params`` the pydantic
+    ``strategy`` is a server-rule class (``fedsuite.strategy.FedSuiteStrategy`` subclass),
+    ``client`` a client-rule class (``fedsuite.training.ClientRule`` subclass), ``params`` the pydantic
     model of the method's own hyperparameters (the TOML section ``[<name>]``).
     ``relaxed_init`` / ``neuron_lr`` say whether the plug-ins apply: ``True`` or a string saying
     why not.
@@ -101,6 +103,4 @@ def models() -> dict[str, Callable[..., Any]]:
 
 def plugins() -> dict[str, type[BaseModel]]:
     """Client-rule plug-ins that combine with any method: section name -> params model."""
-    from clients.plugins import plugin_classes
-
-    return {name: plugin.params for name, plugin in plugin_classes().items()}
+    return {name: plugin.params for name, plugin in PLUGINS.items()}

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.ccvr import STATS_FLAG, CCVRClient
 from fedsuite.registry import register_method
-from strategies.base import FedSuiteStrategy, NDArrays, record_nbytes, to_ndarrays, to_record
+from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.wire import NDArrays, record_nbytes, to_ndarrays, to_record
 
 
 class CCVRParams(BaseModel):

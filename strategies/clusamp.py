@@ -31,8 +31,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.clusamp import CluSampClient
+from fedsuite.arrays import weighted_mean
 from fedsuite.registry import register_method
-from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, ServerSetup, weighted_mean
+from fedsuite.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.wire import ClientReply, NDArrays
 
 
 class CluSampParams(BaseModel):

@@ -16,9 +16,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedavg import FedAvgClient
+from fedsuite.arrays import server_step, weighted_mean
 from fedsuite.registry import register_method
-from strategies._baselines import server_step, trainable_keys
-from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, to_record, weighted_mean
+from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.wire import ClientReply, NDArrays, to_record
 
 
 class FedExPParams(BaseModel):
@@ -41,7 +42,7 @@ class FedExPStrategy(FedSuiteStrategy):
 
     def __init__(self, setup) -> None:
         super().__init__(setup)
-        self.keys = trainable_keys(setup)
+        self.keys = setup.trainable_keys()
         self._eval: NDArrays | None = None
 
     def configure_train(self, server_round, arrays, config, grid):

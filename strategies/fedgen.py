@@ -32,8 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedgen import FedGenClient, Generator
 from fedsuite.registry import register_method
-from fedsuite.training import seed_for
-from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, ServerSetup, to_record
+from fedsuite.seeding import seed_for
+from fedsuite.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.wire import ClientReply, NDArrays, to_record
 
 
 class FedGenParams(BaseModel):

@@ -13,7 +13,7 @@ in ``relaxed_init.storage = "server-state"`` mode also each client's own ``"star
 """
 
 from clients.fedinit import DEFAULT_BETA, FedInitClient
-from clients.plugin_relaxed_init import with_relaxed_init
+from fedsuite.plugins.relaxed_init import with_relaxed_init
 from fedsuite.registry import register_method
 from strategies.fedavg import FedAvgStrategy
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedlc import FedLCClient
 from fedsuite.registry import register_method
-from strategies.base import FedSuiteStrategy
+from fedsuite.strategy import FedSuiteStrategy
 
 
 class FedLCParams(BaseModel):

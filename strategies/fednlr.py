@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fednlr import FedNLRClient, fednlr_plugin_params
-from clients.plugin_neuron_lr import NeuronLRPlugin
+from fedsuite.plugins.neuron_lr import NeuronLRPlugin
 from fedsuite.registry import register_method
 from strategies.fedavg import FedAvgStrategy
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedprox import FedProxClient
 from fedsuite.registry import register_method
-from strategies.base import FedSuiteStrategy
+from fedsuite.strategy import FedSuiteStrategy
 
 
 class FedProxParams(BaseModel):

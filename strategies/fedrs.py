@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedrs import FedRSClient
 from fedsuite.registry import register_method
-from strategies.base import FedSuiteStrategy
+from fedsuite.strategy import FedSuiteStrategy
 
 
 class FedRSParams(BaseModel):

@@ -17,7 +17,7 @@ One round r (1-based, Flower's ``server_round``):
    FedMR recombines, FedMut mutates, Indep keeps it).
 
 Wire check: the ClientApp reports ``received-checksum`` (CRC-32 of the received "arrays" record,
-``strategies.base.record_checksum``); the server compares it with the checksum of what it sent to
+``fedsuite.wire.record_checksum``); the server compares it with the checksum of what it sent to
 that client, logs every mismatch and writes ``checksum_mismatches`` and ``payload_checksums``
 (one per slot) into the round's metrics row.
 
@@ -30,28 +30,20 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, ServerSetup, record_checksum, to_record, weighted_mean
+from fedsuite.arrays import uniform_mean
+from fedsuite.seeding import round_rng
+from fedsuite.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.wire import ClientReply, NDArrays, record_checksum, to_record
 
 log = logging.getLogger("fedsuite")
 
-#: purpose tags of the per-round generators (seed, round, tag)
+#: purpose tags of the per-round generators (``fedsuite.seeding.round_rng``)
 SLOT_TAG = 0x51_07
 PERM_TAG = 0x9E_C0
 MUT_TAG = 0x4D_07
-
-
-def round_rng(seed: int, server_round: int, tag: int) -> np.random.Generator:
-    """A generator determined by (seed, round, purpose): resuming at round r repeats its draws."""
-    return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(server_round), int(tag)])
-
-
-def uniform_mean(models: list[NDArrays], like: NDArrays) -> NDArrays:
-    """(1/K) Σ_i u_i per key in float64; integer buffers rounded back to their dtype (spec A22)."""
-    return weighted_mean(models, [1.0] * len(models), like)
 
 
 class PoolStrategy(FedSuiteStrategy):

@@ -17,9 +17,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.scaffold import ScaffoldClient
+from fedsuite.arrays import copy_arrays, server_step, weighted_mean
 from fedsuite.registry import register_method
-from strategies._baselines import reply_weights, server_step, state_arrays, trainable_keys
-from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, log, to_record, weighted_mean
+from fedsuite.strategy import FedSuiteStrategy, log
+from fedsuite.wire import ClientReply, NDArrays, to_record
+from strategies._baselines import reply_weights
 
 
 class ScaffoldParams(BaseModel):
@@ -33,7 +35,7 @@ class ScaffoldStrategy(FedSuiteStrategy):
 
     def __init__(self, setup) -> None:
         super().__init__(setup)
-        self.keys = trainable_keys(setup)
+        self.keys = setup.trainable_keys()
         self.c: NDArrays = {k: np.zeros_like(self.template[k]) for k in self.keys}
         self._c_record = None
 
@@ -62,10 +64,10 @@ class ScaffoldStrategy(FedSuiteStrategy):
         return new
 
     def state_dict(self):
-        return {"c": state_arrays(self.c)}
+        return {"c": copy_arrays(self.c)}
 
     def load_state_dict(self, state):
-        self.c = state_arrays(state["c"])
+        self.c = copy_arrays(state["c"])
 
 
 register_method(

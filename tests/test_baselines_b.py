@@ -19,8 +19,9 @@ from flwr.app import ConfigRecord
 
 from conftest import FAST, UNIT_ROUND, assert_same_arrays, make_task
 from fedsuite.config import build_config
+from fedsuite.strategy import ServerSetup
 from fedsuite.training import run_local_training
-from strategies.base import ClientReply, ServerSetup, to_ndarrays, to_record
+from fedsuite.wire import ClientReply, to_ndarrays, to_record
 
 F32 = np.float32
 
@@ -38,12 +39,12 @@ def _one_torch_thread():
 def make_strategy(name: str, initial: dict | None = None, num_clients: int = 4, cohort: int = 2, **values):
     import tempfile
 
-    from fedsuite import runtime
+    from fedsuite import models, runtime
 
     cfg = build_config(values={**FAST, "data_root": tempfile.gettempdir() + "/fedsuite-test-data", "strategy": name,
                                "num_clients": num_clients, "clients_per_round": cohort, **UNIT_ROUND, **values})
     if initial is None:
-        initial = runtime.initial_arrays(cfg, runtime.load_bundle(cfg))
+        initial = models.initial_arrays(cfg, runtime.load_bundle(cfg))
     setup = ServerSetup(cfg=cfg, node_to_pid={1000 + i: i for i in range(num_clients)},
                         initial={k: np.asarray(v) for k, v in initial.items()})
     return cfg.method.strategy(setup)

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from fedsuite.arrays import weighted_mean
 from fedsuite.config import build_config
-from strategies.base import RoundFailure, ServerSetup, failure_reason, to_record, weighted_mean
+from fedsuite.strategy import RoundFailure, ServerSetup, failure_reason
+from fedsuite.wire import to_record
 from strategies.fedavg import FedAvgStrategy
 from tests.conftest import FAST, assert_same_arrays, reply_message
 

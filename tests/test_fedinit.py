@@ -15,21 +15,22 @@ import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from clients.base import ClientRule
 from clients.fedavg import FedAvgClient
 from clients.fedinit import DEFAULT_BETA, FedInitClient
-from clients.plugin_relaxed_init import (
+from fedsuite.training import ClientRule
+from fedsuite.plugins.relaxed_init import (
     STATE_NAME,
     RelaxedInit,
     RelaxedInitServer,
     relaxed_start,
-    trainable_keys,
 )
-from clients.plugins import active_plugins
-from fedsuite import registry, runtime
+from fedsuite import models, registry, runtime
+from fedsuite.arrays import weighted_mean
 from fedsuite.config import ConfigError, build_config
+from fedsuite.plugins import active_plugins
+from fedsuite.strategy import ServerSetup
 from fedsuite.training import run_local_training
-from strategies.base import ServerSetup, to_ndarrays, to_record, weighted_mean
+from fedsuite.wire import to_ndarrays, to_record
 from strategies.fedavg import FedAvgStrategy
 from tests.conftest import FAST, assert_same_arrays, make_task, reply_message
 
@@ -263,8 +264,8 @@ def _server(tmp_path, data_root, **extra):
                                "relaxed_init.storage": "server-state", **extra})
     bundle = runtime.load_bundle(cfg)
     setup = ServerSetup(cfg=cfg, node_to_pid={100 + i: i for i in range(cfg.num_clients)},
-                        initial=runtime.initial_arrays(cfg, bundle), run_dir=tmp_path,
-                        build_model=lambda: runtime.make_model(cfg, bundle))
+                        initial=models.initial_arrays(cfg, bundle), run_dir=tmp_path,
+                        build_model=lambda: models.make_model(cfg, bundle))
     return FedAvgStrategy(setup), setup
 
 
@@ -348,8 +349,8 @@ def test_every_method_accepts_relaxed_init_or_says_why(name, tmp_path, data_root
                                     "relaxed_init.beta": 0.1, "relaxed_init.storage": "server-state"})
         bundle = runtime.load_bundle(cfg2)
         setup = ServerSetup(cfg=cfg2, node_to_pid={100 + i: i for i in range(10)},
-                            initial=runtime.initial_arrays(cfg2, bundle), run_dir=tmp_path,
-                            build_model=lambda: runtime.make_model(cfg2, bundle),
+                            initial=models.initial_arrays(cfg2, bundle), run_dir=tmp_path,
+                            build_model=lambda: models.make_model(cfg2, bundle),
                             info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)})
         strategy = spec.strategy(setup)
         assert any(isinstance(h, RelaxedInitServer) for h in strategy.server_hooks)

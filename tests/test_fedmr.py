@@ -14,12 +14,13 @@ import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedsuite.arrays import uniform_mean
 from fedsuite.config import build_config
-from strategies.base import ServerSetup, record_checksum, to_ndarrays, to_record
+from fedsuite.strategy import ServerSetup
+from fedsuite.wire import record_checksum, to_ndarrays, to_record
 from strategies.fedmr import FedMRStrategy, draw_permutations, make_units, recombine, segment_ids
 from strategies.fedmut import FedMutStrategy, mutate, mutation_beta, mutation_coefficients
 from strategies.indep import IndepAggrStrategy, IndepStrategy
-from strategies.pool import uniform_mean
 from tests.conftest import FAST, UNIT_ROUND, assert_same_arrays, reply_message
 
 # a small "model" with a conv, a BatchNorm (incl. its integer buffer) and a head, in state_dict order
@@ -347,7 +348,7 @@ def test_stage1_weighting_num_examples_is_fedavg_mean():
     s = make_strategy(FedMRStrategy, "fedmr", first_stage_rounds=2, stage1_weighting="num_examples")
     sizes = {p: 5 + 7 * p for p in range(NUM_CLIENTS)}
     _, uploaded, glob = play_round(s, 1, sizes=sizes)
-    from strategies.base import weighted_mean
+    from fedsuite.arrays import weighted_mean
 
     pids = sorted(uploaded)
     assert_same_arrays(glob, weighted_mean([uploaded[p] for p in pids], [sizes[p] for p in pids], s.template))

@@ -18,8 +18,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 
 from clients.fednlr import FedNLRClient
-from clients.neuron_lr_optim import NeuronLROptimizer
-from clients.plugin_neuron_lr import (
+from fedsuite.plugins.neuron_lr import NeuronLROptimizer
+from fedsuite.plugins.neuron_lr import (
     PRESETS,
     NeuronLRParams,
     NeuronLRPlugin,
@@ -30,11 +30,12 @@ from clients.plugin_neuron_lr import (
     scale_factors,
     temperature,
 )
-from clients.plugins import active_plugins
-from fedsuite import registry, runtime
+from fedsuite import models, registry, runtime
 from fedsuite.models import build_model, count_parameters
+from fedsuite.plugins import active_plugins
+from fedsuite.strategy import ServerSetup
 from fedsuite.training import run_local_training
-from strategies.base import ServerSetup, to_record
+from fedsuite.wire import to_record
 from tests.conftest import assert_same_arrays, make_task
 
 # ------------------------------------------------------------------------------------------------
@@ -454,7 +455,7 @@ def _method_round(method: str, preset: str | None):
     bundle = runtime.load_bundle(cfg)
     initial = {k: v.numpy().copy() for k, v in task0.received.items()}
     setup = ServerSetup(cfg=cfg, node_to_pid={pid: pid for pid in range(cfg.num_clients)}, initial=initial,
-                        build_model=lambda: runtime.make_model(cfg, bundle),
+                        build_model=lambda: models.make_model(cfg, bundle),
                         info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)})
     strategy = cfg.method.strategy(setup)
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # as inside a ServerApp

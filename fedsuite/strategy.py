@@ -32,15 +32,19 @@ top of our validated, sorted mean.
 from __future__ import annotations
 
 import logging
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
+
+from fedsuite.arrays import trainable_keys, weighted_mean
+from fedsuite.plugins import ServerHooks, active_plugins
+from fedsuite.seeding import COHORT_TAG, round_rng
+from fedsuite.wire import ClientReply, NDArrays, record_nbytes, to_ndarrays, to_record
 
 log = logging.getLogger("fedsuite")
 
@@ -50,9 +54,6 @@ DROP_NOT_CONNECTED = "node not connected"
 DROP_TIMEOUT = "no reply within round_timeout_s"
 #: how long a round waits for newly connected nodes to say which partition they hold
 QUERY_TIMEOUT_S = 60.0
-
-NDArrays = dict[str, np.ndarray]
-
 
 @dataclass
 class ServerSetup:
@@ -65,50 +66,13 @@ class ServerSetup:
     build_model: Callable[[], Any] | None = None  # a fresh torch model of the run's architecture
     info: dict[str, Any] = field(default_factory=dict)  # dataset facts: num_classes, input_shape
 
-
-@dataclass
-class ClientReply:
-    """A validated training reply."""
-
-    partition_id: int
-    arrays: NDArrays
-    num_examples: int
-    metrics: dict[str, float]
-    extras: dict[str, NDArrays]
-
-
-def to_ndarrays(record: ArrayRecord) -> NDArrays:
-    return {k: v.numpy() for k, v in record.items()}
-
-
-def to_record(arrays: NDArrays) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in arrays.items()})
-
-
-def weighted_mean(arrays: list[NDArrays], weights: list[float], like: NDArrays) -> NDArrays:
-    """Σ_i a_i w_i / Σ_i w_i per key, in float64, cast back to ``like``'s dtypes (ints rounded)."""
-    total = float(sum(weights))
-    out: NDArrays = {}
-    for key, ref in like.items():
-        acc = np.zeros(ref.shape, dtype=np.float64)
-        for a, w in zip(arrays, weights):
-            acc += a[key].astype(np.float64) * (w / total)
-        out[key] = np.rint(acc).astype(ref.dtype) if np.issubdtype(ref.dtype, np.integer) else acc.astype(ref.dtype)
-    return out
-
-
-def record_nbytes(content: RecordDict) -> int:
-    return sum(len(arr.data) for rec in content.array_records.values() for arr in rec.values())
-
-
-def record_checksum(record: ArrayRecord) -> int:
-    """CRC-32 of an ArrayRecord's serialised arrays in record order (the bytes on the wire). The
-    ClientApp reports it for what it received as metric ``received-checksum``, so a server rule that
-    sends each client a different model can check who trained from what (strategies/pool.py)."""
-    crc = 0
-    for arr in record.values():
-        crc = zlib.crc32(arr.data, crc)
-    return crc
+    def trainable_keys(self) -> list[str]:
+        """Names of the trainable parameters in w^0's order: from a fresh model when the setup can
+        build one, else every floating-point array of w^0 (hand-built setups in tests)."""
+        if self.build_model is not None:
+            names = set(trainable_keys(self.build_model()))
+            return [k for k in self.initial if k in names]
+        return [k for k, v in self.initial.items() if np.issubdtype(v.dtype, np.floating)]
 
 
 class RoundFailure(RuntimeError):
@@ -145,27 +109,6 @@ def failure_reason(reason: str) -> str:
     return lines[-1] if lines else "unknown error"
 
 
-class ServerHooks:
-    """The server side of a client plug-in (``ClientPlugin.server_hooks``), run by every strategy:
-    :meth:`payload` may add records to a client's message after the method's own
-    ``client_payload``; :meth:`observe` sees (and may replace) the validated, sorted replies before
-    the method's ``aggregate``; its state is saved under ``checkpoint_state()["plugins"][name]``."""
-
-    name: str = "plugin"
-
-    def payload(self, server_round: int, pid: int, content: RecordDict) -> None:
-        """Add to (or change) the message content for client ``pid``."""
-
-    def observe(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
-        return replies
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-
-
 class FedSuiteStrategy(FedAvg):
     """FedAvg with deterministic cohorts, per-client payloads and validated replies (see module)."""
 
@@ -193,8 +136,6 @@ class FedSuiteStrategy(FedAvg):
 
     def active_plugins(self) -> list[Any]:
         """The client plug-ins this run switches on (a method that enables one itself overrides this)."""
-        from clients.plugins import active_plugins
-
         return active_plugins(self.cfg)
 
     # --- sampling and payloads ------------------------------------------------------------------
@@ -202,7 +143,7 @@ class FedSuiteStrategy(FedAvg):
         """K distinct partition ids, uniformly without replacement, seeded by (seed, round)."""
         pids = np.array(sorted(self.pid_to_node))
         k = min(self.cfg.cohort_size, len(pids))
-        rng = np.random.default_rng([self.cfg.seed, server_round, 0x5EED])
+        rng = round_rng(self.cfg.seed, server_round, COHORT_TAG)
         return sorted(int(p) for p in rng.choice(pids, size=k, replace=False))
 
     def local_lr(self, server_round: int) -> float:
