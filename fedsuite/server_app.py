@@ -103,27 +103,21 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
             if start_round == 0:
                 recorder.append({"round": 0, "test_accuracy": test.get("accuracy"), "test_loss": test.get("loss")})
         else:
-            info = strategy.round_info
+            info = strategy.round_log
             row = {
                 "round": server_round,
                 "test_accuracy": test.get("accuracy"),
                 "test_loss": test.get("loss"),
-                "train_loss": info.get("train_loss"),
+                "train_loss": info.train_loss,
                 "wall_seconds": now - clock["t"],
-                "bytes_sent": info.get("bytes_sent"),
-                "bytes_received": info.get("bytes_received"),
-                "cohort": info.get("cohort"),
-                "dropped": info.get("dropped", []),
-                "failed": info.get("failed", 0),
-                "failure_reasons": {str(k): v for k, v in info.get("drop_reasons", {}).items()},
-                **{k: v for k, v in info.get("extra", {}).items()},
+                **info.row(),
             }
             # one atomic step: the checkpoint carries its round's row; the row is appended after it,
             # and a resume rewrites metrics.jsonl to end with the checkpoint's row (RunRecorder.rewind)
             save_checkpoint(ckpt_path, server_round, global_arrays, strategy, row)
             recorder.append(row)
             # round t is committed: each of its clients needs only its newest state version <= t
-            prune_committed(run_dir / "client-state", info.get("cohort", []), server_round)
+            prune_committed(run_dir / "client-state", info.cohort, server_round)
         clock["t"] = time.perf_counter()
         return MetricRecord({k: float(v) for k, v in test.items()}) if test else None
 

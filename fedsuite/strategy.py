@@ -10,8 +10,9 @@ What it adds to Flower's ``FedAvg``, and why (see ARCHITECTURE.md, "Determinism"
   with a new node id is asked its partition id and gets work again; a sampled client whose node is
   not connected is sent nothing. Every message sent is remembered with its partition id, so an error
   reply (whose source may be the SuperLink, not the node) and a reply missing after
-  ``round_timeout_s`` are recorded under that partition id in ``round_info["dropped"]``, with the
-  reason in ``round_info["drop_reasons"]``; fewer than ``min_replies`` accepted replies fail the run;
+  ``round_timeout_s`` are recorded under that partition id in the round's :class:`RoundLog`
+  (``dropped``, with the reason in ``drop_reasons``); fewer than ``min_replies`` accepted replies
+  fail the run;
 * replies that are errors, non-finite, or of the wrong keys/shapes are dropped and logged with the
   client's partition id, never averaged in; the rest are sorted by partition id before aggregation;
 * a round whose failed share of the cohort (error, rejected or missing replies) exceeds
@@ -48,7 +49,7 @@ from fedsuite.wire import ClientReply, NDArrays, record_nbytes, to_ndarrays, to_
 
 log = logging.getLogger("fedsuite")
 
-#: ``round_info["drop_reasons"]`` for a sampled client whose SuperNode is not connected
+#: ``RoundLog.drop_reasons`` for a sampled client whose SuperNode is not connected
 DROP_NOT_CONNECTED = "node not connected"
 #: ... and for one that was sent work but did not answer before the round timed out
 DROP_TIMEOUT = "no reply within round_timeout_s"
@@ -73,6 +74,47 @@ class ServerSetup:
             names = set(trainable_keys(self.build_model()))
             return [k for k in self.initial if k in names]
         return [k for k, v in self.initial.items() if np.issubdtype(v.dtype, np.floating)]
+
+
+@dataclass
+class RoundLog:
+    """What one round did: the line the ServerApp writes into ``metrics.jsonl`` (besides the test
+    metrics and the wall time). The base strategy fills the fixed fields; a method or plug-in adds
+    its own columns with :meth:`add`. Columns merge: a writer adds its keys and never replaces
+    another writer's (the method's columns and a plug-in's live side by side)."""
+
+    round: int = 0
+    cohort: list[int] = field(default_factory=list)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    dropped: list[int] = field(default_factory=list)
+    drop_reasons: dict[int, str] = field(default_factory=dict)
+    failed: int = 0
+    num_replies: int = 0
+    train_loss: float | None = None
+    columns: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, columns: dict[str, Any]) -> None:
+        """Add (or update) columns of this round's line (JSON-serialisable values)."""
+        self.columns.update(columns)
+
+    def drop(self, pid: int, reason: str) -> None:
+        """Record a dropped client (the first reason given for it is kept)."""
+        self.dropped.append(pid)
+        self.drop_reasons.setdefault(pid, reason)
+
+    def row(self) -> dict[str, Any]:
+        """The round's fields after ``train_loss`` in ``metrics.jsonl`` order (the ServerApp adds the
+        round, test metrics, ``train_loss`` and the wall time before them)."""
+        return {
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "cohort": self.cohort,
+            "dropped": self.dropped,
+            "failed": self.failed,
+            "failure_reasons": {str(k): v for k, v in self.drop_reasons.items()},
+            **self.columns,
+        }
 
 
 class RoundFailure(RuntimeError):
@@ -129,7 +171,7 @@ class FedSuiteStrategy(FedAvg):
         self._messages_out: list[tuple[int, int, Any]] = []  # this round's messages: (pid, node id, metadata)
         self.template = setup.initial
         self.global_arrays: NDArrays = dict(setup.initial)  # w^t as last sent
-        self.round_info: dict[str, Any] = {}
+        self.round_log = RoundLog()  # the round in flight (configure_train starts a new one)
         self.server_hooks: list[ServerHooks] = [
             h for h in (p.server_hooks(self) for p in self.active_plugins()) if h is not None
         ]
@@ -207,17 +249,17 @@ class FedSuiteStrategy(FedAvg):
         return self.setup.node_to_pid.get(msg.metadata.src_node_id, -1)
 
     def record_drop(self, pid: int, reason: str) -> None:
-        log.warning("round %s: dropped client %s: %s", self.round_info.get("round"), pid, reason)
-        self.round_info.setdefault("dropped", []).append(pid)
-        self.round_info.setdefault("drop_reasons", {}).setdefault(pid, reason)
+        log.warning("round %s: dropped client %s: %s", self.round_log.round, pid, reason)
+        self.round_log.drop(pid, reason)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         server_round += self.round_offset
         self.refresh_nodes(grid)
         self.global_arrays = to_ndarrays(arrays)
         cohort = self.sample_cohort(server_round)
+        self.round_log = RoundLog(round=server_round, cohort=cohort)
         conf = ConfigRecord({**dict(config), **self.train_config(server_round)})
-        messages, sent, absent = [], 0, []
+        messages, absent = [], []
         self._messages_out = []
         for pid in cohort:
             node = self.pid_to_node.get(pid)
@@ -227,12 +269,10 @@ class FedSuiteStrategy(FedAvg):
             content = self.client_payload(server_round, pid, arrays, conf)
             for hooks in self.server_hooks:
                 hooks.payload(server_round, pid, content)
-            sent += record_nbytes(content)
+            self.round_log.bytes_sent += record_nbytes(content)
             msg = Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
             messages.append(msg)
             self._messages_out.append((pid, node, msg.metadata))  # the Grid sets metadata.message_id when it pushes
-        self.round_info = {"round": server_round, "cohort": cohort, "bytes_sent": sent, "bytes_received": 0,
-                           "dropped": [], "drop_reasons": {}}
         for pid in absent:
             self.record_drop(pid, DROP_NOT_CONNECTED)
         return messages
@@ -247,12 +287,11 @@ class FedSuiteStrategy(FedAvg):
             if msg.has_error():
                 problem = f"client error: {failure_reason(msg.error.reason)}"
             else:
-                self.round_info["bytes_received"] = self.round_info.get("bytes_received", 0) + record_nbytes(msg.content)
+                self.round_log.bytes_received += record_nbytes(msg.content)
                 problem = self._check_reply(msg.content)
             if problem:
-                log.warning("round %s: dropped reply of client %s: %s", self.round_info.get("round"), pid, problem)
-                self.round_info.setdefault("dropped", []).append(pid)
-                self.round_info.setdefault("drop_reasons", {}).setdefault(pid, problem)
+                log.warning("round %s: dropped reply of client %s: %s", self.round_log.round, pid, problem)
+                self.round_log.drop(pid, problem)
                 continue
             content = msg.content
             metrics = {k: float(v) for k, v in content["metrics"].items() if not isinstance(v, list)}
@@ -290,29 +329,29 @@ class FedSuiteStrategy(FedAvg):
                 self.record_drop(pid, f"{DROP_TIMEOUT} ({self.cfg.round_timeout_s:g} s)")
         for hooks in self.server_hooks:
             good = hooks.observe(server_round, good)
-        self.round_info["num_replies"] = len(good)
+        self.round_log.num_replies = len(good)
         self.check_failures(server_round, good)
         if len(good) < self.cfg.min_replies:
-            failed = sorted(set(self.round_info.get("cohort", [])) - {r.partition_id for r in good})
-            raise RoundFailure(server_round, failed, len(self.round_info.get("cohort", [])),
+            failed = sorted(set(self.round_log.cohort) - {r.partition_id for r in good})
+            raise RoundFailure(server_round, failed, len(self.round_log.cohort),
                                f"{len(good)} accepted replies, fewer than min_replies={self.cfg.min_replies}",
                                self.cfg.resolved_max_failed_fraction)
         new_arrays = self.aggregate(server_round, good)
         self.global_arrays = new_arrays
         metrics = self.aggregate_metrics(good)
-        self.round_info["train_loss"] = metrics.get("train-loss")
+        self.round_log.train_loss = metrics.get("train-loss")
         return to_record(new_arrays), MetricRecord(metrics)
 
     def check_failures(self, server_round: int, good: list[ClientReply]) -> None:
-        """Count the cohort's failed replies (error, rejected or missing) into ``round_info``;
+        """Count the cohort's failed replies (error, rejected or missing) into the round's log;
         raise :class:`RoundFailure` past ``max_failed_fraction`` or when no reply was accepted."""
-        cohort = list(self.round_info.get("cohort", []))
+        cohort = list(self.round_log.cohort)
         accepted = {r.partition_id for r in good}
         failed = sorted(set(cohort) - accepted)
-        reasons = self.round_info.setdefault("drop_reasons", {})
+        reasons = self.round_log.drop_reasons
         for pid in failed:
             reasons.setdefault(pid, "no reply")
-        self.round_info["failed"] = len(failed)
+        self.round_log.failed = len(failed)
         limit = self.cfg.resolved_max_failed_fraction
         if not good or len(failed) > limit * len(cohort) + 1e-9:
             first = reasons[failed[0]] if failed else "no client in the cohort"

@@ -127,12 +127,12 @@ class CCVRStrategy(FedSuiteStrategy):
 
     def gather_statistics(self, server_round: int, arrays: ArrayRecord) -> list[NDArrays]:
         """The statistics round: w^{t+1} to every client (or the cohort), per-class statistics back."""
-        pids = sorted(self.pid_to_node) if self.params.stats_clients == "all" else self.round_info["cohort"]
+        pids = sorted(self.pid_to_node) if self.params.stats_clients == "all" else self.round_log.cohort
         pids = [p for p in pids if self.pid_to_node.get(p) in self.connected]  # gone nodes are asked nothing
         conf = ConfigRecord({"server-round": server_round, "lr": 0.0, STATS_FLAG: 1})
         messages = [Message(RecordDict({"arrays": arrays, "config": conf}), dst_node_id=self.pid_to_node[p],
                             message_type=MessageType.TRAIN) for p in pids]
-        self.round_info["bytes_sent"] += sum(record_nbytes(m.content) for m in messages)
+        self.round_log.bytes_sent += sum(record_nbytes(m.content) for m in messages)
         good = self.parse_replies(self.grid.send_and_receive(messages, timeout=self.cfg.round_timeout_s))
         return [g.extras[STATS_FLAG] for g in good if STATS_FLAG in g.extras]
 
@@ -146,7 +146,7 @@ class CCVRStrategy(FedSuiteStrategy):
                                 batch_size=p.batch_size, seed=self.cfg.seed + server_round)
         after = head_loss(w2, b2, feats, labels)
         self.calibrated_head, self.calibrated_round, self._base = {"head.weight": w2, "head.bias": b2}, server_round, base
-        self.round_info.setdefault("extra", {}).update(
+        self.round_log.add(
             {"ccvr_stats_clients": len(stats), "ccvr_virtual_loss_before": before, "ccvr_virtual_loss_after": after}
         )
 

@@ -174,7 +174,7 @@ class CluSampStrategy(FedSuiteStrategy):
 
     def configure_train(self, server_round, arrays, config, grid):
         messages = super().configure_train(server_round, arrays, config, grid)
-        self.round_info["extra"] = {"clusamp_draws": list(self.draws)}
+        self.round_log.add({"clusamp_draws": list(self.draws)})
         return messages
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:

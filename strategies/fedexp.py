@@ -56,7 +56,7 @@ class FedExPStrategy(FedSuiteStrategy):
         eps = self.params.epsilon * self.params.epsilon_decay ** (server_round - 1)
         eta = fedexp_step_size(deltas, weights, self.keys, eps)
         new = server_step(weighted_mean([r.arrays for r in replies], weights, self.template), w, eta, self.keys)
-        self.round_info.setdefault("extra", {})["fedexp_eta_g"] = eta
+        self.round_log.add({"fedexp_eta_g": eta})
         if self.params.eval_average:
             self._eval = {k: ((new[k].astype(np.float64) + w[k]) / 2).astype(new[k].dtype) if k in self.keys else new[k]
                           for k in new}

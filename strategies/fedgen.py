@@ -114,9 +114,7 @@ class FedGenStrategy(FedSuiteStrategy):
         if teachers:
             losses = self.train_generator(teachers, server_round)
             self.trained_rounds += 1
-            self.round_info.setdefault("extra", {}).update(
-                {"fedgen_teacher_loss_first": losses[0], "fedgen_teacher_loss_last": losses[-1]}
-            )
+            self.round_log.add({"fedgen_teacher_loss_first": losses[0], "fedgen_teacher_loss_last": losses[-1]})
         return new
 
     def train_generator(self, teachers: list[ClientReply], server_round: int) -> list[float]:

@@ -48,7 +48,7 @@ class FedNovaStrategy(FedSuiteStrategy):
         if buffers:
             plain = weighted_mean([r.arrays for r in replies], n, self.template)
             mean.update({k: plain[k] for k in buffers})
-        self.round_info.setdefault("extra", {})["fednova_tau_eff"] = tau_eff
+        self.round_log.add({"fednova_tau_eff": tau_eff})
         return server_step(mean, self.global_arrays, scale, self.keys)
 
 

@@ -126,15 +126,12 @@ class MomentumStrategy(FedSuiteStrategy):
             else:
                 self.set_momentum({k: np.zeros_like(self.template[k]) for k in self.trainable})
             info["momentum_norm"] = norm(v.astype(np.float64) for v in self.momentum.values())
-        self.round_info.setdefault("extra", {}).update(info)
+        self.round_log.add(info)
         return out
 
     def aggregate_metrics(self, replies: list[ClientReply]) -> dict[str, float]:
         metrics = super().aggregate_metrics(replies)
-        extra = self.round_info.setdefault("extra", {})
-        for key in self.logged_client_metrics:
-            if key in metrics:
-                extra[key] = metrics[key]
+        self.round_log.add({key: metrics[key] for key in self.logged_client_metrics if key in metrics})
         return metrics
 
     # --- checkpointing --------------------------------------------------------------------------

@@ -116,12 +116,12 @@ class PoolStrategy(FedSuiteStrategy):
         model = self.round_model(server_round, replies)
         self.pool = self.next_pool(server_round, replies, model)
         assert len(self.pool) == self.pool_size
-        self.round_info["extra"] = {
+        self.round_log.add({
             "checksum_mismatches": mismatches,
             "failed_slots": failed,
             "payload_checksums": [dispatched_crc.get(s) for s in range(self.pool_size)],
             **self.round_extra(server_round),
-        }
+        })
         return model
 
     # --- checkpointing ------------------------------------------------------------------------------

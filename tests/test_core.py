@@ -11,7 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedsuite.arrays import weighted_mean
 from fedsuite.config import build_config
-from fedsuite.strategy import RoundFailure, ServerSetup, failure_reason
+from fedsuite.strategy import RoundFailure, RoundLog, ServerSetup, failure_reason
 from fedsuite.wire import to_record
 from strategies.fedavg import FedAvgStrategy
 from tests.conftest import FAST, assert_same_arrays, reply_message
@@ -60,7 +60,7 @@ def test_weighted_mean_is_order_independent_bitwise_after_sorting():
 
 def test_bad_replies_are_dropped_and_logged_with_partition_id(caplog):
     strategy = make_strategy()
-    strategy.round_info = {"round": 1}
+    strategy.round_log = RoundLog(round=1)
     good = {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32), "n": np.array(1)}
     nan = {**good, "w": np.full((2, 3), np.nan, np.float32)}
     inf = {**good, "b": np.array([1, np.inf, 0], np.float32)}
@@ -70,7 +70,7 @@ def test_bad_replies_are_dropped_and_logged_with_partition_id(caplog):
     with caplog.at_level("WARNING", logger="fedsuite"):
         arrays, _ = strategy.aggregate_train(1, replies)
     np.testing.assert_array_equal(arrays["w"].numpy(), good["w"])  # only the good reply counts
-    assert sorted(strategy.round_info["dropped"]) == [1, 2, 3, 3]
+    assert sorted(strategy.round_log.dropped) == [1, 2, 3, 3]
     text = caplog.text
     assert "client 1: non-finite" in text and "client 2: non-finite" in text
     assert "client 3: array 'w' has shape" in text and "client crashed" in text
@@ -83,7 +83,7 @@ def test_round_failures_are_bounded_by_max_failed_fraction():
     replies = [client_reply(0, good, 10), client_reply(1, good, 10), reply_message(1000 + 2, error="boom")]
     for limit, fails in [(0.5, False), (0.25, True), (0.0, True)]:
         strategy = make_strategy(max_failed_fraction=limit)
-        strategy.round_info = {"round": 1, "cohort": [0, 1, 2, 3]}  # client 3 never answers
+        strategy.round_log = RoundLog(round=1, cohort=[0, 1, 2, 3])  # client 3 never answers
         if fails:
             with pytest.raises(RoundFailure) as exc:
                 strategy.aggregate_train(1, replies)
@@ -91,10 +91,10 @@ def test_round_failures_are_bounded_by_max_failed_fraction():
             assert "round 1: 2 of 4 client replies failed (partitions 2, 3" in str(exc.value)
         else:
             arrays, _ = strategy.aggregate_train(1, replies)
-            assert arrays is not None and strategy.round_info["failed"] == 2
-            assert strategy.round_info["drop_reasons"] == {2: "client error: boom", 3: "no reply"}
+            assert arrays is not None and strategy.round_log.failed == 2
+            assert strategy.round_log.drop_reasons == {2: "client error: boom", 3: "no reply"}
     strategy = make_strategy(max_failed_fraction=1.0)
-    strategy.round_info = {"round": 1, "cohort": [0]}
+    strategy.round_log = RoundLog(round=1, cohort=[0])
     with pytest.raises(RoundFailure):
         strategy.aggregate_train(1, [reply_message(1000, error="boom")])
 
@@ -203,3 +203,14 @@ def test_report_groups_seeds_and_finds_rounds_to_target(tmp_path):
     assert len(rows) == 1 and rows[0]["seeds"] == 2
     assert rows[0]["final_mean"] == pytest.approx(0.8) and rows[0]["final_std"] == pytest.approx(0.1)
     assert rows[0]["rounds_to_target"] == pytest.approx(2.0) and rows[0]["reached"] == "2/2"
+
+
+def test_round_log_columns_merge():
+    """Strategies and plug-ins add columns to one typed log; adding never drops another's columns."""
+    log = RoundLog(round=3, cohort=[1, 2])
+    log.add({"a": 1})
+    log.add({"nlr-mu-l1": 2.0})
+    log.drop(2, "boom")
+    log.drop(2, "later reason")
+    assert log.row()["a"] == 1 and log.row()["nlr-mu-l1"] == 2.0
+    assert log.row()["failure_reasons"] == {"2": "boom"} and log.dropped == [2, 2]

@@ -343,7 +343,7 @@ def test_normalised_aggregate_has_mean_norm_and_direction_of_sum():
     mean_norm = np.mean([np.linalg.norm(_flat(d)) for d in deltas])  # unweighted even with unequal n_i
     assert np.linalg.norm(step) == pytest.approx(mean_norm, rel=1e-12)
     assert step @ total / (np.linalg.norm(step) * np.linalg.norm(total)) == pytest.approx(1.0, rel=1e-12)
-    d_t = s.round_info["extra"]["norm_factor"]
+    d_t = s.round_log.columns["norm_factor"]
     assert 1.0 <= d_t <= 4.0
     np.testing.assert_allclose(step, d_t * total / 4, rtol=1e-12)
 
@@ -356,7 +356,7 @@ def test_normalised_aggregate_special_cases():
     # orthogonal, equal norm r = 2: plain mean has norm r/√2, normalised r; result (Δ1+Δ2)/√2 = √2·mean
     new = s.aggregate(1, [_reply(0, e1), _reply(1, e2)])
     np.testing.assert_allclose(new["a"], np.array([2, 2, 0]) / math.sqrt(2), rtol=1e-12)
-    assert s.round_info["extra"]["norm_factor"] == pytest.approx(math.sqrt(2))
+    assert s.round_log.columns["norm_factor"] == pytest.approx(math.sqrt(2))
     # identical updates → the plain mean; S = 1 → Δ_1
     np.testing.assert_allclose(s.aggregate(1, [_reply(0, e1), _reply(1, e1)])["a"], e1["a"], rtol=1e-12)
     np.testing.assert_allclose(s.aggregate(1, [_reply(0, e2)])["a"], e2["a"], rtol=1e-12)

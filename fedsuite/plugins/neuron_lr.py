@@ -494,5 +494,5 @@ class NeuronLRDiagnostics(ServerHooks):
                 k: sum(r.metrics[k] * r.num_examples for r in replies) / total
                 for k in sorted(keys) if k.startswith("nlr-")
             }
-            self.strategy.round_info.setdefault("extra", {}).update(means)
+            self.strategy.round_log.add(means)
         return replies
