@@ -158,6 +158,23 @@ class FedSuiteStrategy(FedAvg):
     client_config_keys: tuple[str, ...] = ()
     #: rounds already done before this ``start`` (set by the ServerApp when resuming a run)
     round_offset: int = 0
+    #: a class whose ``configure_train``/``aggregate_train`` are Flower's own (the server optimisers
+    #: of ``strategies/_baselines.py``) may override them; they call ``super()``, so the round is
+    #: still converted here, once
+    flower_round_api: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Flower numbers the rounds of each ``start`` from 1; this class turns that into the global
+        round once, in ``configure_train``/``aggregate_train``. A method overrides the hooks that
+        receive the global round (:meth:`prepare_round`, :meth:`client_payload`, :meth:`aggregate`,
+        :meth:`after_aggregate`), never those two, so no method can forget the resume offset."""
+        super().__init_subclass__(**kwargs)
+        if not cls.flower_round_api:
+            for name in ("configure_train", "aggregate_train"):
+                if name in cls.__dict__:
+                    raise TypeError(
+                        f"{cls.__name__} overrides {name}, which receives Flower's round of this start, not "
+                        f"the global round; override prepare_round / aggregate / after_aggregate instead")
 
     def __init__(self, setup: ServerSetup, **flower_kwargs: Any) -> None:
         cfg = setup.cfg
@@ -171,10 +188,15 @@ class FedSuiteStrategy(FedAvg):
         self._messages_out: list[tuple[int, int, Any]] = []  # this round's messages: (pid, node id, metadata)
         self.template = setup.initial
         self.global_arrays: NDArrays = dict(setup.initial)  # w^t as last sent
+        self.grid: Grid | None = None  # the Grid of the round in flight (None in strategy-level tests)
         self.round_log = RoundLog()  # the round in flight (configure_train starts a new one)
         self.server_hooks: list[ServerHooks] = [
             h for h in (p.server_hooks(self) for p in self.active_plugins()) if h is not None
         ]
+
+    def global_round(self, flower_round: int) -> int:
+        """The global round (1-based over the whole run, resumes included) of Flower's ``flower_round``."""
+        return flower_round + self.round_offset
 
     def active_plugins(self) -> list[Any]:
         """The client plug-ins this run switches on (a method that enables one itself overrides this)."""
@@ -198,6 +220,9 @@ class FedSuiteStrategy(FedAvg):
         for key in self.client_config_keys:
             conf[key] = getattr(self.params, key)
         return conf
+
+    def prepare_round(self, server_round: int, cohort: list[int]) -> None:
+        """Called once per round with the sampled cohort, before any payload is built."""
 
     def client_payload(self, server_round: int, pid: int, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
         """The message content for client ``pid`` (default: the global model and the config)."""
@@ -253,11 +278,13 @@ class FedSuiteStrategy(FedAvg):
         self.round_log.drop(pid, reason)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        server_round += self.round_offset
+        server_round = self.global_round(server_round)
+        self.grid = grid
         self.refresh_nodes(grid)
         self.global_arrays = to_ndarrays(arrays)
         cohort = self.sample_cohort(server_round)
         self.round_log = RoundLog(round=server_round, cohort=cohort)
+        self.prepare_round(server_round, cohort)
         conf = ConfigRecord({**dict(config), **self.train_config(server_round)})
         messages, absent = [], []
         self._messages_out = []
@@ -320,7 +347,7 @@ class FedSuiteStrategy(FedAvg):
         return None
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        server_round += self.round_offset
+        server_round = self.global_round(server_round)
         replies = list(replies)
         answered = {self.reply_pid(m) for m in replies}
         good = self.parse_replies(replies)
@@ -340,6 +367,7 @@ class FedSuiteStrategy(FedAvg):
         self.global_arrays = new_arrays
         metrics = self.aggregate_metrics(good)
         self.round_log.train_loss = metrics.get("train-loss")
+        self.after_aggregate(server_round)
         return to_record(new_arrays), MetricRecord(metrics)
 
     def check_failures(self, server_round: int, good: list[ClientReply]) -> None:
@@ -360,6 +388,10 @@ class FedSuiteStrategy(FedAvg):
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
         """The server rule. Default: data-size-weighted mean of the client models (FedAvg)."""
         return weighted_mean([r.arrays for r in replies], [r.num_examples for r in replies], self.template)
+
+    def after_aggregate(self, server_round: int) -> None:
+        """Called after the round's aggregation (``self.global_arrays`` is w^{t+1}); may talk to the
+        clients through ``self.grid`` (CCVR's statistics round)."""
 
     def aggregate_metrics(self, replies: list[ClientReply]) -> dict[str, float]:
         """Example-weighted mean of the clients' scalar metrics."""

@@ -36,6 +36,7 @@ class FlowerOptAdapter(FedSuiteStrategy):
     """
 
     _pending_setup: ServerSetup | None = None
+    flower_round_api = True
 
     def __init__(self, setup: ServerSetup | None = None, **_flower_kwargs: Any) -> None:
         setup = setup if setup is not None else self._pending_setup

@@ -103,27 +103,19 @@ class CCVRStrategy(FedSuiteStrategy):
 
     def __init__(self, setup, **kwargs: Any) -> None:
         super().__init__(setup, **kwargs)
-        self.grid = None
         self.calibrated_head: NDArrays | None = None  # {"head.weight", "head.bias"}
         self.calibrated_round = 0
         self._base: NDArrays | None = None  # the uncalibrated model the head belongs to (memory only)
-
-    def configure_train(self, server_round, arrays, config, grid):
-        self.grid = grid
-        return super().configure_train(server_round, arrays, config, grid)
 
     def calibrate_now(self, server_round: int) -> bool:
         every = self.params.calibrate_every
         return server_round == self.cfg.rounds or (every > 0 and server_round % every == 0)
 
-    def aggregate_train(self, server_round, replies):
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        r = server_round + self.round_offset
-        if arrays is not None and self.grid is not None and self.calibrate_now(r):
-            stats = self.gather_statistics(r, arrays)
+    def after_aggregate(self, server_round: int) -> None:
+        if self.grid is not None and self.calibrate_now(server_round):
+            stats = self.gather_statistics(server_round, to_record(self.global_arrays))
             if stats:
-                self.calibrate(r, self.global_arrays, stats)
-        return arrays, metrics
+                self.calibrate(server_round, self.global_arrays, stats)
 
     def gather_statistics(self, server_round: int, arrays: ArrayRecord) -> list[NDArrays]:
         """The statistics round: w^{t+1} to every client (or the cohort), per-class statistics back."""

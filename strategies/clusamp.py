@@ -172,10 +172,8 @@ class CluSampStrategy(FedSuiteStrategy):
         self.multiplicity = {p: self.draws.count(p) for p in set(self.draws)}
         return sorted(self.multiplicity)
 
-    def configure_train(self, server_round, arrays, config, grid):
-        messages = super().configure_train(server_round, arrays, config, grid)
+    def prepare_round(self, server_round, cohort):
         self.round_log.add({"clusamp_draws": list(self.draws)})
-        return messages
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
         updated = []

@@ -54,7 +54,7 @@ class FedAdamStrategy(FlowerFedAdam, FlowerOptAdapter):
     def aggregate_train(self, server_round, replies):
         p = self.params
         flower_factor = math.sqrt(1 - p.beta2 ** (server_round + 1.0)) / (1 - p.beta1 ** (server_round + 1.0))
-        self.eta = self.effective_lr(server_round + self.round_offset) / flower_factor
+        self.eta = self.effective_lr(self.global_round(server_round)) / flower_factor
         try:
             arrays, metrics = super().aggregate_train(server_round, replies)
         finally:

@@ -45,9 +45,8 @@ class FedExPStrategy(FedSuiteStrategy):
         self.keys = setup.trainable_keys()
         self._eval: NDArrays | None = None
 
-    def configure_train(self, server_round, arrays, config, grid):
+    def prepare_round(self, server_round, cohort):
         self._eval = None  # a round without replies evaluates the unchanged model
-        return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
         w = self.global_arrays

@@ -28,10 +28,9 @@ seeded by (seed, round, purpose), so a resumed run repeats exactly the draws of 
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedsuite.arrays import uniform_mean
 from fedsuite.seeding import round_rng
@@ -71,17 +70,15 @@ class PoolStrategy(FedSuiteStrategy):
         return {}
 
     # --- dispatch -----------------------------------------------------------------------------------
-    def assign_slots(self, server_round: int) -> dict[int, int]:
+    def assign_slots(self, server_round: int, cohort: list[int]) -> dict[int, int]:
         """Partition id -> slot for this round: the cohort dealt the slots in a seeded random order."""
-        cohort = self.sample_cohort(server_round)
         order = round_rng(self.cfg.seed, server_round, SLOT_TAG).permutation(len(cohort))
         return {pid: int(slot) for pid, slot in zip(cohort, order)}
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        self.slot_of_pid = self.assign_slots(server_round + self.round_offset)
+    def prepare_round(self, server_round: int, cohort: list[int]) -> None:
+        self.slot_of_pid = self.assign_slots(server_round, cohort)
         self._sent = {}
         self._slot_records = {}
-        return super().configure_train(server_round, arrays, config, grid)
 
     def client_payload(self, server_round: int, pid: int, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
         """Client ``pid`` gets its slot's model u_slot (not the global) and ``slot`` in its config."""

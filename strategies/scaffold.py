@@ -39,9 +39,8 @@ class ScaffoldStrategy(FedSuiteStrategy):
         self.c: NDArrays = {k: np.zeros_like(self.template[k]) for k in self.keys}
         self._c_record = None
 
-    def configure_train(self, server_round, arrays, config, grid):
+    def prepare_round(self, server_round, cohort):
         self._c_record = to_record(self.c)  # one record per round, shared by all messages
-        return super().configure_train(server_round, arrays, config, grid)
 
     def client_payload(self, server_round, pid, arrays, config):
         content = super().client_payload(server_round, pid, arrays, config)

@@ -214,3 +214,48 @@ def test_round_log_columns_merge():
     log.drop(2, "later reason")
     assert log.row()["a"] == 1 and log.row()["nlr-mu-l1"] == 2.0
     assert log.row()["failure_reasons"] == {"2": "boom"} and log.dropped == [2, 2]
+
+
+def test_a_method_cannot_override_the_flower_round_entry_points():
+    """configure_train/aggregate_train receive Flower's round of this start; the base class turns it
+    into the global round once. A method that overrode them could forget the resume offset, so
+    defining one is refused where the class is written."""
+    from fedsuite.strategy import FedSuiteStrategy
+
+    with pytest.raises(TypeError, match="prepare_round"):
+        class Forgetful(FedSuiteStrategy):  # noqa: F841
+            def configure_train(self, server_round, arrays, config, grid):
+                return super().configure_train(server_round, arrays, config, grid)
+
+
+def _dispatch(strategy, flower_round: int) -> list[tuple]:
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    msgs = strategy.configure_train(flower_round, to_record(strategy.global_arrays), ConfigRecord({}), None)
+    out = []
+    for m in msgs:
+        records = {name: {k: v.numpy().tobytes() for k, v in rec.items()} for name, rec in m.content.array_records.items()}
+        out.append((m.metadata.dst_node_id, dict(m.content["config"]), records))
+    return out
+
+
+def test_every_method_sends_the_same_round_after_a_resume(tmp_path):
+    """Round 4 of a run resumed after round 3 (Flower's round 1, offset 3) sends every client exactly
+    what round 4 of an uninterrupted run sends: cohort, config (server-round, lr, slots) and arrays."""
+    from fedsuite import models, registry, runtime
+
+    for name, spec in registry.methods().items():
+        cfg = build_config(values={**FAST, "strategy": name, "lr_decay": 0.9})
+        bundle = runtime.load_bundle(cfg)
+        sent = []
+        for offset, flower_round in ((0, 4), (3, 1)):
+            setup = ServerSetup(cfg=cfg, node_to_pid={100 + p: p for p in range(cfg.num_clients)},
+                                initial=models.initial_arrays(cfg, bundle), run_dir=tmp_path / f"{name}-{offset}",
+                                build_model=lambda: models.make_model(cfg, bundle),
+                                info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)})
+            strategy = spec.strategy(setup)
+            strategy.round_offset = offset
+            sent.append(_dispatch(strategy, flower_round))
+        assert sent[0] == sent[1], name
+        assert all(conf["server-round"] == 4 for _, conf, _ in sent[0]), name

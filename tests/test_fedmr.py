@@ -442,7 +442,7 @@ def test_state_dict_round_trip_resumes_exactly(tmp_path):
 
 def test_seed_changes_permutations_and_slot_deal():
     a, b = make_strategy(FedMRStrategy, "fedmr", seed=1), make_strategy(FedMRStrategy, "fedmr", seed=2)
-    assert a.assign_slots(5) != b.assign_slots(5) or a.sample_cohort(5) != b.sample_cohort(5)
+    assert a.assign_slots(5, a.sample_cohort(5)) != b.assign_slots(5, b.sample_cohort(5)) or a.sample_cohort(5) != b.sample_cohort(5)
 
 
 def test_no_training_keeps_every_pool_model_at_w0():
