@@ -80,7 +80,6 @@ def simulate(
         cfg = build_config(config, set_, values)
         if resume:  # the run's record is the base; the command line may change only RESUME_MUTABLE
             cfg = resume_config(cfg, config, set_, values)
-        check_plugins(cfg)
         check_hardware(cfg)
         bundle = runtime.load_bundle(cfg)  # fail early on missing data, before any directory exists
         runtime.client_indices(cfg, bundle, 0)
@@ -218,18 +217,6 @@ def flower_log_reason(run_dir: Path) -> str | None:
     errors = [line for line in lines if ("ERROR" in line or "Error:" in line or "Exception:" in line)
               and "An error was encountered" not in line and "exception occurred !!" not in line]
     return errors[-1] if errors else None
-
-
-def check_plugins(cfg) -> None:
-    """Reject a plug-in the chosen method cannot take, saying why."""
-    spec = cfg.method
-    from fedsuite.plugins import plugin_classes
-
-    for name, cls in plugin_classes().items():
-        if cls.enabled(getattr(cfg, name)):
-            allowed = getattr(spec, name, True)
-            if allowed is not True:
-                raise ConfigError(f"config error: {name} does not apply to {spec.name}: {allowed}")
 
 
 @app.command("list")

@@ -191,16 +191,12 @@ class FedSuiteStrategy(FedAvg):
         self.grid: Grid | None = None  # the Grid of the round in flight (None in strategy-level tests)
         self.round_log = RoundLog()  # the round in flight (configure_train starts a new one)
         self.server_hooks: list[ServerHooks] = [
-            h for h in (p.server_hooks(self) for p in self.active_plugins()) if h is not None
+            h for h in (p.server_hooks(self) for p in active_plugins(cfg)) if h is not None
         ]
 
     def global_round(self, flower_round: int) -> int:
         """The global round (1-based over the whole run, resumes included) of Flower's ``flower_round``."""
         return flower_round + self.round_offset
-
-    def active_plugins(self) -> list[Any]:
-        """The client plug-ins this run switches on (a method that enables one itself overrides this)."""
-        return active_plugins(self.cfg)
 
     # --- sampling and payloads ------------------------------------------------------------------
     def sample_cohort(self, server_round: int) -> list[int]:

@@ -165,6 +165,4 @@ register_method(
     params=CCVRParams,
     summary="FedAvg + post-hoc head calibration on virtual features from clients' class statistics",
     paper="Luo et al., NeurIPS 2021",
-    relaxed_init=True,
-    neuron_lr=True,
 )

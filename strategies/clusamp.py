@@ -210,6 +210,4 @@ register_method(
     params=CluSampParams,
     summary="Clustered sampling (Algorithm 2): Ward clusters of representative gradients, one client per cluster",
     paper="Fraboni et al., ICML 2021",
-    relaxed_init=True,
-    neuron_lr=True,
 )

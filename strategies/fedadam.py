@@ -68,7 +68,5 @@ register_method(
     client=FedAvgClient,
     params=FedAdamParams,
     summary="Adam server optimiser on the mean client update (Flower's FedAdam)",
-    relaxed_init=True,  # anchors/deltas use task.start_point (spec fedinit.md §2.7)
-    neuron_lr=True,
     paper="Reddi et al., ICLR 2021",
 )

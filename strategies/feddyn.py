@@ -82,7 +82,5 @@ register_method(
     client=FedDynClient,
     params=FedDynParams,
     summary="Dynamic regularisation: linear + proximal local terms, model mean plus mean client drift",
-    relaxed_init=True,  # anchors/deltas use task.start_point (spec fedinit.md §2.7)
-    neuron_lr=True,
     paper="Acar et al., ICLR 2021",
 )

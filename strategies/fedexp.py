@@ -71,7 +71,5 @@ register_method(
     client=FedAvgClient,
     params=FedExPParams,
     summary="Adaptive server extrapolation eta_g >= 1 from update norms; evaluates the last-two-iterate average",
-    relaxed_init=True,  # anchors/deltas use task.start_point (spec fedinit.md §2.7)
-    neuron_lr=True,
     paper="Jhunjhunwala et al., ICLR 2023",
 )

@@ -163,6 +163,4 @@ register_method(
     params=FedGenParams,
     summary="Data-free KD: server-trained conditional feature generator regularises local training",
     paper="Zhu et al., ICML 2021",
-    relaxed_init=True,
-    neuron_lr=True,
 )

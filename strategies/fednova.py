@@ -57,7 +57,5 @@ register_method(
     strategy=FedNovaStrategy,
     client=FedAvgClient,
     summary="Normalised averaging: updates divided by local step counts, rescaled by tau_eff",
-    relaxed_init=True,  # anchors/deltas use task.start_point (spec fedinit.md §2.7)
-    neuron_lr=True,
     paper="Wang et al., NeurIPS 2020",
 )

@@ -33,6 +33,4 @@ register_method(
     params=FedRSParams,
     summary="Restricted softmax: logits of locally absent classes scaled by alpha",
     paper="Li & Zhan, KDD 2021",
-    relaxed_init=True,
-    neuron_lr=True,
 )

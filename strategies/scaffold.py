@@ -75,7 +75,5 @@ register_method(
     client=ScaffoldClient,
     params=ScaffoldParams,
     summary="Control variates c, c_i correct client drift (option II); 2x communication",
-    relaxed_init=True,  # anchors/deltas use task.start_point (spec fedinit.md §2.7)
-    neuron_lr=True,
     paper="Karimireddy et al., ICML 2020",
 )

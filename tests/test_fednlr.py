@@ -17,7 +17,7 @@ from flwr.app import ConfigRecord
 from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 
-from clients.fednlr import FedNLRClient
+from clients.fedavg import FedAvgClient
 from fedsuite.plugins.neuron_lr import NeuronLROptimizer
 from fedsuite.plugins.neuron_lr import (
     PRESETS,
@@ -355,7 +355,7 @@ class _RecordingOptimizer(torch.optim.SGD):
         return super().step(closure)
 
 
-class _SAMProbeRule(FedNLRClient):
+class _SAMProbeRule(FedAvgClient):
     """A SAM-type rule (two gradient passes, then ``opt.step()``) that records, per step, the SAM
     gradient it produced and the scales the optimizer held."""
 
@@ -387,8 +387,8 @@ def test_sam_type_rule_steps_with_scaled_two_pass_gradient_and_constant_scales()
     """§8.10 and composition with SAM: at every step the inner SGD receives exactly s ⊙ g_SAM (the
     gradient the rule computed at the perturbed point), with the scales computed from w^t before the
     first step and never changed during the round."""
-    task, _ = make_task({"strategy": "fednlr", "local_epochs": 2})
-    run_local_training(_SAMProbeRule(plugins=[]), task)
+    task, cfg = make_task({"strategy": "fednlr", "local_epochs": 2})
+    run_local_training(_SAMProbeRule(plugins=active_plugins(cfg)), task)
     plan = task.scratch["neuron_lr"]
     names = [n for n, p in task.model.named_parameters() if p.requires_grad]
     sam_grads, inner = task.scratch["sam-grads"], task.scratch["opt"].inner
@@ -478,15 +478,12 @@ def test_plugin_composes_with_every_method(method):
     finite result), preset uniform reproduces the method without the plug-in bit for bit (model and
     extra uploads; for fednlr itself: FedAvg), and paper_final changes the trained model. A method
     that refuses says why."""
-    from fedsuite.cli import check_plugins
     from fedsuite.config import ConfigError
 
     spec = registry.methods()[method]
-    if spec.neuron_lr is not True:
-        assert isinstance(spec.neuron_lr, str) and spec.neuron_lr.strip()
-        _, cfg = make_task({"strategy": method, "neuron_lr.preset": "paper_main"})
+    if "neuron_lr" in spec.refuses:
         with pytest.raises(ConfigError, match=f"neuron_lr does not apply to {method}"):
-            check_plugins(cfg)
+            make_task({"strategy": method, "neuron_lr.preset": "paper_main"})
         return
     reference = "fedavg" if method == "fednlr" else method  # fednlr without the flag already runs paper_main
     _, plain = _method_round(reference, None)

@@ -16,18 +16,10 @@ from fedsuite.plugins.relaxed_init import RelaxedInit
 #: config section name -> plug-in class, in the order the plug-ins wrap a rule
 PLUGINS: dict[str, type[ClientPlugin]] = {cls.name: cls for cls in (NeuronLRPlugin, RelaxedInit)}
 
-__all__ = ["PLUGINS", "ClientPlugin", "ServerHooks", "active_plugins", "plugin_classes"]
-
-
-def plugin_classes() -> dict[str, type[ClientPlugin]]:
-    return dict(PLUGINS)
+__all__ = ["PLUGINS", "ClientPlugin", "ServerHooks", "active_plugins"]
 
 
 def active_plugins(cfg: Any) -> list[ClientPlugin]:
-    """The plug-ins a run's config switches on, in :data:`PLUGINS` order."""
-    out = []
-    for name, cls in PLUGINS.items():
-        params = getattr(cfg, name)
-        if cls.enabled(params):
-            out.append(cls(params))
-    return out
+    """The plug-ins this run uses, in :data:`PLUGINS` order: those its config sections switch on
+    and those its method enables at registration (``cfg.plugin_settings``, validated with the config)."""
+    return [PLUGINS[name](params) for name, params in cfg.plugin_settings.items()]

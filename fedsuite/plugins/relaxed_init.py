@@ -319,12 +319,3 @@ def _tmpdir() -> str:
     import tempfile
 
     return tempfile.mkdtemp(prefix="fedsuite-ri-")
-
-
-def with_relaxed_init(plugins: list[Any], cfg: Any, default_beta: float) -> list[Any]:
-    """``plugins`` plus relaxed initialisation with β = ``default_beta`` if the run did not switch it
-    on itself (``relaxed_init.beta`` unset). Used by method ``fedinit`` on both sides."""
-    if any(isinstance(p, RelaxedInit) for p in plugins):
-        return plugins
-    params = cfg.relaxed_init.model_copy(update={"beta": default_beta})
-    return [RelaxedInit(params), *plugins]
