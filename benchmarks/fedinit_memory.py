@@ -32,11 +32,11 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from clients.plugin_relaxed_init import STATE_NAME, ROUND_KEY, RelaxedInit, RelaxedInitParams, RelaxedInitServer, trainable_keys
 from fedsuite.models import build_model
+from fedsuite.plugins.relaxed_init import ROUND_KEY, STATE_NAME, RelaxedInit, RelaxedInitParams, RelaxedInitServer, trainable_keys
 from fedsuite.state import ArrayStore, ClientState
 from fedsuite.training import LocalResult
-from strategies.base import ClientReply, to_record
+from fedsuite.wire import ClientReply, to_record
 from flwr.app import RecordDict
 
 

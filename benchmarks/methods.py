@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from clients.plugins import active_plugins
-from fedsuite import registry, runtime
+from fedsuite import models, registry, runtime
 from fedsuite.config import build_config
 from fedsuite.models import build_model
+from fedsuite.plugins import active_plugins
 from fedsuite.state import ClientState
 from fedsuite.training import LocalData, LocalTask, run_local_training
 
@@ -44,7 +44,7 @@ def local_round_seconds(method: str, base: dict, work: Path, repeats: int) -> fl
     times = []
     for rep in range(repeats + 1):
         torch.manual_seed(0)
-        model = runtime.make_model(cfg, bundle)
+        model = models.make_model(cfg, bundle)
         received = {k: v.detach().clone() for k, v in model.state_dict().items()}
         extras = {name: {k: torch.zeros_like(v) for k, v in received.items()} for name in EXTRA_RECORDS}
         task = LocalTask(model=model, received=received, extras=extras, config={"server-round": 2, "lr": cfg.lr},

@@ -23,11 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedsuite import launch, runtime
+from fedsuite import launch, models, runtime
+from fedsuite.arrays import weighted_mean
 from fedsuite.config import build_config
 from fedsuite.results import read_metrics
-from fedsuite.training import LocalData, evaluate, seed_for
-from strategies.base import FedSuiteStrategy, ServerSetup, weighted_mean
+from fedsuite.seeding import seed_for
+from fedsuite.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.training import LocalData, evaluate
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -36,10 +38,10 @@ def plain_loop(cfg, rounds: int) -> list[float]:
     """FedAvg written directly in PyTorch; returns seconds per round."""
     torch.set_num_threads(max(1, torch.get_num_threads()))
     bundle = runtime.load_bundle(cfg)
-    global_arrays = runtime.initial_arrays(cfg, bundle)
+    global_arrays = models.initial_arrays(cfg, bundle)
     sampler = FedSuiteStrategy(ServerSetup(cfg=cfg, node_to_pid={p: p for p in range(cfg.num_clients)},
                                            initial=global_arrays))
-    model = runtime.make_model(cfg, bundle)
+    model = models.make_model(cfg, bundle)
     times = []
     for rnd in range(1, rounds + 1):
         t0 = time.perf_counter()

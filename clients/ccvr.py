@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from clients.base import ClientRule
 from fedsuite.data import to_float
-from fedsuite.training import LocalResult, LocalTask
+from fedsuite.training import ClientRule, LocalResult, LocalTask
 
 STATS_FLAG = "ccvr-stats"
 

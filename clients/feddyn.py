@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from clients.base import ClientRule
 from clients.scaffold import named_trainable
-from fedsuite.training import LocalResult, LocalTask
+from fedsuite.training import ClientRule, LocalResult, LocalTask
 
 STATE_NAME = "feddyn-h"
 

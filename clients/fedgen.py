@@ -23,8 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clients.base import ClientRule
-from fedsuite.training import LocalResult, LocalTask
+from fedsuite.training import ClientRule, LocalResult, LocalTask
 
 
 class Generator(nn.Module):

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from clients.base import ClientRule
-from fedsuite.training import LocalTask
+from fedsuite.training import ClientRule, LocalTask
 
 
 class FedProxClient(ClientRule):

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from clients.base import ClientRule
-from fedsuite.training import LocalTask
+from fedsuite.training import ClientRule, LocalTask
 
 
 def restriction_scale(counts: torch.Tensor, alpha: float, scaling: str = "hard") -> torch.Tensor:

@@ -23,11 +23,10 @@ from typing import Any, Callable
 
 import torch
 
-from clients.base import ClientRule
-from fedsuite.training import LocalResult, LocalTask, clip_grad
+from fedsuite.arrays import tensor_norm
+from fedsuite.training import ClientRule, LocalResult, LocalTask, clip_grad
+from fedsuite.wire import MOMENTUM
 
-#: name of the extra ArrayRecord carrying the server's momentum direction m^t (gradient units)
-MOMENTUM_RECORD = "momentum"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -35,14 +34,9 @@ MOMENTUM_RECORD = "momentum"
 # ------------------------------------------------------------------------------------------------
 
 
-def global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """‖(t_1, …, t_n)‖₂ over all tensors jointly."""
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
-
-
 def sam_perturbation(grads: list[torch.Tensor], rho: float, eps: float = 1e-7) -> list[torch.Tensor]:
     """SAM's ascent step e = ρ g / (‖g‖ + eps), ‖·‖ over all tensors jointly (spec fedmrur.md §2.3)."""
-    scale = rho / (global_norm(grads) + eps)
+    scale = rho / (tensor_norm(grads) + eps)
     return [g * scale for g in grads]
 
 
@@ -53,7 +47,7 @@ def asam_perturbation(
     """Adaptive SAM's ascent step e = ρ T² g / (‖T g‖ + eps) with T = |w| + η on "weight" tensors and
     T = 1 elsewhere (Kwon et al. 2021, as in their code; spec fedmr.md §5 item 6, A28)."""
     scaled = [(p.detach().abs() + eta) * g if "weight" in n else g for n, p, g in zip(names, params, grads)]
-    scale = rho / (global_norm(scaled) + eps)
+    scale = rho / (tensor_norm(scaled) + eps)
     return [
         (p.detach().abs() + eta) * tg * scale if "weight" in n else tg * scale
         for n, p, tg in zip(names, params, scaled)
@@ -98,7 +92,7 @@ class SamMomentumClient(ClientRule):
     def start(self, task: LocalTask) -> None:
         named = [(n, p) for n, p in task.model.named_parameters() if p.requires_grad]
         task.scratch["param_names"] = [n for n, _ in named]
-        momentum = task.extras.get(MOMENTUM_RECORD) if self.uses_momentum else None
+        momentum = task.extras.get(MOMENTUM) if self.uses_momentum else None
         if momentum is not None:
             task.scratch["momentum"] = [
                 momentum[n].to(device=p.device, dtype=p.dtype) if n in momentum else None for n, p in named

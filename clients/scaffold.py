@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from clients.base import ClientRule
-from fedsuite.training import LocalResult, LocalTask
+from fedsuite.training import ClientRule, LocalResult, LocalTask
 
 STATE_NAME = "scaffold-ci"
 
@@ -59,7 +58,7 @@ class ScaffoldClient(ClientRule):
         result = super().finish(task)
         s = task.scratch["scaffold"]
         delta = {n: p.detach() - task.start_point[n] for n, p in named_trainable(task.model).items()}
-        plan = task.scratch.get("neuron_lr")  # clients/plugin_neuron_lr.py: η̂ = η · s per neuron
+        plan = task.scratch.get("neuron_lr")  # fedsuite/plugins/neuron_lr.py: η̂ = η · s per neuron
         scales = getattr(plan, "param_scales", None)
         c_new = control_variate_update(s["c_i"], s["c"], delta, task.num_steps, task.lr, scales)
         task.state.save_arrays(STATE_NAME, c_new)

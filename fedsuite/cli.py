@@ -80,7 +80,6 @@ def simulate(
         cfg = build_config(config, set_, values)
         if resume:  # the run's record is the base; the command line may change only RESUME_MUTABLE
             cfg = resume_config(cfg, config, set_, values)
-        check_plugins(cfg)
         check_hardware(cfg)
         bundle = runtime.load_bundle(cfg)  # fail early on missing data, before any directory exists
         runtime.client_indices(cfg, bundle, 0)
@@ -220,18 +219,6 @@ def flower_log_reason(run_dir: Path) -> str | None:
     return errors[-1] if errors else None
 
 
-def check_plugins(cfg) -> None:
-    """Reject a plug-in the chosen method cannot take, saying why."""
-    spec = cfg.method
-    from clients.plugins import plugin_classes
-
-    for name, cls in plugin_classes().items():
-        if cls.enabled(getattr(cfg, name)):
-            allowed = getattr(spec, name, True)
-            if allowed is not True:
-                raise ConfigError(f"config error: {name} does not apply to {spec.name}: {allowed}")
-
-
 @app.command("list")
 def list_(
     what: Optional[str] = typer.Argument(None, help="strategies | datasets | partitioners | models"),
@@ -316,8 +303,7 @@ def report(
     out: Path = typer.Option(Path("report"), help="folder for report.md, report.json and accuracy.png"),
 ) -> None:
     """Table of final accuracy (mean ± std over seeds), rounds to a target, and a figure."""
-    from fedsuite.results import ResultsError, plot_groups
-    from fedsuite.results import report as make_report
+    from fedsuite.results import ResultsError, plot_groups, report as make_report
 
     missing = [str(d) for d in run_dirs if not (d / "config.json").is_file()]
     if missing:

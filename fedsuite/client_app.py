@@ -17,17 +17,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.plugins import active_plugins
 from fedsuite import runtime
 from fedsuite.data import DatasetError
 from fedsuite.faults import FaultDraw
+from fedsuite.models import make_model
+from fedsuite.plugins import active_plugins
 from fedsuite.raycluster import node_label
+from fedsuite.seeding import seed_for
 from fedsuite.state import ClientState
-from fedsuite.training import LocalData, LocalTask, run_local_training, seed_for
-from strategies.base import record_checksum
+from fedsuite.training import LocalData, LocalTask, run_local_training
+from fedsuite.wire import record_checksum, to_record
 
 app = ClientApp()
 
@@ -54,7 +56,7 @@ def train(msg: Message, context: Context) -> Message:
         data = local_data(cfg, bundle, pid, context, device)
     except DatasetError as exc:  # say which machine lacks the files (a Ray cluster or real node)
         raise DatasetError(f"on {node_label()}: {exc}") from None
-    model = runtime.make_model(cfg, bundle).to(device)
+    model = make_model(cfg, bundle).to(device)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     received = {k: v.detach().clone() for k, v in model.state_dict().items()}
     extras = {
@@ -75,9 +77,9 @@ def train(msg: Message, context: Context) -> Message:
     rule = cfg.method.client(plugins=active_plugins(cfg))
     result = run_local_training(rule, task)
 
-    content = RecordDict({"arrays": _record(faults.corrupt(result.arrays))})
+    content = RecordDict({"arrays": to_record(faults.corrupt(result.arrays))})
     for name, arrays in result.extras.items():
-        content[name] = _record(arrays)
+        content[name] = to_record(arrays)
     # CRC-32 of the model as received: lets a server that sends per-client models verify them
     received_crc = record_checksum(msg.content["arrays"])
     content["metrics"] = MetricRecord({**result.metrics, "partition-id": pid, "received-checksum": received_crc})
@@ -100,7 +102,3 @@ def local_data(cfg, bundle, pid: int, context: Context, device: torch.device) ->
 def _node_data(path: str) -> tuple[torch.Tensor, torch.Tensor]:
     with np.load(Path(path).expanduser()) as f:
         return torch.from_numpy(f["x_train"]), torch.from_numpy(f["y_train"]).long()
-
-
-def _record(arrays: dict[str, torch.Tensor]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.require(v.detach().cpu().numpy(), requirements="C")) for k, v in arrays.items()})

@@ -133,6 +133,8 @@ class BaseRunConfig(BaseModel):
             raise ValueError(
                 f"clients_per_round ({self.cohort_size}) cannot exceed num_clients ({self.num_clients})"
             )
+        if all(hasattr(self, name) for name in registry.plugins()):  # the full model, with its sections
+            registry.plugin_params(self)  # a plug-in the method refuses is an error on every path
         return self
 
     @property
@@ -152,6 +154,11 @@ class BaseRunConfig(BaseModel):
     @property
     def method(self) -> registry.MethodSpec:
         return registry.methods()[self.strategy]
+
+    @property
+    def plugin_settings(self) -> dict[str, BaseModel]:
+        """The plug-ins this run uses and their settings (its sections plus what its method enables)."""
+        return registry.plugin_params(self)
 
     @property
     def method_params(self) -> BaseModel:

@@ -54,6 +54,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -647,3 +648,15 @@ def build_model(name: str, num_classes: int, input_shape: Sequence[int]) -> nn.M
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; allowed: {', '.join(sorted(MODELS))}")
     return MODELS[name](num_classes, tuple(_check_shape(input_shape)))
+
+
+def make_model(cfg, bundle) -> nn.Module:
+    """The run's model (``cfg.model``) for a dataset bundle's classes and input shape."""
+    return build_model(cfg.model, bundle.num_classes, tuple(bundle.input_shape))
+
+
+def initial_arrays(cfg, bundle) -> dict[str, np.ndarray]:
+    """w^0: the model initialised from the run's seed, as numpy arrays in state_dict order."""
+    torch.manual_seed(cfg.seed)
+    model = make_model(cfg, bundle)
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}

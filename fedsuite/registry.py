@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
+
+from fedsuite.plugins import PLUGINS
 
 
 class NoParams(BaseModel):
@@ -28,11 +30,15 @@ class NoParams(BaseModel):
 class MethodSpec:
     """A registered federated method.
 
-    ``strategy`` is a server-rule class (``strategies.base.FedSuiteStrategy`` subclass),
-    ``client`` a client-rule class (``clients.base.ClientRule`` subclass), ``params`` the pydantic
+    ``strategy`` is a server-rule class (``fedsuite.strategy.FedSuiteStrategy`` subclass),
+    ``client`` a client-rule class (``fedsuite.training.ClientRule`` subclass), ``params`` the pydantic
     model of the method's own hyperparameters (the TOML section ``[<name>]``).
-    ``relaxed_init`` / ``neuron_lr`` say whether the plug-ins apply: ``True`` or a string saying
-    why not.
+
+    Plug-ins (``fedsuite.plugins``): ``enables`` maps a plug-in the method switches on itself to a
+    function ``cfg -> {field: value}`` giving the plug-in's settings when the run's own section
+    leaves it off (a run that switches it on itself wins); ``refuses`` maps a plug-in the method
+    cannot take to the reason. Config validation enforces both on every path (CLI, TOML files,
+    ``flwr run``), see :func:`plugin_params`.
     """
 
     name: str
@@ -41,8 +47,8 @@ class MethodSpec:
     params: type[BaseModel]
     summary: str
     paper: str = ""
-    relaxed_init: bool | str = True
-    neuron_lr: bool | str = True
+    enables: dict[str, Callable[[Any], dict[str, Any]]] = field(default_factory=dict)
+    refuses: dict[str, str] = field(default_factory=dict)
 
 
 _METHODS: dict[str, MethodSpec] = {}
@@ -57,13 +63,19 @@ def register_method(
     summary: str,
     params: type[BaseModel] = NoParams,
     paper: str = "",
-    relaxed_init: bool | str = True,
-    neuron_lr: bool | str = True,
+    enables: dict[str, Callable[[Any], dict[str, Any]]] | None = None,
+    refuses: dict[str, str] | None = None,
 ) -> MethodSpec:
     """Register a method under ``name`` (called at import time of ``strategies/<name>.py``)."""
     if name in _METHODS and _METHODS[name].strategy is not strategy:
         raise ValueError(f"method {name!r} is registered twice")
-    spec = MethodSpec(name, strategy, client, params, summary, paper, relaxed_init, neuron_lr)
+    enables, refuses = dict(enables or {}), dict(refuses or {})
+    unknown = sorted((set(enables) | set(refuses)) - set(PLUGINS))
+    if unknown:
+        raise ValueError(f"method {name!r} names unknown plug-ins {unknown}; known: {sorted(PLUGINS)}")
+    if set(enables) & set(refuses) or any(not str(why).strip() for why in refuses.values()):
+        raise ValueError(f"method {name!r}: a plug-in is both enabled and refused, or refused without a reason")
+    spec = MethodSpec(name, strategy, client, params, summary, paper, enables, refuses)
     _METHODS[name] = spec
     return spec
 
@@ -101,6 +113,24 @@ def models() -> dict[str, Callable[..., Any]]:
 
 def plugins() -> dict[str, type[BaseModel]]:
     """Client-rule plug-ins that combine with any method: section name -> params model."""
-    from clients.plugins import plugin_classes
+    return {name: plugin.params for name, plugin in PLUGINS.items()}
 
-    return {name: plugin.params for name, plugin in plugin_classes().items()}
+
+def plugin_params(cfg: Any) -> dict[str, BaseModel]:
+    """The settings of every plug-in this run switches on, by name, in ``PLUGINS`` order: those
+    its config sections switch on, and those its method ``enables`` (with the method's settings,
+    unless the run's section switched the plug-in on itself). Raises ``ValueError`` for a plug-in
+    the method ``refuses``, naming the method and the reason."""
+    spec = methods()[cfg.strategy]
+    out: dict[str, BaseModel] = {}
+    for name, plugin in PLUGINS.items():
+        params = getattr(cfg, name)
+        if plugin.enabled(params):
+            if name in spec.refuses:
+                raise ValueError(f"{name} does not apply to {spec.name}: {spec.refuses[name]}")
+        elif name in spec.enables:
+            params = params.model_copy(update=spec.enables[name](cfg))
+        if plugin.enabled(params):
+            out[name] = params
+    return out
+

@@ -17,7 +17,6 @@ import torch
 
 from fedsuite.config import BaseRunConfig, from_run_config
 from fedsuite.data import load_dataset, partition_indices
-from fedsuite.models import build_model
 
 RUN_DIR_KEY = "run_dir"
 
@@ -65,17 +64,6 @@ def _partition(name, root, options, scheme, num_clients, seed, alpha, min_size, 
         bundle, scheme, num_clients, seed, alpha=alpha, min_partition_size=min_size,
         classes_per_client=classes, shards_per_client=shards, cache_dir=Path(root) / "partitions",
     )
-
-
-def make_model(cfg: BaseRunConfig, bundle) -> torch.nn.Module:
-    return build_model(cfg.model, bundle.num_classes, tuple(bundle.input_shape))
-
-
-def initial_arrays(cfg: BaseRunConfig, bundle) -> dict[str, np.ndarray]:
-    """w^0: the model initialised from the run's seed, as numpy arrays in state_dict order."""
-    torch.manual_seed(cfg.seed)
-    model = make_model(cfg, bundle)
-    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
 def device_for(cfg: BaseRunConfig) -> torch.device:

@@ -25,10 +25,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 from flwr.serverapp import Grid, ServerApp
 
 from fedsuite import runtime
+from fedsuite.models import initial_arrays, make_model
 from fedsuite.results import RunRecorder, write_json
 from fedsuite.state import prune_committed
+from fedsuite.strategy import RoundFailure, ServerSetup
 from fedsuite.training import evaluate
-from strategies.base import RoundFailure, ServerSetup, to_ndarrays, to_record
+from fedsuite.wire import to_ndarrays, to_record
 
 log = logging.getLogger("fedsuite")
 app = ServerApp()
@@ -66,10 +68,10 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     timing["data_s"] = time.perf_counter() - t0
     node_to_pid = handshake(grid, cfg.num_clients)
     timing["handshake_s"] = time.perf_counter() - t0 - timing["data_s"]
-    initial = runtime.initial_arrays(cfg, bundle)
+    initial = initial_arrays(cfg, bundle)
     setup = ServerSetup(
         cfg=cfg, node_to_pid=node_to_pid, initial=initial, run_dir=run_dir,
-        build_model=lambda: runtime.make_model(cfg, bundle),
+        build_model=lambda: make_model(cfg, bundle),
         info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)},
     )
     strategy = cfg.method.strategy(setup)
@@ -85,7 +87,7 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     else:
         recorder.rewind(0, None)  # killed before round 1 was checkpointed: round 0 is written again
 
-    model = runtime.make_model(cfg, bundle).to(device)
+    model = make_model(cfg, bundle).to(device)
     x_test, y_test = bundle.x_test.to(device), bundle.y_test.to(device)
     clock = {"t": time.perf_counter()}
 
@@ -101,27 +103,21 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
             if start_round == 0:
                 recorder.append({"round": 0, "test_accuracy": test.get("accuracy"), "test_loss": test.get("loss")})
         else:
-            info = strategy.round_info
+            info = strategy.round_log
             row = {
                 "round": server_round,
                 "test_accuracy": test.get("accuracy"),
                 "test_loss": test.get("loss"),
-                "train_loss": info.get("train_loss"),
+                "train_loss": info.train_loss,
                 "wall_seconds": now - clock["t"],
-                "bytes_sent": info.get("bytes_sent"),
-                "bytes_received": info.get("bytes_received"),
-                "cohort": info.get("cohort"),
-                "dropped": info.get("dropped", []),
-                "failed": info.get("failed", 0),
-                "failure_reasons": {str(k): v for k, v in info.get("drop_reasons", {}).items()},
-                **{k: v for k, v in info.get("extra", {}).items()},
+                **info.row(),
             }
             # one atomic step: the checkpoint carries its round's row; the row is appended after it,
             # and a resume rewrites metrics.jsonl to end with the checkpoint's row (RunRecorder.rewind)
             save_checkpoint(ckpt_path, server_round, global_arrays, strategy, row)
             recorder.append(row)
             # round t is committed: each of its clients needs only its newest state version <= t
-            prune_committed(run_dir / "client-state", info.get("cohort", []), server_round)
+            prune_committed(run_dir / "client-state", info.cohort, server_round)
         clock["t"] = time.perf_counter()
         return MetricRecord({k: float(v) for k, v in test.items()}) if test else None
 

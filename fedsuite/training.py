@@ -1,12 +1,18 @@
-"""The one local-training loop, and central evaluation.
+"""The client-rule base, the one local-training loop, and central evaluation.
 
-A client rule (``clients/``) customises the loop only through hooks (see ``clients.base.ClientRule``):
+A client rule (``clients/``) subclasses :class:`ClientRule` (plain local SGD, FedAvg's ClientUpdate)
+and customises the loop only through its hooks:
 
     start(task)              where training starts (default: the received model w^t)
     make_optimizer(task)     the optimizer (default: SGD with lr, momentum, weight decay)
     step(task, opt, x, y)    one local step (default: SGD on ``loss``; SAM-type rules override)
     loss(task, x, y)         the objective (default: cross-entropy; FedProx/FedDyn/... add terms)
     finish(task)             what is returned and what is remembered
+
+    w_{i,0} = start(w^t)                                     (default: w^t)
+    for each local step k on a mini-batch b:
+        w ← w − η · ( ∇ℓ(w; b) + λ_wd · w ) [with momentum m]  (torch.optim.SGD)
+    return w_{i,K}, n_i, mean train loss, K
 
 Plug-ins (relaxed initialisation, neuron-wise learning rates) wrap the same hooks, so any rule can
 use them. Batching, augmentation, device placement and metrics are written here once.
@@ -16,18 +22,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from fedsuite.data import augment_batch, to_float
-
-if TYPE_CHECKING:
-    from clients.base import ClientRule
-    from fedsuite.config import BaseRunConfig
-    from fedsuite.state import ClientState
+from fedsuite.state import ClientState
 
 
 @dataclass
@@ -65,9 +66,9 @@ class LocalTask:
     received: dict[str, torch.Tensor]  # w^t as sent by the server (detached copies, on device)
     extras: dict[str, dict[str, torch.Tensor]]  # other ArrayRecords the server sent, by name
     config: dict[str, Any]  # the ConfigRecord the server sent (server-round, lr, method scalars)
-    cfg: "BaseRunConfig"
+    cfg: Any  # fedsuite.config.BaseRunConfig (the config module sits above this one)
     data: LocalData
-    state: "ClientState"
+    state: ClientState
     partition_id: int
     server_round: int
     lr: float
@@ -91,7 +92,69 @@ class LocalResult:
     metrics: dict[str, float]
 
 
-def run_local_training(rule: "ClientRule", task: LocalTask) -> LocalResult:
+class ClientRule:
+    """Local-training rule. Subclasses override hooks; the loop is :func:`run_local_training`."""
+
+    def __init__(self, plugins: list[Any] | None = None) -> None:
+        self.plugins = list(plugins or [])
+
+    # --- hooks a method overrides ---------------------------------------------------------------
+    def start(self, task: LocalTask) -> None:
+        """Set where training starts. The model already holds the received w^t."""
+
+    def make_optimizer(self, task: LocalTask) -> torch.optim.Optimizer:
+        cfg = task.cfg
+        return torch.optim.SGD(task.params, lr=task.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+    def logits(self, task: LocalTask, x: torch.Tensor) -> torch.Tensor:
+        return task.model(x)
+
+    def loss(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The local objective on one batch (default: mean cross-entropy)."""
+        return F.cross_entropy(self.logits(task, x), y)
+
+    def step(self, task: LocalTask, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One local step; returns the batch loss as a detached 0-dim tensor (a Python float would
+        force a host-device sync every step). Default: a first-order step on ``loss``."""
+        opt.zero_grad(set_to_none=True)
+        loss = self.loss(task, x, y)
+        loss.backward()
+        self.adjust_gradient(task)
+        clip_grad(task.params, task.cfg.grad_clip)
+        opt.step()
+        return loss.detach()
+
+    def adjust_gradient(self, task: LocalTask) -> None:
+        """Change ``p.grad`` in place before clipping and the optimizer step (SCAFFOLD, FedCM)."""
+
+    def finish(self, task: LocalTask) -> LocalResult:
+        """What is sent back: by default the trained model's full state_dict."""
+        arrays = {k: v.detach() for k, v in task.model.state_dict().items()}
+        return LocalResult(arrays=arrays, extras={}, metrics={})
+
+    # --- composition with plug-ins (called by the loop) -----------------------------------------
+    def run_start(self, task: LocalTask) -> None:
+        for plugin in self.plugins:
+            plugin.before_start(task)
+        self.start(task)
+        for plugin in self.plugins:
+            plugin.after_start(task)
+
+    def run_make_optimizer(self, task: LocalTask) -> torch.optim.Optimizer:
+        opt = self.make_optimizer(task)
+        for plugin in self.plugins:
+            opt = plugin.wrap_optimizer(task, opt)
+        return opt
+
+    def run_finish(self, task: LocalTask) -> LocalResult:
+        result = self.finish(task)
+        for plugin in self.plugins:
+            result = plugin.after_finish(task, result)
+        result.metrics.update(task.metrics)
+        return result
+
+
+def run_local_training(rule: ClientRule, task: LocalTask) -> LocalResult:
     """Local training of one client for ``cfg.local_epochs`` epochs, driven by ``rule``'s hooks."""
     model = task.model
     model.train()
@@ -116,11 +179,6 @@ def clip_grad(params: list[torch.nn.Parameter], max_norm: float | None) -> None:
         torch.nn.utils.clip_grad_norm_(params, max_norm)
 
 
-def flat_norm(tensors) -> torch.Tensor:
-    """Global L2 norm over a list of tensors (the ‖·‖ over all parameters jointly)."""
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors]))
-
-
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bundle, batch_size: int) -> dict[str, float]:
     """Accuracy and mean cross-entropy of ``model`` on (x, y) in eval mode."""
@@ -137,8 +195,3 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bundle, b
         correct += (logits.argmax(1) == yb).sum()
     loss = float(loss_sum) / max(n, 1)
     return {"accuracy": int(correct) / max(n, 1), "loss": loss if math.isfinite(loss) else float("nan")}
-
-
-def seed_for(*parts: int) -> int:
-    """A 63-bit seed derived from integers (seed, partition id, round, ...), stable across runs."""
-    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(2, np.uint32).view(np.uint64)[0] >> 1)

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.ccvr import STATS_FLAG, CCVRClient
 from fedsuite.registry import register_method
-from strategies.base import FedSuiteStrategy, NDArrays, record_nbytes, to_ndarrays, to_record
+from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.wire import NDArrays, record_nbytes, to_ndarrays, to_record
 
 
 class CCVRParams(BaseModel):
@@ -102,36 +103,28 @@ class CCVRStrategy(FedSuiteStrategy):
 
     def __init__(self, setup, **kwargs: Any) -> None:
         super().__init__(setup, **kwargs)
-        self.grid = None
         self.calibrated_head: NDArrays | None = None  # {"head.weight", "head.bias"}
         self.calibrated_round = 0
         self._base: NDArrays | None = None  # the uncalibrated model the head belongs to (memory only)
-
-    def configure_train(self, server_round, arrays, config, grid):
-        self.grid = grid
-        return super().configure_train(server_round, arrays, config, grid)
 
     def calibrate_now(self, server_round: int) -> bool:
         every = self.params.calibrate_every
         return server_round == self.cfg.rounds or (every > 0 and server_round % every == 0)
 
-    def aggregate_train(self, server_round, replies):
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        r = server_round + self.round_offset
-        if arrays is not None and self.grid is not None and self.calibrate_now(r):
-            stats = self.gather_statistics(r, arrays)
+    def after_aggregate(self, server_round: int) -> None:
+        if self.grid is not None and self.calibrate_now(server_round):
+            stats = self.gather_statistics(server_round, to_record(self.global_arrays))
             if stats:
-                self.calibrate(r, self.global_arrays, stats)
-        return arrays, metrics
+                self.calibrate(server_round, self.global_arrays, stats)
 
     def gather_statistics(self, server_round: int, arrays: ArrayRecord) -> list[NDArrays]:
         """The statistics round: w^{t+1} to every client (or the cohort), per-class statistics back."""
-        pids = sorted(self.pid_to_node) if self.params.stats_clients == "all" else self.round_info["cohort"]
+        pids = sorted(self.pid_to_node) if self.params.stats_clients == "all" else self.round_log.cohort
         pids = [p for p in pids if self.pid_to_node.get(p) in self.connected]  # gone nodes are asked nothing
         conf = ConfigRecord({"server-round": server_round, "lr": 0.0, STATS_FLAG: 1})
         messages = [Message(RecordDict({"arrays": arrays, "config": conf}), dst_node_id=self.pid_to_node[p],
                             message_type=MessageType.TRAIN) for p in pids]
-        self.round_info["bytes_sent"] += sum(record_nbytes(m.content) for m in messages)
+        self.round_log.bytes_sent += sum(record_nbytes(m.content) for m in messages)
         good = self.parse_replies(self.grid.send_and_receive(messages, timeout=self.cfg.round_timeout_s))
         return [g.extras[STATS_FLAG] for g in good if STATS_FLAG in g.extras]
 
@@ -145,7 +138,7 @@ class CCVRStrategy(FedSuiteStrategy):
                                 batch_size=p.batch_size, seed=self.cfg.seed + server_round)
         after = head_loss(w2, b2, feats, labels)
         self.calibrated_head, self.calibrated_round, self._base = {"head.weight": w2, "head.bias": b2}, server_round, base
-        self.round_info.setdefault("extra", {}).update(
+        self.round_log.add(
             {"ccvr_stats_clients": len(stats), "ccvr_virtual_loss_before": before, "ccvr_virtual_loss_after": after}
         )
 
@@ -172,6 +165,4 @@ register_method(
     params=CCVRParams,
     summary="FedAvg + post-hoc head calibration on virtual features from clients' class statistics",
     paper="Luo et al., NeurIPS 2021",
-    relaxed_init=True,
-    neuron_lr=True,
 )

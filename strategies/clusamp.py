@@ -31,8 +31,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.clusamp import CluSampClient
+from fedsuite.arrays import weighted_mean
 from fedsuite.registry import register_method
-from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, ServerSetup, weighted_mean
+from fedsuite.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.wire import ClientReply, NDArrays
 
 
 class CluSampParams(BaseModel):
@@ -170,10 +172,8 @@ class CluSampStrategy(FedSuiteStrategy):
         self.multiplicity = {p: self.draws.count(p) for p in set(self.draws)}
         return sorted(self.multiplicity)
 
-    def configure_train(self, server_round, arrays, config, grid):
-        messages = super().configure_train(server_round, arrays, config, grid)
-        self.round_info["extra"] = {"clusamp_draws": list(self.draws)}
-        return messages
+    def prepare_round(self, server_round, cohort):
+        self.round_log.add({"clusamp_draws": list(self.draws)})
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
         updated = []
@@ -210,6 +210,4 @@ register_method(
     params=CluSampParams,
     summary="Clustered sampling (Algorithm 2): Ward clusters of representative gradients, one client per cluster",
     paper="Fraboni et al., ICML 2021",
-    relaxed_init=True,
-    neuron_lr=True,
 )

@@ -54,7 +54,7 @@ class FedAdamStrategy(FlowerFedAdam, FlowerOptAdapter):
     def aggregate_train(self, server_round, replies):
         p = self.params
         flower_factor = math.sqrt(1 - p.beta2 ** (server_round + 1.0)) / (1 - p.beta1 ** (server_round + 1.0))
-        self.eta = self.effective_lr(server_round + self.round_offset) / flower_factor
+        self.eta = self.effective_lr(self.global_round(server_round)) / flower_factor
         try:
             arrays, metrics = super().aggregate_train(server_round, replies)
         finally:
@@ -68,7 +68,5 @@ register_method(
     client=FedAvgClient,
     params=FedAdamParams,
     summary="Adam server optimiser on the mean client update (Flower's FedAdam)",
-    relaxed_init=True,  # anchors/deltas use task.start_point (spec fedinit.md §2.7)
-    neuron_lr=True,
     paper="Reddi et al., ICLR 2021",
 )

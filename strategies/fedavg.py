@@ -7,7 +7,7 @@ Sends: the global model w^t and ``lr`` (η_l^t). All behaviour is ``FedSuiteStra
 
 from clients.fedavg import FedAvgClient
 from fedsuite.registry import register_method
-from strategies.base import FedSuiteStrategy
+from fedsuite.strategy import FedSuiteStrategy
 
 
 class FedAvgStrategy(FedSuiteStrategy):

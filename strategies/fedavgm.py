@@ -52,7 +52,5 @@ register_method(
     client=FedAvgClient,
     params=FedAvgMParams,
     summary="Server momentum on the mean client update (Flower's FedAvgM)",
-    relaxed_init=True,  # anchors/deltas use task.start_point (spec fedinit.md §2.7)
-    neuron_lr=True,
     paper="Hsu et al., arXiv:1909.06335, 2019",
 )

@@ -21,9 +21,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.feddyn import FedDynClient
+from fedsuite.arrays import copy_arrays, weighted_mean
 from fedsuite.registry import register_method
-from strategies._baselines import reply_weights, state_arrays, trainable_keys
-from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, weighted_mean
+from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.wire import ClientReply, NDArrays
+from strategies._baselines import reply_weights
 
 
 class FedDynParams(BaseModel):
@@ -39,7 +41,7 @@ class FedDynStrategy(FedSuiteStrategy):
 
     def __init__(self, setup) -> None:
         super().__init__(setup)
-        self.keys = trainable_keys(setup)
+        self.keys = setup.trainable_keys()
         self.h: NDArrays = {k: np.zeros(self.template[k].shape, np.float64) for k in self.keys}
 
     def _model_and_delta(self, r: ClientReply) -> tuple[NDArrays, NDArrays]:
@@ -68,10 +70,10 @@ class FedDynStrategy(FedSuiteStrategy):
         return out
 
     def state_dict(self):
-        return {"h": state_arrays(self.h)}
+        return {"h": copy_arrays(self.h)}
 
     def load_state_dict(self, state):
-        self.h = state_arrays(state["h"])
+        self.h = copy_arrays(state["h"])
 
 
 register_method(
@@ -80,7 +82,5 @@ register_method(
     client=FedDynClient,
     params=FedDynParams,
     summary="Dynamic regularisation: linear + proximal local terms, model mean plus mean client drift",
-    relaxed_init=True,  # anchors/deltas use task.start_point (spec fedinit.md §2.7)
-    neuron_lr=True,
     paper="Acar et al., ICLR 2021",
 )

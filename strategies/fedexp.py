@@ -16,9 +16,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedavg import FedAvgClient
+from fedsuite.arrays import server_step, weighted_mean
 from fedsuite.registry import register_method
-from strategies._baselines import server_step, trainable_keys
-from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, to_record, weighted_mean
+from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.wire import ClientReply, NDArrays, to_record
 
 
 class FedExPParams(BaseModel):
@@ -41,12 +42,11 @@ class FedExPStrategy(FedSuiteStrategy):
 
     def __init__(self, setup) -> None:
         super().__init__(setup)
-        self.keys = trainable_keys(setup)
+        self.keys = setup.trainable_keys()
         self._eval: NDArrays | None = None
 
-    def configure_train(self, server_round, arrays, config, grid):
+    def prepare_round(self, server_round, cohort):
         self._eval = None  # a round without replies evaluates the unchanged model
-        return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
         w = self.global_arrays
@@ -55,7 +55,7 @@ class FedExPStrategy(FedSuiteStrategy):
         eps = self.params.epsilon * self.params.epsilon_decay ** (server_round - 1)
         eta = fedexp_step_size(deltas, weights, self.keys, eps)
         new = server_step(weighted_mean([r.arrays for r in replies], weights, self.template), w, eta, self.keys)
-        self.round_info.setdefault("extra", {})["fedexp_eta_g"] = eta
+        self.round_log.add({"fedexp_eta_g": eta})
         if self.params.eval_average:
             self._eval = {k: ((new[k].astype(np.float64) + w[k]) / 2).astype(new[k].dtype) if k in self.keys else new[k]
                           for k in new}
@@ -71,7 +71,5 @@ register_method(
     client=FedAvgClient,
     params=FedExPParams,
     summary="Adaptive server extrapolation eta_g >= 1 from update norms; evaluates the last-two-iterate average",
-    relaxed_init=True,  # anchors/deltas use task.start_point (spec fedinit.md §2.7)
-    neuron_lr=True,
     paper="Jhunjhunwala et al., ICLR 2023",
 )

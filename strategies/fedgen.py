@@ -32,8 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedgen import FedGenClient, Generator
 from fedsuite.registry import register_method
-from fedsuite.training import seed_for
-from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, ServerSetup, to_record
+from fedsuite.seeding import seed_for
+from fedsuite.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.wire import ClientReply, NDArrays, to_record
 
 
 class FedGenParams(BaseModel):
@@ -113,9 +114,7 @@ class FedGenStrategy(FedSuiteStrategy):
         if teachers:
             losses = self.train_generator(teachers, server_round)
             self.trained_rounds += 1
-            self.round_info.setdefault("extra", {}).update(
-                {"fedgen_teacher_loss_first": losses[0], "fedgen_teacher_loss_last": losses[-1]}
-            )
+            self.round_log.add({"fedgen_teacher_loss_first": losses[0], "fedgen_teacher_loss_last": losses[-1]})
         return new
 
     def train_generator(self, teachers: list[ClientReply], server_round: int) -> list[float]:
@@ -164,6 +163,4 @@ register_method(
     params=FedGenParams,
     summary="Data-free KD: server-trained conditional feature generator regularises local training",
     paper="Zhu et al., ICML 2021",
-    relaxed_init=True,
-    neuron_lr=True,
 )

@@ -7,28 +7,24 @@
 (spec fedinit.md §2.2.) The server rule is FedAvg's unchanged: in delta mode the clients upload
 w^t + Δ_i, so FedAvg's model mean *is* w^t + mean Δ_i. FedAvg weights by n_i where the paper writes
 1/|S|; the paper's partition gives every client the same n_i, so the two coincide (spec §7 A9).
-β defaults to 0.1 (spec §2.1, §7 A5); set it, and the storage / aggregation / first-visit /
+FedInit is a registration, not code: FedAvg's two rules with the ``relaxed_init`` plug-in
+(``fedsuite/plugins/relaxed_init.py``) switched on. β defaults to 0.1 (spec §2.1, §7 A5); set it, and the storage / aggregation / first-visit /
 staleness options, in ``[relaxed_init]`` (``--relaxed-init β``). Sends: the global model and ``lr``;
 in ``relaxed_init.storage = "server-state"`` mode also each client's own ``"start"`` = w_{i,0}.
 """
 
-from clients.fedinit import DEFAULT_BETA, FedInitClient
-from clients.plugin_relaxed_init import with_relaxed_init
+from clients.fedavg import FedAvgClient
 from fedsuite.registry import register_method
 from strategies.fedavg import FedAvgStrategy
 
-
-class FedInitStrategy(FedAvgStrategy):
-    """FedAvg's server rule; relaxed initialisation switched on (β = 0.1 unless set)."""
-
-    def active_plugins(self) -> list:
-        return with_relaxed_init(super().active_plugins(), self.cfg, DEFAULT_BETA)
-
+#: β of method ``fedinit`` unless ``relaxed_init.beta`` / ``--relaxed-init`` says otherwise
+DEFAULT_BETA = 0.1
 
 register_method(
     "fedinit",
-    strategy=FedInitStrategy,
-    client=FedInitClient,
+    strategy=FedAvgStrategy,
+    client=FedAvgClient,
+    enables={"relaxed_init": lambda cfg: {"beta": DEFAULT_BETA}},
     summary="FedAvg with relaxed initialisation w_{i,0} = w^t + β(w^t − ŵ_i) (β = 0.1; --relaxed-init β)",
     paper="Sun, Shen & Tao, NeurIPS 2023 (arXiv 2306.05706)",
 )

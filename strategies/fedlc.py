@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedlc import FedLCClient
 from fedsuite.registry import register_method
-from strategies.base import FedSuiteStrategy
+from fedsuite.strategy import FedSuiteStrategy
 
 
 class FedLCParams(BaseModel):
@@ -29,6 +29,4 @@ register_method(
     params=FedLCParams,
     summary="Logit calibration: CE on z - tau * n_c^(-1/4) with local label counts",
     paper="Zhang et al., ICML 2022",
-    relaxed_init=True,
-    neuron_lr=True,
 )

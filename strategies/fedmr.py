@@ -40,9 +40,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedavg import FedAvgClient
+from fedsuite.arrays import uniform_mean, weighted_mean
 from fedsuite.registry import register_method
-from strategies.base import ClientReply, NDArrays, weighted_mean
-from strategies.pool import PERM_TAG, PoolStrategy, round_rng, uniform_mean
+from fedsuite.seeding import round_rng
+from fedsuite.wire import ClientReply, NDArrays
+from strategies.pool import PERM_TAG, PoolStrategy
 
 # ------------------------------------------------------------------------------------------------
 # recombination: pure functions on dicts of numpy arrays

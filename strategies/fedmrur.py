@@ -19,8 +19,8 @@ from pydantic import Field
 
 from clients.fedmrur import EXP_CLAMP, FedMRURClient
 from fedsuite.registry import register_method
-from strategies.momentum import MomentumStrategy
 from strategies.mofedsam import MoFedSAMParams
+from strategies.momentum import MomentumStrategy
 
 
 class FedMRURParams(MoFedSAMParams):

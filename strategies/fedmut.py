@@ -32,8 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedavg import FedAvgClient
 from fedsuite.registry import register_method
-from strategies.base import ClientReply, NDArrays
-from strategies.pool import MUT_TAG, PoolStrategy, round_rng
+from fedsuite.seeding import round_rng
+from fedsuite.wire import ClientReply, NDArrays
+from strategies.pool import MUT_TAG, PoolStrategy
 
 
 def mutation_beta(server_round: int, beta0: float, bound: int) -> float:

@@ -4,7 +4,8 @@ Server (spec fednlr.md §2.7, Eq. 19), unchanged FedAvg over the participating c
 
     w^{t+1} = Σ_{k∈K_t} D_k w^k / Σ_{k∈K_t} D_k
 
-Client: ``clients.fednlr.FedNLRClient`` (local SGD with η̂_{l,m} = η·s_{l,m}, Eq. 14-18). Sends:
+Client: FedAvg's local SGD with η̂_{l,m} = η·s_{l,m} (Eq. 14-18), i.e. the ``neuron_lr`` plug-in
+(``fedsuite/plugins/neuron_lr.py``), which this registration switches on. Sends:
 the global model and ``lr``, exactly like FedAvg (spec §2.9: communication identical to FedAvg).
 The ``neuron_lr`` plug-in is on even when ``[neuron_lr] preset`` is unset (then with
 ``[fednlr] preset``, default ``paper_main``); its server side writes the cohort means of the
@@ -14,12 +15,11 @@ per-layer ``nlr-mu-l{l}``, ``nlr-T-l{l}``, ``nlr-smin-l{l}``, ``nlr-smax-l{l}`` 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from clients.fednlr import FedNLRClient, fednlr_plugin_params
-from clients.plugin_neuron_lr import NeuronLRPlugin
+from clients.fedavg import FedAvgClient
 from fedsuite.registry import register_method
 from strategies.fedavg import FedAvgStrategy
 
@@ -34,21 +34,12 @@ class FedNLRParams(BaseModel):
     )
 
 
-class FedNLRStrategy(FedAvgStrategy):
-    """FedAvg server; the ``neuron_lr`` plug-in is always on (for its diagnostics hooks)."""
-
-    def active_plugins(self) -> list[Any]:
-        plugins = super().active_plugins()
-        if not any(isinstance(p, NeuronLRPlugin) for p in plugins):
-            plugins.append(NeuronLRPlugin(fednlr_plugin_params(self.cfg)))
-        return plugins
-
-
 register_method(
     "fednlr",
-    strategy=FedNLRStrategy,
-    client=FedNLRClient,
+    strategy=FedAvgStrategy,
+    client=FedAvgClient,
     params=FedNLRParams,
+    enables={"neuron_lr": lambda cfg: {"preset": cfg.fednlr.preset}},
     summary="FedNLR: FedAvg with neuron-wise local learning rates from local activation statistics",
     paper="Wang et al., KDD 2024",
 )

@@ -13,12 +13,12 @@ buffers get the weighted mean. Clients are plain SGD (clients/fedavg.py); with -
 per-neuron rates are part of the local solver and a_i stays τ_i (spec fednlr.md §2.10 item 4).
 """
 
-import numpy as np
 
 from clients.fedavg import FedAvgClient
+from fedsuite.arrays import server_step, weighted_mean
 from fedsuite.registry import register_method
-from strategies._baselines import server_step, trainable_keys
-from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, weighted_mean
+from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.wire import ClientReply, NDArrays
 
 
 def nova_norm(steps: float, momentum: float) -> float:
@@ -34,7 +34,7 @@ class FedNovaStrategy(FedSuiteStrategy):
 
     def __init__(self, setup) -> None:
         super().__init__(setup)
-        self.keys = trainable_keys(setup)
+        self.keys = setup.trainable_keys()
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
         a = [max(nova_norm(r.metrics.get("num-steps", 0.0), self.cfg.momentum), 1e-12) for r in replies]
@@ -48,7 +48,7 @@ class FedNovaStrategy(FedSuiteStrategy):
         if buffers:
             plain = weighted_mean([r.arrays for r in replies], n, self.template)
             mean.update({k: plain[k] for k in buffers})
-        self.round_info.setdefault("extra", {})["fednova_tau_eff"] = tau_eff
+        self.round_log.add({"fednova_tau_eff": tau_eff})
         return server_step(mean, self.global_arrays, scale, self.keys)
 
 
@@ -57,7 +57,5 @@ register_method(
     strategy=FedNovaStrategy,
     client=FedAvgClient,
     summary="Normalised averaging: updates divided by local step counts, rescaled by tau_eff",
-    relaxed_init=True,  # anchors/deltas use task.start_point (spec fedinit.md §2.7)
-    neuron_lr=True,
     paper="Wang et al., NeurIPS 2020",
 )

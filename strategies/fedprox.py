@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedprox import FedProxClient
 from fedsuite.registry import register_method
-from strategies.base import FedSuiteStrategy
+from fedsuite.strategy import FedSuiteStrategy
 
 
 class FedProxParams(BaseModel):
@@ -32,7 +32,5 @@ register_method(
     client=FedProxClient,
     params=FedProxParams,
     summary="Local SGD plus a proximal term (mu/2)||w - w_start||^2, FedAvg server",
-    relaxed_init=True,  # anchors/deltas use task.start_point (spec fedinit.md §2.7)
-    neuron_lr=True,
     paper="Li et al., MLSys 2020",
 )

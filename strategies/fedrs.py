@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedrs import FedRSClient
 from fedsuite.registry import register_method
-from strategies.base import FedSuiteStrategy
+from fedsuite.strategy import FedSuiteStrategy
 
 
 class FedRSParams(BaseModel):
@@ -33,6 +33,4 @@ register_method(
     params=FedRSParams,
     summary="Restricted softmax: logits of locally absent classes scaled by alpha",
     paper="Li & Zhan, KDD 2021",
-    relaxed_init=True,
-    neuron_lr=True,
 )

@@ -46,7 +46,5 @@ register_method(
     client=FedAvgClient,
     params=FedYogiParams,
     summary="Yogi server optimiser on the mean client update (Flower's FedYogi)",
-    relaxed_init=True,  # anchors/deltas use task.start_point (spec fedinit.md §2.7)
-    neuron_lr=True,
     paper="Reddi et al., ICLR 2021",
 )

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clients.fedavg import FedAvgClient
 from fedsuite.registry import register_method
-from strategies.base import ClientReply, NDArrays
+from fedsuite.wire import ClientReply, NDArrays
 from strategies.pool import PoolStrategy
 
 

@@ -27,8 +27,9 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from pydantic import BaseModel, ConfigDict, Field
 
-from clients.sam import MOMENTUM_RECORD
-from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, ServerSetup, to_record
+from fedsuite.arrays import cast_like, norm, weighted_sum64
+from fedsuite.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.wire import MOMENTUM, ClientReply, NDArrays, to_record
 
 EPS0 = 1e-12
 
@@ -67,21 +68,13 @@ class MomentumStrategy(FedSuiteStrategy):
         super().__init__(setup, **flower_kwargs)
         self.momentum: NDArrays | None = None  # m^t, gradient units (spec §2.5)
         self._momentum_record: ArrayRecord | None = None
-        self.trainable = self._trainable_keys()
-
-    def _trainable_keys(self) -> list[str]:
-        """Float arrays that are trainable parameters (all float arrays if no model builder is given)."""
-        floats = [k for k, v in self.template.items() if np.issubdtype(v.dtype, np.floating)]
-        if self.setup.build_model is None:
-            return floats
-        names = {n for n, p in self.setup.build_model().named_parameters() if p.requires_grad}
-        return [k for k in floats if k in names]
+        self.trainable = setup.trainable_keys()
 
     # --- downlink -------------------------------------------------------------------------------
     def client_payload(self, server_round: int, pid: int, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
         content = super().client_payload(server_round, pid, arrays, config)
         if self.sends_momentum and self._momentum_record is not None:
-            content[MOMENTUM_RECORD] = self._momentum_record
+            content[MOMENTUM] = self._momentum_record
         return content
 
     def set_momentum(self, momentum: NDArrays | None) -> None:
@@ -95,19 +88,14 @@ class MomentumStrategy(FedSuiteStrategy):
         weights = [1.0] * len(replies) if p.weighting == "uniform" else [float(r.num_examples) for r in replies]
         total = float(sum(weights))
 
-        # w̄ = Σ p_i w_i, accumulated as in strategies.base.weighted_mean (float64)
-        mean: dict[str, np.ndarray] = {}
-        for key, ref in self.template.items():
-            acc = np.zeros(ref.shape, dtype=np.float64)
-            for r, wt in zip(replies, weights):
-                acc += r.arrays[key].astype(np.float64) * (wt / total)
-            mean[key] = acc
+        # w̄ = Σ p_i w_i in float64, the very sum FedAvg's weighted_mean casts back
+        mean = weighted_sum64([r.arrays for r in replies], weights, self.template)
 
         # Δ̄, ν, d_t over the trainable parameters
         delta_bar = {k: mean[k] - w_t[k].astype(np.float64) for k in self.trainable}
-        norm_bar = _norm(delta_bar.values())
+        norm_bar = norm(delta_bar.values())
         nu = sum(
-            (wt / total) * _norm(r.arrays[k].astype(np.float64) - w_t[k].astype(np.float64) for k in self.trainable)
+            (wt / total) * norm(r.arrays[k].astype(np.float64) - w_t[k].astype(np.float64) for k in self.trainable)
             for r, wt in zip(replies, weights)
         )
         d_t = nu / max(norm_bar, EPS0) if p.normalize else 1.0
@@ -118,7 +106,7 @@ class MomentumStrategy(FedSuiteStrategy):
             acc = mean[key]
             if key in delta_bar:
                 acc = acc + (scale - 1.0) * delta_bar[key]
-            out[key] = np.rint(acc).astype(ref.dtype) if np.issubdtype(ref.dtype, np.integer) else acc.astype(ref.dtype)
+            out[key] = cast_like(acc, ref)
 
         info = {
             "norm_factor": d_t,
@@ -137,16 +125,13 @@ class MomentumStrategy(FedSuiteStrategy):
                 })
             else:
                 self.set_momentum({k: np.zeros_like(self.template[k]) for k in self.trainable})
-            info["momentum_norm"] = _norm(v.astype(np.float64) for v in self.momentum.values())
-        self.round_info.setdefault("extra", {}).update(info)
+            info["momentum_norm"] = norm(v.astype(np.float64) for v in self.momentum.values())
+        self.round_log.add(info)
         return out
 
     def aggregate_metrics(self, replies: list[ClientReply]) -> dict[str, float]:
         metrics = super().aggregate_metrics(replies)
-        extra = self.round_info.setdefault("extra", {})
-        for key in self.logged_client_metrics:
-            if key in metrics:
-                extra[key] = metrics[key]
+        self.round_log.add({key: metrics[key] for key in self.logged_client_metrics if key in metrics})
         return metrics
 
     # --- checkpointing --------------------------------------------------------------------------
@@ -159,7 +144,3 @@ class MomentumStrategy(FedSuiteStrategy):
         super().load_state_dict(state)
         momentum = state.get("momentum")
         self.set_momentum(None if momentum is None else {k: np.asarray(v) for k, v in momentum.items()})
-
-
-def _norm(arrays) -> float:
-    return float(np.sqrt(sum(float(np.vdot(a, a)) for a in arrays)))

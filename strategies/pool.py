@@ -17,7 +17,7 @@ One round r (1-based, Flower's ``server_round``):
    FedMR recombines, FedMut mutates, Indep keeps it).
 
 Wire check: the ClientApp reports ``received-checksum`` (CRC-32 of the received "arrays" record,
-``strategies.base.record_checksum``); the server compares it with the checksum of what it sent to
+``fedsuite.wire.record_checksum``); the server compares it with the checksum of what it sent to
 that client, logs every mismatch and writes ``checksum_mismatches`` and ``payload_checksums``
 (one per slot) into the round's metrics row.
 
@@ -28,30 +28,21 @@ seeded by (seed, round, purpose), so a resumed run repeats exactly the draws of 
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from typing import Any
 
-import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, ServerSetup, record_checksum, to_record, weighted_mean
+from fedsuite.arrays import uniform_mean
+from fedsuite.seeding import round_rng
+from fedsuite.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.wire import ClientReply, NDArrays, record_checksum, to_record
 
 log = logging.getLogger("fedsuite")
 
-#: purpose tags of the per-round generators (seed, round, tag)
+#: purpose tags of the per-round generators (``fedsuite.seeding.round_rng``)
 SLOT_TAG = 0x51_07
 PERM_TAG = 0x9E_C0
 MUT_TAG = 0x4D_07
-
-
-def round_rng(seed: int, server_round: int, tag: int) -> np.random.Generator:
-    """A generator determined by (seed, round, purpose): resuming at round r repeats its draws."""
-    return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(server_round), int(tag)])
-
-
-def uniform_mean(models: list[NDArrays], like: NDArrays) -> NDArrays:
-    """(1/K) Σ_i u_i per key in float64; integer buffers rounded back to their dtype (spec A22)."""
-    return weighted_mean(models, [1.0] * len(models), like)
 
 
 class PoolStrategy(FedSuiteStrategy):
@@ -79,17 +70,15 @@ class PoolStrategy(FedSuiteStrategy):
         return {}
 
     # --- dispatch -----------------------------------------------------------------------------------
-    def assign_slots(self, server_round: int) -> dict[int, int]:
+    def assign_slots(self, server_round: int, cohort: list[int]) -> dict[int, int]:
         """Partition id -> slot for this round: the cohort dealt the slots in a seeded random order."""
-        cohort = self.sample_cohort(server_round)
         order = round_rng(self.cfg.seed, server_round, SLOT_TAG).permutation(len(cohort))
         return {pid: int(slot) for pid, slot in zip(cohort, order)}
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        self.slot_of_pid = self.assign_slots(server_round + self.round_offset)
+    def prepare_round(self, server_round: int, cohort: list[int]) -> None:
+        self.slot_of_pid = self.assign_slots(server_round, cohort)
         self._sent = {}
         self._slot_records = {}
-        return super().configure_train(server_round, arrays, config, grid)
 
     def client_payload(self, server_round: int, pid: int, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
         """Client ``pid`` gets its slot's model u_slot (not the global) and ``slot`` in its config."""
@@ -124,12 +113,12 @@ class PoolStrategy(FedSuiteStrategy):
         model = self.round_model(server_round, replies)
         self.pool = self.next_pool(server_round, replies, model)
         assert len(self.pool) == self.pool_size
-        self.round_info["extra"] = {
+        self.round_log.add({
             "checksum_mismatches": mismatches,
             "failed_slots": failed,
             "payload_checksums": [dispatched_crc.get(s) for s in range(self.pool_size)],
             **self.round_extra(server_round),
-        }
+        })
         return model
 
     # --- checkpointing ------------------------------------------------------------------------------

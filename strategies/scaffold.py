@@ -17,9 +17,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from clients.scaffold import ScaffoldClient
+from fedsuite.arrays import copy_arrays, server_step, weighted_mean
 from fedsuite.registry import register_method
-from strategies._baselines import reply_weights, server_step, state_arrays, trainable_keys
-from strategies.base import ClientReply, FedSuiteStrategy, NDArrays, log, to_record, weighted_mean
+from fedsuite.strategy import FedSuiteStrategy, log
+from fedsuite.wire import ClientReply, NDArrays, to_record
+from strategies._baselines import reply_weights
 
 
 class ScaffoldParams(BaseModel):
@@ -33,13 +35,12 @@ class ScaffoldStrategy(FedSuiteStrategy):
 
     def __init__(self, setup) -> None:
         super().__init__(setup)
-        self.keys = trainable_keys(setup)
+        self.keys = setup.trainable_keys()
         self.c: NDArrays = {k: np.zeros_like(self.template[k]) for k in self.keys}
         self._c_record = None
 
-    def configure_train(self, server_round, arrays, config, grid):
+    def prepare_round(self, server_round, cohort):
         self._c_record = to_record(self.c)  # one record per round, shared by all messages
-        return super().configure_train(server_round, arrays, config, grid)
 
     def client_payload(self, server_round, pid, arrays, config):
         content = super().client_payload(server_round, pid, arrays, config)
@@ -62,10 +63,10 @@ class ScaffoldStrategy(FedSuiteStrategy):
         return new
 
     def state_dict(self):
-        return {"c": state_arrays(self.c)}
+        return {"c": copy_arrays(self.c)}
 
     def load_state_dict(self, state):
-        self.c = state_arrays(state["c"])
+        self.c = copy_arrays(state["c"])
 
 
 register_method(
@@ -74,7 +75,5 @@ register_method(
     client=ScaffoldClient,
     params=ScaffoldParams,
     summary="Control variates c, c_i correct client drift (option II); 2x communication",
-    relaxed_init=True,  # anchors/deltas use task.start_point (spec fedinit.md §2.7)
-    neuron_lr=True,
     paper="Karimireddy et al., ICML 2020",
 )

@@ -111,7 +111,7 @@ def make_task(cfg_values: dict[str, Any] | None = None, *, pid: int = 0, server_
     client rules and plug-ins. Returns (task, cfg). ``cfg_values`` override FAST (dotted keys allowed)."""
     import tempfile
 
-    from fedsuite import runtime
+    from fedsuite import models, runtime
     from fedsuite.state import ClientState
     from fedsuite.training import LocalData, LocalTask
 
@@ -121,7 +121,7 @@ def make_task(cfg_values: dict[str, Any] | None = None, *, pid: int = 0, server_
     idx = torch.from_numpy(np.asarray(runtime.client_indices(cfg, bundle, pid), dtype=np.int64))
     data = LocalData(x=bundle.x_train[idx], y=bundle.y_train[idx], bundle=bundle, augment="none")
     torch.manual_seed(cfg.seed)
-    model = runtime.make_model(cfg, bundle)
+    model = models.make_model(cfg, bundle)
     received = {k: v.detach().clone() for k, v in model.state_dict().items()}
     conf = {"server-round": server_round, "lr": cfg.lr, **(config or {})}
     task = LocalTask(

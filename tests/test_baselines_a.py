@@ -23,9 +23,11 @@ from clients.feddyn import FedDynClient
 from clients.fedprox import FedProxClient
 from clients.scaffold import ScaffoldClient, control_variate_update
 from conftest import FAST, UNIT_ROUND, assert_same_arrays, make_task, reply_message
+from fedsuite.arrays import weighted_mean
 from fedsuite.config import build_config
+from fedsuite.strategy import ServerSetup
 from fedsuite.training import run_local_training
-from strategies.base import ServerSetup, to_ndarrays, to_record, weighted_mean
+from fedsuite.wire import to_ndarrays, to_record
 from strategies.fedexp import fedexp_step_size
 from strategies.fednova import nova_norm
 
@@ -163,7 +165,7 @@ def test_fedadam_bias_correction_option_and_validated_mean():
     m, v = 0.1 * d, 0.01 * d**2
     eta = 0.1 * math.sqrt(1 - 0.99) / (1 - 0.9)  # Adam's correction at t = 1
     np.testing.assert_allclose(new["w"], [1.0, 2.0] + eta * m / (np.sqrt(v) + 0.01), rtol=1e-6)
-    assert s.round_info["drop_reasons"][1] == "non-finite values in arrays['w']"  # 2, 3: no reply
+    assert s.round_log.drop_reasons[1] == "non-finite values in arrays['w']"  # 2, 3: no reply
 
 
 def test_fedadam_state_round_trip_continues_identically():
@@ -219,7 +221,7 @@ def test_fedexp_server_extrapolates_and_evaluates_the_two_iterate_average():
     _, new = play_round(s, 1, w0, up)
     eta = 1 / (2 * (1 / 3 + 1e-3))
     np.testing.assert_allclose(new["w"], np.full(3, eta / 3), rtol=1e-6)
-    assert s.round_info["extra"]["fedexp_eta_g"] == pytest.approx(eta)
+    assert s.round_log.columns["fedexp_eta_g"] == pytest.approx(eta)
     evaluated = to_ndarrays(s.evaluation_arrays(to_record(new)))
     np.testing.assert_allclose(evaluated["w"], np.full(3, eta / 6), rtol=1e-6)
 
@@ -230,7 +232,7 @@ def test_fednova_normalises_by_step_counts():
     _, new = play_round(s, 1, W0, up, n={0: 10, 1: 10}, steps={0: 1, 1: 3})
     # τ_eff = 2; w + 2 (0.5 Δ_0/1 + 0.5 Δ_1/3) with Δ_0 = [1, 0], Δ_1 = [0, 3]
     np.testing.assert_allclose(new["w"], [1.0 + 1.0, 2.0 + 1.0], rtol=1e-6)
-    assert s.round_info["extra"]["fednova_tau_eff"] == 2.0
+    assert s.round_log.columns["fednova_tau_eff"] == 2.0
 
 
 def test_fednova_equal_steps_is_fedavg_bit_for_bit_and_momentum_norm():

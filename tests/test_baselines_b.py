@@ -19,8 +19,9 @@ from flwr.app import ConfigRecord
 
 from conftest import FAST, UNIT_ROUND, assert_same_arrays, make_task
 from fedsuite.config import build_config
+from fedsuite.strategy import RoundLog, ServerSetup
 from fedsuite.training import run_local_training
-from strategies.base import ClientReply, ServerSetup, to_ndarrays, to_record
+from fedsuite.wire import ClientReply, to_ndarrays, to_record
 
 F32 = np.float32
 
@@ -38,12 +39,12 @@ def _one_torch_thread():
 def make_strategy(name: str, initial: dict | None = None, num_clients: int = 4, cohort: int = 2, **values):
     import tempfile
 
-    from fedsuite import runtime
+    from fedsuite import models, runtime
 
     cfg = build_config(values={**FAST, "data_root": tempfile.gettempdir() + "/fedsuite-test-data", "strategy": name,
                                "num_clients": num_clients, "clients_per_round": cohort, **UNIT_ROUND, **values})
     if initial is None:
-        initial = runtime.initial_arrays(cfg, runtime.load_bundle(cfg))
+        initial = models.initial_arrays(cfg, runtime.load_bundle(cfg))
     setup = ServerSetup(cfg=cfg, node_to_pid={1000 + i: i for i in range(num_clients)},
                         initial={k: np.asarray(v) for k, v in initial.items()})
     return cfg.method.strategy(setup)
@@ -242,12 +243,12 @@ def test_ccvr_evaluation_arrays_and_state_round_trip():
     task, _ = make_task({"strategy": "ccvr"}, pid=0)
     stats = {k: v.numpy() for k, v in feature_statistics(task.model, task.data.x, task.data.y, task.data.bundle, 10).items()}
     base = {k: v.detach().numpy().copy() for k, v in task.model.state_dict().items()}
-    s.round_info = {}
+    s.round_log = RoundLog()
     s.calibrate(2, base, [stats])
     ev = to_ndarrays(s.evaluation_arrays(to_record(base)))
     assert not np.array_equal(ev["head.weight"], base["head.weight"])
     assert all(np.array_equal(ev[k], base[k]) for k in base if not k.startswith("head."))
-    assert s.round_info["extra"]["ccvr_virtual_loss_after"] < s.round_info["extra"]["ccvr_virtual_loss_before"]
+    assert s.round_log.columns["ccvr_virtual_loss_after"] < s.round_log.columns["ccvr_virtual_loss_before"]
     other = {k: v + 1 for k, v in base.items()}
     assert all(np.array_equal(to_ndarrays(s.evaluation_arrays(to_record(other)))[k], other[k]) for k in other)
     s2 = make_strategy("ccvr", num_clients=4, cohort=2)
@@ -340,7 +341,7 @@ def test_fedgen_generator_training_reduces_teacher_loss_and_state_round_trips():
             return teacher_loss(strategy.generator(y, eps)[0], y, heads, weights).item()
 
     before = fixed_loss(s)
-    s.round_info = {}
+    s.round_log = RoundLog()
     new = s.aggregate(1, teachers)
     assert s.trained_rounds == 1 and fixed_loss(s) < before
     np.testing.assert_allclose(new["head.bias"], sum(r.num_examples * r.arrays["head.bias"] for r in teachers)

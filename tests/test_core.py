@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from fedsuite.arrays import weighted_mean
 from fedsuite.config import build_config
-from strategies.base import RoundFailure, ServerSetup, failure_reason, to_record, weighted_mean
+from fedsuite.strategy import RoundFailure, RoundLog, ServerSetup, failure_reason
+from fedsuite.wire import to_record
 from strategies.fedavg import FedAvgStrategy
 from tests.conftest import FAST, assert_same_arrays, reply_message
 
@@ -58,7 +60,7 @@ def test_weighted_mean_is_order_independent_bitwise_after_sorting():
 
 def test_bad_replies_are_dropped_and_logged_with_partition_id(caplog):
     strategy = make_strategy()
-    strategy.round_info = {"round": 1}
+    strategy.round_log = RoundLog(round=1)
     good = {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32), "n": np.array(1)}
     nan = {**good, "w": np.full((2, 3), np.nan, np.float32)}
     inf = {**good, "b": np.array([1, np.inf, 0], np.float32)}
@@ -68,7 +70,7 @@ def test_bad_replies_are_dropped_and_logged_with_partition_id(caplog):
     with caplog.at_level("WARNING", logger="fedsuite"):
         arrays, _ = strategy.aggregate_train(1, replies)
     np.testing.assert_array_equal(arrays["w"].numpy(), good["w"])  # only the good reply counts
-    assert sorted(strategy.round_info["dropped"]) == [1, 2, 3, 3]
+    assert sorted(strategy.round_log.dropped) == [1, 2, 3, 3]
     text = caplog.text
     assert "client 1: non-finite" in text and "client 2: non-finite" in text
     assert "client 3: array 'w' has shape" in text and "client crashed" in text
@@ -81,7 +83,7 @@ def test_round_failures_are_bounded_by_max_failed_fraction():
     replies = [client_reply(0, good, 10), client_reply(1, good, 10), reply_message(1000 + 2, error="boom")]
     for limit, fails in [(0.5, False), (0.25, True), (0.0, True)]:
         strategy = make_strategy(max_failed_fraction=limit)
-        strategy.round_info = {"round": 1, "cohort": [0, 1, 2, 3]}  # client 3 never answers
+        strategy.round_log = RoundLog(round=1, cohort=[0, 1, 2, 3])  # client 3 never answers
         if fails:
             with pytest.raises(RoundFailure) as exc:
                 strategy.aggregate_train(1, replies)
@@ -89,10 +91,10 @@ def test_round_failures_are_bounded_by_max_failed_fraction():
             assert "round 1: 2 of 4 client replies failed (partitions 2, 3" in str(exc.value)
         else:
             arrays, _ = strategy.aggregate_train(1, replies)
-            assert arrays is not None and strategy.round_info["failed"] == 2
-            assert strategy.round_info["drop_reasons"] == {2: "client error: boom", 3: "no reply"}
+            assert arrays is not None and strategy.round_log.failed == 2
+            assert strategy.round_log.drop_reasons == {2: "client error: boom", 3: "no reply"}
     strategy = make_strategy(max_failed_fraction=1.0)
-    strategy.round_info = {"round": 1, "cohort": [0]}
+    strategy.round_log = RoundLog(round=1, cohort=[0])
     with pytest.raises(RoundFailure):
         strategy.aggregate_train(1, [reply_message(1000, error="boom")])
 
@@ -201,3 +203,59 @@ def test_report_groups_seeds_and_finds_rounds_to_target(tmp_path):
     assert len(rows) == 1 and rows[0]["seeds"] == 2
     assert rows[0]["final_mean"] == pytest.approx(0.8) and rows[0]["final_std"] == pytest.approx(0.1)
     assert rows[0]["rounds_to_target"] == pytest.approx(2.0) and rows[0]["reached"] == "2/2"
+
+
+def test_round_log_columns_merge():
+    """Strategies and plug-ins add columns to one typed log; adding never drops another's columns."""
+    log = RoundLog(round=3, cohort=[1, 2])
+    log.add({"a": 1})
+    log.add({"nlr-mu-l1": 2.0})
+    log.drop(2, "boom")
+    log.drop(2, "later reason")
+    assert log.row()["a"] == 1 and log.row()["nlr-mu-l1"] == 2.0
+    assert log.row()["failure_reasons"] == {"2": "boom"} and log.dropped == [2, 2]
+
+
+def test_a_method_cannot_override_the_flower_round_entry_points():
+    """configure_train/aggregate_train receive Flower's round of this start; the base class turns it
+    into the global round once. A method that overrode them could forget the resume offset, so
+    defining one is refused where the class is written."""
+    from fedsuite.strategy import FedSuiteStrategy
+
+    with pytest.raises(TypeError, match="prepare_round"):
+        class Forgetful(FedSuiteStrategy):  # noqa: F841
+            def configure_train(self, server_round, arrays, config, grid):
+                return super().configure_train(server_round, arrays, config, grid)
+
+
+def _dispatch(strategy, flower_round: int) -> list[tuple]:
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    msgs = strategy.configure_train(flower_round, to_record(strategy.global_arrays), ConfigRecord({}), None)
+    out = []
+    for m in msgs:
+        records = {name: {k: v.numpy().tobytes() for k, v in rec.items()} for name, rec in m.content.array_records.items()}
+        out.append((m.metadata.dst_node_id, dict(m.content["config"]), records))
+    return out
+
+
+def test_every_method_sends_the_same_round_after_a_resume(tmp_path):
+    """Round 4 of a run resumed after round 3 (Flower's round 1, offset 3) sends every client exactly
+    what round 4 of an uninterrupted run sends: cohort, config (server-round, lr, slots) and arrays."""
+    from fedsuite import models, registry, runtime
+
+    for name, spec in registry.methods().items():
+        cfg = build_config(values={**FAST, "strategy": name, "lr_decay": 0.9})
+        bundle = runtime.load_bundle(cfg)
+        sent = []
+        for offset, flower_round in ((0, 4), (3, 1)):
+            setup = ServerSetup(cfg=cfg, node_to_pid={100 + p: p for p in range(cfg.num_clients)},
+                                initial=models.initial_arrays(cfg, bundle), run_dir=tmp_path / f"{name}-{offset}",
+                                build_model=lambda: models.make_model(cfg, bundle),
+                                info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)})
+            strategy = spec.strategy(setup)
+            strategy.round_offset = offset
+            sent.append(_dispatch(strategy, flower_round))
+        assert sent[0] == sent[1], name
+        assert all(conf["server-round"] == 4 for _, conf, _ in sent[0]), name

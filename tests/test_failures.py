@@ -17,7 +17,7 @@ import torch
 
 from fedsuite.config import FaultsConfig, build_config
 from fedsuite.faults import FaultDraw, InjectedFault
-from strategies.base import FedSuiteStrategy, ServerSetup
+from fedsuite.strategy import FedSuiteStrategy, ServerSetup
 from tests.conftest import FAST
 
 MIXED = {"client_error": 0.2, "nan": 0.1, "wrong_shape": 0.1}

@@ -15,21 +15,21 @@ import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from clients.base import ClientRule
 from clients.fedavg import FedAvgClient
-from clients.fedinit import DEFAULT_BETA, FedInitClient
-from clients.plugin_relaxed_init import (
+from fedsuite.training import ClientRule
+from fedsuite.plugins.relaxed_init import (
     STATE_NAME,
     RelaxedInit,
     RelaxedInitServer,
     relaxed_start,
-    trainable_keys,
 )
-from clients.plugins import active_plugins
-from fedsuite import registry, runtime
+from fedsuite import models, registry, runtime
+from fedsuite.arrays import weighted_mean
 from fedsuite.config import ConfigError, build_config
+from fedsuite.plugins import active_plugins
+from fedsuite.strategy import ServerSetup
 from fedsuite.training import run_local_training
-from strategies.base import ServerSetup, to_ndarrays, to_record, weighted_mean
+from fedsuite.wire import to_ndarrays, to_record
 from strategies.fedavg import FedAvgStrategy
 from tests.conftest import FAST, assert_same_arrays, make_task, reply_message
 
@@ -263,8 +263,8 @@ def _server(tmp_path, data_root, **extra):
                                "relaxed_init.storage": "server-state", **extra})
     bundle = runtime.load_bundle(cfg)
     setup = ServerSetup(cfg=cfg, node_to_pid={100 + i: i for i in range(cfg.num_clients)},
-                        initial=runtime.initial_arrays(cfg, bundle), run_dir=tmp_path,
-                        build_model=lambda: runtime.make_model(cfg, bundle))
+                        initial=models.initial_arrays(cfg, bundle), run_dir=tmp_path,
+                        build_model=lambda: models.make_model(cfg, bundle))
     return FedAvgStrategy(setup), setup
 
 
@@ -335,12 +335,12 @@ def test_server_state_bookkeeping_and_checkpoint(tmp_path, data_root):
 def test_every_method_accepts_relaxed_init_or_says_why(name, tmp_path, data_root):
     from typer.testing import CliRunner
 
-    from fedsuite.cli import app, check_plugins
+    from fedsuite.cli import app
 
     spec = registry.methods()[name]
-    cfg = build_config(values={**FAST, "data_root": str(data_root), "strategy": name, "relaxed_init.beta": 0.1})
-    if spec.relaxed_init is True:
-        check_plugins(cfg)  # accepted
+    values = {**FAST, "data_root": str(data_root), "strategy": name, "relaxed_init.beta": 0.1}
+    if "relaxed_init" not in spec.refuses:
+        cfg = build_config(values=values)  # accepted
         rule = spec.client(plugins=active_plugins(cfg))
         assert any(isinstance(p, RelaxedInit) for p in rule.plugins)
         # the server side is wired for this method's strategy (server-state mode)
@@ -348,15 +348,14 @@ def test_every_method_accepts_relaxed_init_or_says_why(name, tmp_path, data_root
                                     "relaxed_init.beta": 0.1, "relaxed_init.storage": "server-state"})
         bundle = runtime.load_bundle(cfg2)
         setup = ServerSetup(cfg=cfg2, node_to_pid={100 + i: i for i in range(10)},
-                            initial=runtime.initial_arrays(cfg2, bundle), run_dir=tmp_path,
-                            build_model=lambda: runtime.make_model(cfg2, bundle),
+                            initial=models.initial_arrays(cfg2, bundle), run_dir=tmp_path,
+                            build_model=lambda: models.make_model(cfg2, bundle),
                             info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)})
         strategy = spec.strategy(setup)
         assert any(isinstance(h, RelaxedInitServer) for h in strategy.server_hooks)
     else:
-        assert isinstance(spec.relaxed_init, str) and spec.relaxed_init.strip(), "a refusal must say why"
         with pytest.raises(ConfigError, match=f"relaxed_init does not apply to {name}"):
-            check_plugins(cfg)
+            build_config(values=values)
         out = CliRunner().invoke(app, ["simulate", "--strategy", name, "--relaxed-init", "0.1",
                                        "--set", f"data_root={data_root}", "--output-dir", str(tmp_path)])
         assert out.exit_code == 2, out.output
@@ -370,26 +369,38 @@ def test_refusal_message_names_method_and_reason(monkeypatch, tmp_path, data_roo
     from fedsuite.cli import app
 
     spec = registry.methods()["fedavg"]
-    monkeypatch.setitem(registry._METHODS, "fedavg", dataclasses.replace(spec, relaxed_init="no start point here"))
+    monkeypatch.setitem(registry._METHODS, "fedavg", dataclasses.replace(spec, refuses={"relaxed_init": "no start point here"}))
     out = CliRunner().invoke(app, ["simulate", "--strategy", "fedavg", "--relaxed-init", "0.1",
                                    "--set", f"data_root={data_root}", "--output-dir", str(tmp_path)])
     assert out.exit_code == 2
     assert "relaxed_init does not apply to fedavg: no start point here" in " ".join(out.output.split())
 
 
-def test_fedinit_enables_relaxed_init_itself():
+def test_fedinit_enables_relaxed_init_at_registration():
+    """fedinit is FedAvg's two rules with relaxed_init switched on by its registration: β = 0.1 on
+    both sides (client rule and the strategy's server hooks) unless the run sets β itself."""
+    from strategies.fedinit import DEFAULT_BETA
+
     cfg = build_config(values={**FAST, "strategy": "fedinit"})
-    assert cfg.relaxed_init.beta is None and active_plugins(cfg) == []
-    task, _ = make_task({"strategy": "fedinit"})
-    rule = FedInitClient(plugins=active_plugins(cfg))
-    rule.run_start(task)
-    (ri,) = [p for p in rule.plugins if isinstance(p, RelaxedInit)]
-    assert ri.p.beta == DEFAULT_BETA == 0.1
-    # a user-set β wins
-    task, cfg = make_task({"strategy": "fedinit", "relaxed_init.beta": 0.05})
-    rule = FedInitClient(plugins=active_plugins(cfg))
-    rule.run_start(task)
-    assert [p.p.beta for p in rule.plugins if isinstance(p, RelaxedInit)] == [0.05]
+    assert cfg.relaxed_init.beta is None
+    assert [(type(p), p.p.beta) for p in active_plugins(cfg)] == [(RelaxedInit, DEFAULT_BETA)] and DEFAULT_BETA == 0.1
+    cfg = build_config(values={**FAST, "strategy": "fedinit", "relaxed_init.beta": 0.05})  # a user-set β wins
+    assert [p.p.beta for p in active_plugins(cfg)] == [0.05]
+    cfg = build_config(values={**FAST, "strategy": "fedinit", "relaxed_init.storage": "server-state"})
+    setup = ServerSetup(cfg=cfg, node_to_pid={0: 0}, initial={"w": np.zeros(2, np.float32)})
+    assert [type(h) for h in cfg.method.strategy(setup).server_hooks] == [RelaxedInitServer]
+
+
+def test_a_refused_plugin_is_an_error_on_the_flower_run_path(monkeypatch):
+    """A refusal declared at registration is enforced by config validation itself, so the run
+    config a ServerApp/ClientApp reads (``flwr run .``) is refused like the CLI's."""
+    from fedsuite.config import from_run_config, to_run_config
+
+    flat = to_run_config(build_config(values={**FAST, "strategy": "fedavg", "relaxed_init.beta": 0.1}))
+    spec = registry.methods()["fedavg"]
+    monkeypatch.setitem(registry._METHODS, "fedavg", dataclasses.replace(spec, refuses={"relaxed_init": "no start point"}))
+    with pytest.raises(ConfigError, match="relaxed_init does not apply to fedavg: no start point"):
+        from_run_config(flat)
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,12 +14,13 @@ import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedsuite.arrays import uniform_mean
 from fedsuite.config import build_config
-from strategies.base import ServerSetup, record_checksum, to_ndarrays, to_record
+from fedsuite.strategy import ServerSetup
+from fedsuite.wire import record_checksum, to_ndarrays, to_record
 from strategies.fedmr import FedMRStrategy, draw_permutations, make_units, recombine, segment_ids
 from strategies.fedmut import FedMutStrategy, mutate, mutation_beta, mutation_coefficients
 from strategies.indep import IndepAggrStrategy, IndepStrategy
-from strategies.pool import uniform_mean
 from tests.conftest import FAST, UNIT_ROUND, assert_same_arrays, reply_message
 
 # a small "model" with a conv, a BatchNorm (incl. its integer buffer) and a head, in state_dict order
@@ -335,19 +336,19 @@ def test_stage_boundary_round_arithmetic():
         else:
             assert payloads_pairwise_distinct(sent)
         if r <= 3:
-            assert s.round_info["extra"]["stage"] == 1
+            assert s.round_log.columns["stage"] == 1
             assert all(m is s.pool[0] for m in s.pool)
             assert_same_arrays(s.pool[0], glob)
             assert_same_arrays(glob, uniform_mean([uploaded[p] for p in sorted(uploaded)], s.template))  # uniform, A5
         else:
-            assert s.round_info["extra"]["stage"] == 2
+            assert s.round_log.columns["stage"] == 2
 
 
 def test_stage1_weighting_num_examples_is_fedavg_mean():
     s = make_strategy(FedMRStrategy, "fedmr", first_stage_rounds=2, stage1_weighting="num_examples")
     sizes = {p: 5 + 7 * p for p in range(NUM_CLIENTS)}
     _, uploaded, glob = play_round(s, 1, sizes=sizes)
-    from strategies.base import weighted_mean
+    from fedsuite.arrays import weighted_mean
 
     pids = sorted(uploaded)
     assert_same_arrays(glob, weighted_mean([uploaded[p] for p in pids], [sizes[p] for p in pids], s.template))
@@ -373,7 +374,7 @@ def test_failed_slot_keeps_dispatched_model():
     cohort = s.sample_cohort(2)
     lost = cohort[1]
     sent, uploaded, glob = play_round(s, 2, drop={lost})
-    assert len(s.pool) == K and s.round_info["extra"]["failed_slots"] == [sent[lost][0]]
+    assert len(s.pool) == K and s.round_log.columns["failed_slots"] == [sent[lost][0]]
     slots = [None] * K
     for pid, (slot, arrays) in sent.items():
         slots[slot] = uploaded.get(pid, arrays)
@@ -404,8 +405,8 @@ def test_bytes_per_round_equal_fedavg():
     model_bytes = sum(len(a.data) for a in to_record(s.template).values())
     for r in (1, 2):
         play_round(s, r)
-        assert s.round_info["bytes_sent"] == K * model_bytes
-        assert s.round_info["bytes_received"] == K * model_bytes
+        assert s.round_log.bytes_sent == K * model_bytes
+        assert s.round_log.bytes_received == K * model_bytes
 
 
 def test_checksum_mismatch_is_detected():
@@ -414,8 +415,8 @@ def test_checksum_mismatch_is_detected():
     replies = [reply_to(m, fake_train(to_ndarrays(m.content["arrays"]), 0, 1), 10, checksum=(12345 if i == 0 else None))
                for i, m in enumerate(msgs)]
     s.aggregate_train(1, replies)
-    assert s.round_info["extra"]["checksum_mismatches"] == 1
-    assert len(set(s.round_info["extra"]["payload_checksums"])) == 1
+    assert s.round_log.columns["checksum_mismatches"] == 1
+    assert len(set(s.round_log.columns["payload_checksums"])) == 1
 
 
 def test_state_dict_round_trip_resumes_exactly(tmp_path):
@@ -441,7 +442,7 @@ def test_state_dict_round_trip_resumes_exactly(tmp_path):
 
 def test_seed_changes_permutations_and_slot_deal():
     a, b = make_strategy(FedMRStrategy, "fedmr", seed=1), make_strategy(FedMRStrategy, "fedmr", seed=2)
-    assert a.assign_slots(5) != b.assign_slots(5) or a.sample_cohort(5) != b.sample_cohort(5)
+    assert a.assign_slots(5, a.sample_cohort(5)) != b.assign_slots(5, b.sample_cohort(5)) or a.sample_cohort(5) != b.sample_cohort(5)
 
 
 def test_no_training_keeps_every_pool_model_at_w0():
@@ -518,7 +519,7 @@ def test_fedmut_strategy_round():
     assert payloads_identical(sent)
     assert_same_arrays(glob, uniform_mean([uploaded[p] for p in sorted(uploaded)], w0))
     beta = 0.3
-    assert s.round_info["extra"]["mutation_beta"] == pytest.approx(beta)
+    assert s.round_log.columns["mutation_beta"] == pytest.approx(beta)
     for key in SHAPES:
         if key.endswith("tracked"):
             continue
@@ -526,7 +527,7 @@ def test_fedmut_strategy_round():
         vals = sorted({round(float(((m[key].astype(np.float64) - glob[key]) / 5.0 / delta).flat[0]), 4) for m in s.pool})
         assert vals == [round(-1 + beta, 4), 1.0]
     sent, _, glob2 = play_round(s, 2)
-    assert payloads_pairwise_distinct(sent) and s.round_info["extra"]["mutation_beta"] == 0.0
+    assert payloads_pairwise_distinct(sent) and s.round_log.columns["mutation_beta"] == 0.0
     assert_same_arrays(uniform_mean(s.pool, w0), glob2, exact=False)
 
 
@@ -600,3 +601,28 @@ def test_sim_fedmr_seeded_runs_identical(simulate):
     assert_same_arrays(a.arrays, b.arrays)
     for ma, mb in zip(a.checkpoint["strategy"]["method"]["pool"], b.checkpoint["strategy"]["method"]["pool"]):
         assert_same_arrays(ma, mb)
+
+
+@pytest.mark.parametrize("cls,name", [(FedMRStrategy, "fedmr"), (FedMutStrategy, "fedmut"), (IndepStrategy, "indep")])
+def test_pool_methods_keep_neuron_lr_diagnostics(cls, name):
+    """A pool method with ``--neuron-lr`` writes both its own columns (checksums, slots) and the
+    plug-in's cohort means of the clients' ``nlr-*`` metrics into the round's metrics row."""
+    values = {**FAST, "strategy": name, "num_clients": NUM_CLIENTS, "clients_per_round": K, "seed": 7, **UNIT_ROUND,
+              "neuron_lr.preset": "paper_main"}
+    s = cls(ServerSetup(cfg=build_config(values=values), node_to_pid={500 + p: p for p in range(NUM_CLIENTS)},
+                        initial=random_model(np.random.default_rng(1000))))
+    replies, pids = [], []
+    for m in configure(s, 1):
+        pid = m.metadata.dst_node_id - 500
+        reply = reply_to(m, fake_train(to_ndarrays(m.content["arrays"]), pid, 1), 10)
+        reply.content["metrics"]["nlr-mu-l1"] = 1.0 + pid
+        replies.append(reply)
+        pids.append(pid)
+    s.aggregate_train(1, replies)
+    columns = round_columns(s)
+    assert "payload_checksums" in columns and "checksum_mismatches" in columns
+    assert columns["nlr-mu-l1"] == pytest.approx(1.0 + np.mean(pids))
+
+
+def round_columns(strategy) -> dict:
+    return dict(strategy.round_log.columns)

@@ -13,16 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from clients.base import ClientRule
 from clients.fedasam import FedASAMClient
 from clients.fedcm import FedCMClient
 from clients.fedmrur import FedMRURClient, euclidean_sq_dist, lift, lorentz_inner, lorentz_sq_dist, manifold_regularizer
 from clients.fedsam import FedSAMClient
 from clients.mofedsam import MoFedSAMClient
-from clients.sam import MOMENTUM_RECORD, asam_perturbation, global_norm, mix_momentum, sam_perturbation
+from clients.sam import asam_perturbation, mix_momentum, sam_perturbation
+from fedsuite.arrays import tensor_norm, weighted_mean
 from fedsuite.config import build_config
-from fedsuite.training import LocalData, run_local_training
-from strategies.base import ClientReply, ServerSetup, weighted_mean
+from fedsuite.strategy import ServerSetup
+from fedsuite.training import ClientRule, LocalData, run_local_training
+from fedsuite.wire import MOMENTUM, ClientReply
 from strategies.fedmrur import FedMRURStrategy
 from tests.conftest import UNIT_ROUND, assert_same_arrays, make_task
 
@@ -126,9 +127,9 @@ def test_sam_perturbation_has_norm_rho():
     grads = [torch.randn(5, 3, generator=g), torch.randn(7, generator=g) * 100]
     for rho in (0.05, 0.5, 2.0):
         e = sam_perturbation(grads, rho)
-        assert global_norm(e).item() == pytest.approx(rho, rel=1e-6)
+        assert tensor_norm(e).item() == pytest.approx(rho, rel=1e-6)
         for ei, gi in zip(e, grads):  # direction of g
-            torch.testing.assert_close(ei, gi * (rho / global_norm(grads)), rtol=1e-5, atol=1e-9)
+            torch.testing.assert_close(ei, gi * (rho / tensor_norm(grads)), rtol=1e-5, atol=1e-9)
     assert all(torch.all(ei == 0) for ei in sam_perturbation(grads, 0.0))
 
 
@@ -145,7 +146,7 @@ def test_asam_perturbation_formula():
     torch.testing.assert_close(e[0], rho * t * t * grads[0] / norm)
     torch.testing.assert_close(e[1], rho * grads[1] / norm)  # T = 1 on non-weight tensors
     # ‖T⁻¹ e‖ = ρ: the perturbation has radius ρ in the adaptive norm
-    assert global_norm([e[0] / t, e[1]]).item() == pytest.approx(rho, rel=1e-5)
+    assert tensor_norm([e[0] / t, e[1]]).item() == pytest.approx(rho, rel=1e-5)
 
 
 def test_mix_momentum():
@@ -177,7 +178,7 @@ def _round(rule, values: dict, momentum_seed: int | None = 5, server_round: int 
     """One full local round of ``rule`` on (part of) the FAST client 0, optionally with a momentum."""
     task, _ = _small_task(values, server_round=server_round)
     if momentum_seed is not None:
-        task.extras[MOMENTUM_RECORD] = _momentum_for(task, momentum_seed)
+        task.extras[MOMENTUM] = _momentum_for(task, momentum_seed)
     result = run_local_training(rule, task)
     return result, task
 
@@ -203,12 +204,12 @@ def test_sam_second_pass_uses_perturbed_gradient_and_restores_weights():
     rule.sam_second_pass(task, task.params, 0.5, lambda: rule.loss(task, x, y))
     assert all(torch.equal(p, w) for p, w in zip(task.params, before))  # restored exactly
     e = task.scratch["last_perturbation"]
-    assert global_norm(e).item() == pytest.approx(0.5, rel=1e-5)
+    assert tensor_norm(e).item() == pytest.approx(0.5, rel=1e-5)
     # reference: the gradient of the loss at w + e, computed on a copy
     ref_task, _ = make_task({"strategy": "mofedsam"})
     with torch.no_grad():
         for p, gi in zip(ref_task.params, g):
-            p.add_(0.5 * gi / (global_norm(g) + 1e-7))
+            p.add_(0.5 * gi / (tensor_norm(g) + 1e-7))
     rule.loss(ref_task, x, y).backward()
     for p, q in zip(task.params, ref_task.params):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
@@ -219,7 +220,7 @@ def test_fedcm_one_step_matches_formula():
     vals = {"strategy": "fedcm", "fedcm.alpha": 0.3, "fedcm.clip_norm": 0.0, "weight_decay": 0.01, "lr": 0.1}
     task, _ = make_task(vals)
     mom = _momentum_for(task)
-    task.extras[MOMENTUM_RECORD] = mom
+    task.extras[MOMENTUM] = mom
     rule = FedCMClient()
     rule.run_start(task)
     opt = rule.run_make_optimizer(task)
@@ -239,7 +240,7 @@ def test_fedcm_pure_momentum_displacement():
     vals = {"strategy": "fedcm", "fedcm.alpha": 0.25, "fedcm.clip_norm": 0.0, "lr": 0.05}
     task, _ = _small_task(vals, n=90)
     mom = _momentum_for(task)
-    task.extras[MOMENTUM_RECORD] = mom
+    task.extras[MOMENTUM] = mom
 
     class ZeroLoss(FedCMClient):
         def loss(self, task, x, y):
@@ -342,7 +343,7 @@ def test_normalised_aggregate_has_mean_norm_and_direction_of_sum():
     mean_norm = np.mean([np.linalg.norm(_flat(d)) for d in deltas])  # unweighted even with unequal n_i
     assert np.linalg.norm(step) == pytest.approx(mean_norm, rel=1e-12)
     assert step @ total / (np.linalg.norm(step) * np.linalg.norm(total)) == pytest.approx(1.0, rel=1e-12)
-    d_t = s.round_info["extra"]["norm_factor"]
+    d_t = s.round_log.columns["norm_factor"]
     assert 1.0 <= d_t <= 4.0
     np.testing.assert_allclose(step, d_t * total / 4, rtol=1e-12)
 
@@ -355,7 +356,7 @@ def test_normalised_aggregate_special_cases():
     # orthogonal, equal norm r = 2: plain mean has norm r/√2, normalised r; result (Δ1+Δ2)/√2 = √2·mean
     new = s.aggregate(1, [_reply(0, e1), _reply(1, e2)])
     np.testing.assert_allclose(new["a"], np.array([2, 2, 0]) / math.sqrt(2), rtol=1e-12)
-    assert s.round_info["extra"]["norm_factor"] == pytest.approx(math.sqrt(2))
+    assert s.round_log.columns["norm_factor"] == pytest.approx(math.sqrt(2))
     # identical updates → the plain mean; S = 1 → Δ_1
     np.testing.assert_allclose(s.aggregate(1, [_reply(0, e1), _reply(1, e1)])["a"], e1["a"], rtol=1e-12)
     np.testing.assert_allclose(s.aggregate(1, [_reply(0, e2)])["a"], e2["a"], rtol=1e-12)
@@ -405,22 +406,22 @@ def test_momentum_recursion_linear_loss(normalize, decay):
 def test_momentum_is_sent_and_checkpointed():
     from flwr.app import ConfigRecord
 
-    from strategies.base import to_record
+    from fedsuite.wire import to_record
 
     s = _strategy()
     w0 = to_record(s.global_arrays)
-    assert MOMENTUM_RECORD not in s.client_payload(1, 0, w0, ConfigRecord({})).array_records  # m^0 = 0 omitted
+    assert MOMENTUM not in s.client_payload(1, 0, w0, ConfigRecord({})).array_records  # m^0 = 0 omitted
     s.aggregate(1, [_reply(0, {"a": np.ones(3), "b": np.ones((2, 2))}), _reply(1, {"a": -np.ones(3) * 0.5,
                                                                                       "b": np.ones((2, 2))})])
     payload = s.client_payload(2, 3, w0, ConfigRecord({}))
-    sent = {k: v.numpy() for k, v in payload[MOMENTUM_RECORD].items()}
+    sent = {k: v.numpy() for k, v in payload[MOMENTUM].items()}
     assert_same_arrays(sent, s.momentum)
     assert {k: v.shape for k, v in sent.items()} == {k: v.shape for k, v in s.template.items()}
     # state round-trip
     s2 = _strategy()
     s2.load_state_dict(s.state_dict())
     assert_same_arrays(s2.momentum, s.momentum)
-    assert_same_arrays({k: v.numpy() for k, v in s2.client_payload(2, 3, w0, ConfigRecord({}))[MOMENTUM_RECORD].items()},
+    assert_same_arrays({k: v.numpy() for k, v in s2.client_payload(2, 3, w0, ConfigRecord({}))[MOMENTUM].items()},
                        sent)
 
 

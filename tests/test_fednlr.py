@@ -17,9 +17,9 @@ from flwr.app import ConfigRecord
 from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 
-from clients.fednlr import FedNLRClient
-from clients.neuron_lr_optim import NeuronLROptimizer
-from clients.plugin_neuron_lr import (
+from clients.fedavg import FedAvgClient
+from fedsuite.plugins.neuron_lr import NeuronLROptimizer
+from fedsuite.plugins.neuron_lr import (
     PRESETS,
     NeuronLRParams,
     NeuronLRPlugin,
@@ -30,11 +30,12 @@ from clients.plugin_neuron_lr import (
     scale_factors,
     temperature,
 )
-from clients.plugins import active_plugins
-from fedsuite import registry, runtime
+from fedsuite import models, registry, runtime
 from fedsuite.models import build_model, count_parameters
+from fedsuite.plugins import active_plugins
+from fedsuite.strategy import ServerSetup
 from fedsuite.training import run_local_training
-from strategies.base import ServerSetup, to_record
+from fedsuite.wire import to_record
 from tests.conftest import assert_same_arrays, make_task
 
 # ------------------------------------------------------------------------------------------------
@@ -354,7 +355,7 @@ class _RecordingOptimizer(torch.optim.SGD):
         return super().step(closure)
 
 
-class _SAMProbeRule(FedNLRClient):
+class _SAMProbeRule(FedAvgClient):
     """A SAM-type rule (two gradient passes, then ``opt.step()``) that records, per step, the SAM
     gradient it produced and the scales the optimizer held."""
 
@@ -386,8 +387,8 @@ def test_sam_type_rule_steps_with_scaled_two_pass_gradient_and_constant_scales()
     """§8.10 and composition with SAM: at every step the inner SGD receives exactly s ⊙ g_SAM (the
     gradient the rule computed at the perturbed point), with the scales computed from w^t before the
     first step and never changed during the round."""
-    task, _ = make_task({"strategy": "fednlr", "local_epochs": 2})
-    run_local_training(_SAMProbeRule(plugins=[]), task)
+    task, cfg = make_task({"strategy": "fednlr", "local_epochs": 2})
+    run_local_training(_SAMProbeRule(plugins=active_plugins(cfg)), task)
     plan = task.scratch["neuron_lr"]
     names = [n for n, p in task.model.named_parameters() if p.requires_grad]
     sam_grads, inner = task.scratch["sam-grads"], task.scratch["opt"].inner
@@ -454,7 +455,7 @@ def _method_round(method: str, preset: str | None):
     bundle = runtime.load_bundle(cfg)
     initial = {k: v.numpy().copy() for k, v in task0.received.items()}
     setup = ServerSetup(cfg=cfg, node_to_pid={pid: pid for pid in range(cfg.num_clients)}, initial=initial,
-                        build_model=lambda: runtime.make_model(cfg, bundle),
+                        build_model=lambda: models.make_model(cfg, bundle),
                         info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)})
     strategy = cfg.method.strategy(setup)
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # as inside a ServerApp
@@ -477,15 +478,12 @@ def test_plugin_composes_with_every_method(method):
     finite result), preset uniform reproduces the method without the plug-in bit for bit (model and
     extra uploads; for fednlr itself: FedAvg), and paper_final changes the trained model. A method
     that refuses says why."""
-    from fedsuite.cli import check_plugins
     from fedsuite.config import ConfigError
 
     spec = registry.methods()[method]
-    if spec.neuron_lr is not True:
-        assert isinstance(spec.neuron_lr, str) and spec.neuron_lr.strip()
-        _, cfg = make_task({"strategy": method, "neuron_lr.preset": "paper_main"})
+    if "neuron_lr" in spec.refuses:
         with pytest.raises(ConfigError, match=f"neuron_lr does not apply to {method}"):
-            check_plugins(cfg)
+            make_task({"strategy": method, "neuron_lr.preset": "paper_main"})
         return
     reference = "fedavg" if method == "fednlr" else method  # fednlr without the flag already runs paper_main
     _, plain = _method_round(reference, None)

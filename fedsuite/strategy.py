@@ -10,8 +10,9 @@ What it adds to Flower's ``FedAvg``, and why (see ARCHITECTURE.md, "Determinism"
   with a new node id is asked its partition id and gets work again; a sampled client whose node is
   not connected is sent nothing. Every message sent is remembered with its partition id, so an error
   reply (whose source may be the SuperLink, not the node) and a reply missing after
-  ``round_timeout_s`` are recorded under that partition id in ``round_info["dropped"]``, with the
-  reason in ``round_info["drop_reasons"]``; fewer than ``min_replies`` accepted replies fail the run;
+  ``round_timeout_s`` are recorded under that partition id in the round's :class:`RoundLog`
+  (``dropped``, with the reason in ``drop_reasons``); fewer than ``min_replies`` accepted replies
+  fail the run;
 * replies that are errors, non-finite, or of the wrong keys/shapes are dropped and logged with the
   client's partition id, never averaged in; the rest are sorted by partition id before aggregation;
 * a round whose failed share of the cohort (error, rejected or missing replies) exceeds
@@ -32,27 +33,28 @@ top of our validated, sorted mean.
 from __future__ import annotations
 
 import logging
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from fedsuite.arrays import trainable_keys, weighted_mean
+from fedsuite.plugins import ServerHooks, active_plugins
+from fedsuite.seeding import COHORT_TAG, round_rng
+from fedsuite.wire import ClientReply, NDArrays, record_nbytes, to_ndarrays, to_record
+
 log = logging.getLogger("fedsuite")
 
-#: ``round_info["drop_reasons"]`` for a sampled client whose SuperNode is not connected
+#: ``RoundLog.drop_reasons`` for a sampled client whose SuperNode is not connected
 DROP_NOT_CONNECTED = "node not connected"
 #: ... and for one that was sent work but did not answer before the round timed out
 DROP_TIMEOUT = "no reply within round_timeout_s"
 #: how long a round waits for newly connected nodes to say which partition they hold
 QUERY_TIMEOUT_S = 60.0
-
-NDArrays = dict[str, np.ndarray]
-
 
 @dataclass
 class ServerSetup:
@@ -65,50 +67,54 @@ class ServerSetup:
     build_model: Callable[[], Any] | None = None  # a fresh torch model of the run's architecture
     info: dict[str, Any] = field(default_factory=dict)  # dataset facts: num_classes, input_shape
 
+    def trainable_keys(self) -> list[str]:
+        """Names of the trainable parameters in w^0's order: from a fresh model when the setup can
+        build one, else every floating-point array of w^0 (hand-built setups in tests)."""
+        if self.build_model is not None:
+            names = set(trainable_keys(self.build_model()))
+            return [k for k in self.initial if k in names]
+        return [k for k, v in self.initial.items() if np.issubdtype(v.dtype, np.floating)]
+
 
 @dataclass
-class ClientReply:
-    """A validated training reply."""
+class RoundLog:
+    """What one round did: the line the ServerApp writes into ``metrics.jsonl`` (besides the test
+    metrics and the wall time). The base strategy fills the fixed fields; a method or plug-in adds
+    its own columns with :meth:`add`. Columns merge: a writer adds its keys and never replaces
+    another writer's (the method's columns and a plug-in's live side by side)."""
 
-    partition_id: int
-    arrays: NDArrays
-    num_examples: int
-    metrics: dict[str, float]
-    extras: dict[str, NDArrays]
+    round: int = 0
+    cohort: list[int] = field(default_factory=list)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    dropped: list[int] = field(default_factory=list)
+    drop_reasons: dict[int, str] = field(default_factory=dict)
+    failed: int = 0
+    num_replies: int = 0
+    train_loss: float | None = None
+    columns: dict[str, Any] = field(default_factory=dict)
 
+    def add(self, columns: dict[str, Any]) -> None:
+        """Add (or update) columns of this round's line (JSON-serialisable values)."""
+        self.columns.update(columns)
 
-def to_ndarrays(record: ArrayRecord) -> NDArrays:
-    return {k: v.numpy() for k, v in record.items()}
+    def drop(self, pid: int, reason: str) -> None:
+        """Record a dropped client (the first reason given for it is kept)."""
+        self.dropped.append(pid)
+        self.drop_reasons.setdefault(pid, reason)
 
-
-def to_record(arrays: NDArrays) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in arrays.items()})
-
-
-def weighted_mean(arrays: list[NDArrays], weights: list[float], like: NDArrays) -> NDArrays:
-    """Σ_i a_i w_i / Σ_i w_i per key, in float64, cast back to ``like``'s dtypes (ints rounded)."""
-    total = float(sum(weights))
-    out: NDArrays = {}
-    for key, ref in like.items():
-        acc = np.zeros(ref.shape, dtype=np.float64)
-        for a, w in zip(arrays, weights):
-            acc += a[key].astype(np.float64) * (w / total)
-        out[key] = np.rint(acc).astype(ref.dtype) if np.issubdtype(ref.dtype, np.integer) else acc.astype(ref.dtype)
-    return out
-
-
-def record_nbytes(content: RecordDict) -> int:
-    return sum(len(arr.data) for rec in content.array_records.values() for arr in rec.values())
-
-
-def record_checksum(record: ArrayRecord) -> int:
-    """CRC-32 of an ArrayRecord's serialised arrays in record order (the bytes on the wire). The
-    ClientApp reports it for what it received as metric ``received-checksum``, so a server rule that
-    sends each client a different model can check who trained from what (strategies/pool.py)."""
-    crc = 0
-    for arr in record.values():
-        crc = zlib.crc32(arr.data, crc)
-    return crc
+    def row(self) -> dict[str, Any]:
+        """The round's fields after ``train_loss`` in ``metrics.jsonl`` order (the ServerApp adds the
+        round, test metrics, ``train_loss`` and the wall time before them)."""
+        return {
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "cohort": self.cohort,
+            "dropped": self.dropped,
+            "failed": self.failed,
+            "failure_reasons": {str(k): v for k, v in self.drop_reasons.items()},
+            **self.columns,
+        }
 
 
 class RoundFailure(RuntimeError):
@@ -145,27 +151,6 @@ def failure_reason(reason: str) -> str:
     return lines[-1] if lines else "unknown error"
 
 
-class ServerHooks:
-    """The server side of a client plug-in (``ClientPlugin.server_hooks``), run by every strategy:
-    :meth:`payload` may add records to a client's message after the method's own
-    ``client_payload``; :meth:`observe` sees (and may replace) the validated, sorted replies before
-    the method's ``aggregate``; its state is saved under ``checkpoint_state()["plugins"][name]``."""
-
-    name: str = "plugin"
-
-    def payload(self, server_round: int, pid: int, content: RecordDict) -> None:
-        """Add to (or change) the message content for client ``pid``."""
-
-    def observe(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
-        return replies
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-
-
 class FedSuiteStrategy(FedAvg):
     """FedAvg with deterministic cohorts, per-client payloads and validated replies (see module)."""
 
@@ -173,6 +158,23 @@ class FedSuiteStrategy(FedAvg):
     client_config_keys: tuple[str, ...] = ()
     #: rounds already done before this ``start`` (set by the ServerApp when resuming a run)
     round_offset: int = 0
+    #: a class whose ``configure_train``/``aggregate_train`` are Flower's own (the server optimisers
+    #: of ``strategies/_baselines.py``) may override them; they call ``super()``, so the round is
+    #: still converted here, once
+    flower_round_api: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Flower numbers the rounds of each ``start`` from 1; this class turns that into the global
+        round once, in ``configure_train``/``aggregate_train``. A method overrides the hooks that
+        receive the global round (:meth:`prepare_round`, :meth:`client_payload`, :meth:`aggregate`,
+        :meth:`after_aggregate`), never those two, so no method can forget the resume offset."""
+        super().__init_subclass__(**kwargs)
+        if not cls.flower_round_api:
+            for name in ("configure_train", "aggregate_train"):
+                if name in cls.__dict__:
+                    raise TypeError(
+                        f"{cls.__name__} overrides {name}, which receives Flower's round of this start, not "
+                        f"the global round; override prepare_round / aggregate / after_aggregate instead")
 
     def __init__(self, setup: ServerSetup, **flower_kwargs: Any) -> None:
         cfg = setup.cfg
@@ -186,23 +188,22 @@ class FedSuiteStrategy(FedAvg):
         self._messages_out: list[tuple[int, int, Any]] = []  # this round's messages: (pid, node id, metadata)
         self.template = setup.initial
         self.global_arrays: NDArrays = dict(setup.initial)  # w^t as last sent
-        self.round_info: dict[str, Any] = {}
+        self.grid: Grid | None = None  # the Grid of the round in flight (None in strategy-level tests)
+        self.round_log = RoundLog()  # the round in flight (configure_train starts a new one)
         self.server_hooks: list[ServerHooks] = [
-            h for h in (p.server_hooks(self) for p in self.active_plugins()) if h is not None
+            h for h in (p.server_hooks(self) for p in active_plugins(cfg)) if h is not None
         ]
 
-    def active_plugins(self) -> list[Any]:
-        """The client plug-ins this run switches on (a method that enables one itself overrides this)."""
-        from clients.plugins import active_plugins
-
-        return active_plugins(self.cfg)
+    def global_round(self, flower_round: int) -> int:
+        """The global round (1-based over the whole run, resumes included) of Flower's ``flower_round``."""
+        return flower_round + self.round_offset
 
     # --- sampling and payloads ------------------------------------------------------------------
     def sample_cohort(self, server_round: int) -> list[int]:
         """K distinct partition ids, uniformly without replacement, seeded by (seed, round)."""
         pids = np.array(sorted(self.pid_to_node))
         k = min(self.cfg.cohort_size, len(pids))
-        rng = np.random.default_rng([self.cfg.seed, server_round, 0x5EED])
+        rng = round_rng(self.cfg.seed, server_round, COHORT_TAG)
         return sorted(int(p) for p in rng.choice(pids, size=k, replace=False))
 
     def local_lr(self, server_round: int) -> float:
@@ -215,6 +216,9 @@ class FedSuiteStrategy(FedAvg):
         for key in self.client_config_keys:
             conf[key] = getattr(self.params, key)
         return conf
+
+    def prepare_round(self, server_round: int, cohort: list[int]) -> None:
+        """Called once per round with the sampled cohort, before any payload is built."""
 
     def client_payload(self, server_round: int, pid: int, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
         """The message content for client ``pid`` (default: the global model and the config)."""
@@ -266,17 +270,19 @@ class FedSuiteStrategy(FedAvg):
         return self.setup.node_to_pid.get(msg.metadata.src_node_id, -1)
 
     def record_drop(self, pid: int, reason: str) -> None:
-        log.warning("round %s: dropped client %s: %s", self.round_info.get("round"), pid, reason)
-        self.round_info.setdefault("dropped", []).append(pid)
-        self.round_info.setdefault("drop_reasons", {}).setdefault(pid, reason)
+        log.warning("round %s: dropped client %s: %s", self.round_log.round, pid, reason)
+        self.round_log.drop(pid, reason)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        server_round += self.round_offset
+        server_round = self.global_round(server_round)
+        self.grid = grid
         self.refresh_nodes(grid)
         self.global_arrays = to_ndarrays(arrays)
         cohort = self.sample_cohort(server_round)
+        self.round_log = RoundLog(round=server_round, cohort=cohort)
+        self.prepare_round(server_round, cohort)
         conf = ConfigRecord({**dict(config), **self.train_config(server_round)})
-        messages, sent, absent = [], 0, []
+        messages, absent = [], []
         self._messages_out = []
         for pid in cohort:
             node = self.pid_to_node.get(pid)
@@ -286,12 +292,10 @@ class FedSuiteStrategy(FedAvg):
             content = self.client_payload(server_round, pid, arrays, conf)
             for hooks in self.server_hooks:
                 hooks.payload(server_round, pid, content)
-            sent += record_nbytes(content)
+            self.round_log.bytes_sent += record_nbytes(content)
             msg = Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
             messages.append(msg)
             self._messages_out.append((pid, node, msg.metadata))  # the Grid sets metadata.message_id when it pushes
-        self.round_info = {"round": server_round, "cohort": cohort, "bytes_sent": sent, "bytes_received": 0,
-                           "dropped": [], "drop_reasons": {}}
         for pid in absent:
             self.record_drop(pid, DROP_NOT_CONNECTED)
         return messages
@@ -306,12 +310,11 @@ class FedSuiteStrategy(FedAvg):
             if msg.has_error():
                 problem = f"client error: {failure_reason(msg.error.reason)}"
             else:
-                self.round_info["bytes_received"] = self.round_info.get("bytes_received", 0) + record_nbytes(msg.content)
+                self.round_log.bytes_received += record_nbytes(msg.content)
                 problem = self._check_reply(msg.content)
             if problem:
-                log.warning("round %s: dropped reply of client %s: %s", self.round_info.get("round"), pid, problem)
-                self.round_info.setdefault("dropped", []).append(pid)
-                self.round_info.setdefault("drop_reasons", {}).setdefault(pid, problem)
+                log.warning("round %s: dropped reply of client %s: %s", self.round_log.round, pid, problem)
+                self.round_log.drop(pid, problem)
                 continue
             content = msg.content
             metrics = {k: float(v) for k, v in content["metrics"].items() if not isinstance(v, list)}
@@ -340,7 +343,7 @@ class FedSuiteStrategy(FedAvg):
         return None
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        server_round += self.round_offset
+        server_round = self.global_round(server_round)
         replies = list(replies)
         answered = {self.reply_pid(m) for m in replies}
         good = self.parse_replies(replies)
@@ -349,29 +352,30 @@ class FedSuiteStrategy(FedAvg):
                 self.record_drop(pid, f"{DROP_TIMEOUT} ({self.cfg.round_timeout_s:g} s)")
         for hooks in self.server_hooks:
             good = hooks.observe(server_round, good)
-        self.round_info["num_replies"] = len(good)
+        self.round_log.num_replies = len(good)
         self.check_failures(server_round, good)
         if len(good) < self.cfg.min_replies:
-            failed = sorted(set(self.round_info.get("cohort", [])) - {r.partition_id for r in good})
-            raise RoundFailure(server_round, failed, len(self.round_info.get("cohort", [])),
+            failed = sorted(set(self.round_log.cohort) - {r.partition_id for r in good})
+            raise RoundFailure(server_round, failed, len(self.round_log.cohort),
                                f"{len(good)} accepted replies, fewer than min_replies={self.cfg.min_replies}",
                                self.cfg.resolved_max_failed_fraction)
         new_arrays = self.aggregate(server_round, good)
         self.global_arrays = new_arrays
         metrics = self.aggregate_metrics(good)
-        self.round_info["train_loss"] = metrics.get("train-loss")
+        self.round_log.train_loss = metrics.get("train-loss")
+        self.after_aggregate(server_round)
         return to_record(new_arrays), MetricRecord(metrics)
 
     def check_failures(self, server_round: int, good: list[ClientReply]) -> None:
-        """Count the cohort's failed replies (error, rejected or missing) into ``round_info``;
+        """Count the cohort's failed replies (error, rejected or missing) into the round's log;
         raise :class:`RoundFailure` past ``max_failed_fraction`` or when no reply was accepted."""
-        cohort = list(self.round_info.get("cohort", []))
+        cohort = list(self.round_log.cohort)
         accepted = {r.partition_id for r in good}
         failed = sorted(set(cohort) - accepted)
-        reasons = self.round_info.setdefault("drop_reasons", {})
+        reasons = self.round_log.drop_reasons
         for pid in failed:
             reasons.setdefault(pid, "no reply")
-        self.round_info["failed"] = len(failed)
+        self.round_log.failed = len(failed)
         limit = self.cfg.resolved_max_failed_fraction
         if not good or len(failed) > limit * len(cohort) + 1e-9:
             first = reasons[failed[0]] if failed else "no client in the cohort"
@@ -380,6 +384,10 @@ class FedSuiteStrategy(FedAvg):
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
         """The server rule. Default: data-size-weighted mean of the client models (FedAvg)."""
         return weighted_mean([r.arrays for r in replies], [r.num_examples for r in replies], self.template)
+
+    def after_aggregate(self, server_round: int) -> None:
+        """Called after the round's aggregation (``self.global_arrays`` is w^{t+1}); may talk to the
+        clients through ``self.grid`` (CCVR's statistics round)."""
 
     def aggregate_metrics(self, replies: list[ClientReply]) -> dict[str, float]:
         """Example-weighted mean of the clients' scalar metrics."""

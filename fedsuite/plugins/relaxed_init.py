@@ -34,7 +34,7 @@ Storage (spec §3.1):
 * ``"client-state"`` (canonical, no extra communication): ŵ_i lives on the client's disk
   (``task.state.save_arrays``; one model per client, not in RAM), with the round it was made.
   w^0 for a first visit is rebuilt on the client from the run's seed with
-  ``fedsuite.runtime.initial_arrays`` (the very function the ServerApp builds w^0 with; inside
+  ``fedsuite.models.initial_arrays`` (the very function the ServerApp builds w^0 with; inside
   ``torch.random.fork_rng`` so the local RNG stream is untouched). Chosen over the server sending
   w^0 on a first visit because it needs no server bookkeeping, no extra bytes, and still works after a
   SuperNode restart that lost its state (spec §3.2): the client then falls back to ``first_visit``.
@@ -62,9 +62,12 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from clients.plugins import ClientPlugin, register_plugin
+from fedsuite.arrays import trainable_keys
+from fedsuite.models import initial_arrays
+from fedsuite.plugins.base import ClientPlugin, ServerHooks
+from fedsuite.state import ArrayStore
 from fedsuite.training import LocalResult, LocalTask
-from strategies.base import ServerHooks, to_ndarrays, to_record
+from fedsuite.wire import to_ndarrays, to_record
 
 Tensors = dict[str, torch.Tensor]
 
@@ -121,24 +124,17 @@ def translate(arrays: dict[str, Any], offset: dict[str, Any] | None) -> dict[str
     return {k: (v - offset[k]) if k in offset else v for k, v in arrays.items()}
 
 
-def trainable_keys(model: torch.nn.Module) -> list[str]:
-    """state_dict names of the trainable parameters (buffers are not relaxed, spec A18)."""
-    return [name for name, p in model.named_parameters() if p.requires_grad]
-
-
 _W0_CACHE: dict[tuple, Tensors] = {}
 
 
 def initial_params(cfg: Any, bundle: Any, keys: list[str]) -> Tensors:
     """w^0's trainable parameters, rebuilt from the run's seed exactly as the ServerApp builds w^0
-    (``fedsuite.runtime.initial_arrays``), without disturbing the caller's RNG state. Cached per
+    (``fedsuite.models.initial_arrays``), without disturbing the caller's RNG state. Cached per
     process for the last configuration (a Ray worker serves many clients of one run)."""
-    from fedsuite import runtime
-
     key = (cfg.model_dump_json(), bundle.num_classes, tuple(bundle.input_shape))
     if key not in _W0_CACHE:
         with torch.random.fork_rng(devices=[]):
-            arrays = runtime.initial_arrays(cfg, bundle)
+            arrays = initial_arrays(cfg, bundle)
         _W0_CACHE.clear()
         _W0_CACHE[key] = {k: torch.from_numpy(arrays[k]) for k in arrays}
     return {k: _W0_CACHE[key][k] for k in keys}
@@ -158,7 +154,6 @@ def effective_offset_source(p: RelaxedInitParams, server_round: int, stored_roun
 # ------------------------------------------------------------------------------------------------
 
 
-@register_plugin
 class RelaxedInit(ClientPlugin):
     """Relaxed initialisation on any client rule (see module docstring for the maths)."""
 
@@ -251,15 +246,10 @@ class RelaxedInitServer(ServerHooks):
     name = "relaxed_init"
 
     def __init__(self, params: RelaxedInitParams, strategy: Any) -> None:
-        from fedsuite.state import ArrayStore
-
         self.p = params
         self.strategy = strategy
         setup = strategy.setup
-        if setup.build_model is not None:
-            self.keys = trainable_keys(setup.build_model())
-        else:
-            self.keys = [k for k, v in setup.initial.items() if np.issubdtype(v.dtype, np.floating)]
+        self.keys = setup.trainable_keys()  # buffers are not relaxed (spec A18)
         root = Path(setup.run_dir) if setup.run_dir is not None else Path(_tmpdir())
         self.store = ArrayStore(root / "relaxed-init-server")
         self.initial = {k: torch.from_numpy(np.asarray(setup.initial[k])) for k in self.keys}
@@ -329,12 +319,3 @@ def _tmpdir() -> str:
     import tempfile
 
     return tempfile.mkdtemp(prefix="fedsuite-ri-")
-
-
-def with_relaxed_init(plugins: list[Any], cfg: Any, default_beta: float) -> list[Any]:
-    """``plugins`` plus relaxed initialisation with β = ``default_beta`` if the run did not switch it
-    on itself (``relaxed_init.beta`` unset). Used by method ``fedinit`` on both sides."""
-    if any(isinstance(p, RelaxedInit) for p in plugins):
-        return plugins
-    params = cfg.relaxed_init.model_copy(update={"beta": default_beta})
-    return [RelaxedInit(params), *plugins]

@@ -1,0 +1,74 @@
+"""The wire format between the ServerApp and the ClientApp: record names, conversions, checksums,
+and the validated reply a server rule works on.
+
+A training message (server → client) holds
+
+* ``"arrays"`` (:data:`ARRAYS`): the model the client starts from (state_dict order);
+* ``"config"`` (:data:`CONFIG`): ``server-round``, ``lr`` and per-round values of the method;
+* extra ArrayRecords a method or plug-in adds (SCAFFOLD's ``"server-cv"``, the momentum direction
+  :data:`MOMENTUM`, relaxed initialisation's ``"start"``, ...).
+
+A reply (client → server) holds ``"arrays"`` (what is aggregated), ``"metrics"`` (:data:`METRICS`:
+``num-examples``, ``train-loss``, ``partition-id``, ``received-checksum`` and the rule's own) and
+the rule's extra ArrayRecords. A statistics message (:data:`STATS_ROUND`) asks a client for
+per-class feature statistics instead of training (CCVR).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, RecordDict
+
+NDArrays = dict[str, np.ndarray]
+
+#: record names used by more than one side or method
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+#: the server's momentum direction m^t (FedCM family), an extra ArrayRecord of the training message
+MOMENTUM = "momentum"
+#: config flag of a statistics round (CCVR): the client replies with feature statistics, no training
+STATS_ROUND = "ccvr-stats"
+
+
+@dataclass
+class ClientReply:
+    """A validated training reply."""
+
+    partition_id: int
+    arrays: NDArrays
+    num_examples: int
+    metrics: dict[str, float]
+    extras: dict[str, NDArrays]
+
+
+def to_ndarrays(record: ArrayRecord) -> NDArrays:
+    return {k: v.numpy() for k, v in record.items()}
+
+
+def to_record(arrays: Mapping[str, np.ndarray | torch.Tensor]) -> ArrayRecord:
+    """An ArrayRecord of numpy arrays or tensors (tensors are detached and copied to the host)."""
+    return ArrayRecord({k: Array(np.require(_numpy(v), requirements="C")) for k, v in arrays.items()})
+
+
+def _numpy(value: np.ndarray | torch.Tensor) -> np.ndarray:
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+
+
+def record_nbytes(content: RecordDict) -> int:
+    return sum(len(arr.data) for rec in content.array_records.values() for arr in rec.values())
+
+
+def record_checksum(record: ArrayRecord) -> int:
+    """CRC-32 of an ArrayRecord's serialised arrays in record order (the bytes on the wire). The
+    ClientApp reports it for what it received as metric ``received-checksum``, so a server rule that
+    sends each client a different model can check who trained from what (strategies/pool.py)."""
+    crc = 0
+    for arr in record.values():
+        crc = zlib.crc32(arr.data, crc)
+    return crc

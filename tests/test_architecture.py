@@ -1,0 +1,118 @@
+"""The import graph of fedsuite/, strategies/ and clients/ (ARCHITECTURE.md, "Dependency direction").
+
+Every import statement counts, wherever it stands (module level, inside a function, under
+``if TYPE_CHECKING:``): a cycle hidden in a function body is still a cycle.
+
+* the engine (``fedsuite``) imports neither ``strategies`` nor ``clients``; the one exception is
+  the registry's discovery, which imports the ``strategies`` package to list its modules;
+* client rules never import server rules;
+* there is no import cycle among the modules of the three packages.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("fedsuite", "strategies", "clients")
+#: (importer, imported) pairs allowed to point from the engine into the method packages
+DISCOVERY = {("fedsuite.registry", "strategies")}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules ``name`` imports (``from a.b import c`` counts a.b.c if that is a module,
+    else a.b). A submodule's implicit import of its parent package is not counted."""
+    out: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports_of(name, path, known) for name, path in mods.items()}
+
+
+def test_engine_imports_no_method_code():
+    bad = [
+        (src, dst)
+        for src, dsts in graph().items() if src.split(".")[0] == "fedsuite"
+        for dst in dsts if dst.split(".")[0] in ("strategies", "clients") and (src, dst) not in DISCOVERY
+    ]
+    assert not bad, f"fedsuite/ imports method code: {bad}"
+
+
+def test_client_rules_do_not_import_server_rules():
+    bad = [(src, dst) for src, dsts in graph().items() if src.startswith("clients")
+           for dst in dsts if dst.startswith("strategies")]
+    assert not bad, f"clients/ imports strategies/: {bad}"
+
+
+def test_no_import_cycle():
+    g = graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_checker_sees_function_local_imports(tmp_path):
+    """The walker counts an import inside a function body (the kind that used to hide a cycle)."""
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    from strategies.base import X\n")
+    assert imports_of("fedsuite.m", path, {"fedsuite.m", "strategies", "strategies.base"}) == {"strategies.base"}
