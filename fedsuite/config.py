@@ -266,11 +266,12 @@ RESUME_MUTABLE: tuple[str, ...] = (
 )
 
 
-def _flat(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_config(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config dict with nested sections as dotted keys (``fedmr.r1``); ``dataset_options`` stays whole."""
     out: dict[str, Any] = {}
     for key, value in node.items():
         if isinstance(value, dict) and key != "dataset_options":
-            out.update(_flat(value, f"{prefix}{key}."))
+            out.update(flat_config(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -280,10 +281,10 @@ def resume_changes(recorded: dict[str, Any], cfg: BaseRunConfig) -> list[str]:
     """The fields where ``cfg`` differs from a run's recorded ``config.json`` and that
     :data:`RESUME_MUTABLE` does not allow to change, as ``"name (recorded R, given G)"``."""
     try:
-        old = _flat(validate(recorded).active_dump())
+        old = flat_config(validate(recorded).active_dump())
     except ConfigError as exc:
         raise ConfigError(f"--resume: the run's config.json no longer validates: {exc}") from None
-    new = _flat(cfg.active_dump())
+    new = flat_config(cfg.active_dump())
     changed: list[str] = []
     for key in sorted(set(old) | set(new)):
         top = key.split(".", 1)[0]

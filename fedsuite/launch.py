@@ -118,10 +118,10 @@ def write_connection(flwr_home: Path, address: str) -> None:
     )
 
 
-def stop_tree(proc: subprocess.Popen, marker_env: tuple[str, str] | None = None, timeout: float = 10.0) -> None:
-    """Stop ``proc`` and everything it started: its descendants (collected before anything is
-    killed, since Flower detaches SuperExec into a new session) and any process whose environment
-    carries ``marker_env`` (our private ``FLWR_HOME``), e.g. Ray daemons re-parented to init."""
+def process_tree(proc: subprocess.Popen, marker_env: tuple[str, str] | None = None) -> list[psutil.Process]:
+    """``proc``, its descendants and any process whose environment carries ``marker_env`` (our
+    private ``FLWR_HOME``: SuperExec, which Flower detaches into a new session, and Ray daemons
+    re-parented to init)."""
     procs: dict[int, psutil.Process] = {}
     try:
         root = psutil.Process(proc.pid)
@@ -137,7 +137,13 @@ def stop_tree(proc: subprocess.Popen, marker_env: tuple[str, str] | None = None,
                     procs[p.pid] = p
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-    alive = list(procs.values())
+    return list(procs.values())
+
+
+def stop_tree(proc: subprocess.Popen, marker_env: tuple[str, str] | None = None, timeout: float = 10.0) -> None:
+    """Stop ``proc`` and everything it started (:func:`process_tree`, collected before anything is
+    killed): SIGTERM, then SIGKILL for what is still alive after ``timeout``."""
+    alive = process_tree(proc, marker_env)
     for sig_fn in ("terminate", "kill"):
         for p in alive:
             try:

@@ -28,6 +28,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fedsuite.config import RESUME_MUTABLE, flat_config  # noqa: E402
+
 
 def write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -185,18 +187,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
 
 
 #: config keys that do not define a setting: runs differing only in these are seeds of one setting
-NOT_SETTING = ("seed", "run_name", "output_dir", "data_root", "num_cpus", "num_gpus", "device", "eval_batch_size",
-               "stall_timeout_s")
-
-
-def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict) and key != "dataset_options":
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+NOT_SETTING = ("seed", *(key for key in RESUME_MUTABLE if key != "rounds"))
 
 
 def group_label(config: dict[str, Any]) -> str:
@@ -213,7 +204,7 @@ def group_runs(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     keyed: dict[str, list[dict[str, Any]]] = {}
     flats: dict[str, dict[str, Any]] = {}
     for run in runs:
-        flat = {k: v for k, v in _flat(run["config"]).items() if k not in NOT_SETTING}
+        flat = {k: v for k, v in flat_config(run["config"]).items() if k not in NOT_SETTING}
         key = repr(sorted(flat.items(), key=lambda kv: kv[0]))
         keyed.setdefault(key, []).append(run)
         flats[key] = flat

@@ -33,6 +33,7 @@ from typer.testing import CliRunner
 
 from fedsuite import cli, launch
 from fedsuite.config import ConfigError, apply_override, build_config
+from fedsuite.launch import process_tree
 from fedsuite.results import read_metrics
 from fedsuite.state import ClientState, prune_committed
 from tests.conftest import FAST, assert_same_arrays
@@ -67,29 +68,10 @@ def _write_toml(path: Path, values: dict[str, Any]) -> Path:
     return path
 
 
-def _tree(proc: subprocess.Popen, flwr_home: Path) -> list[psutil.Process]:
-    """``proc``, its descendants and every process carrying the run's private FLWR_HOME (SuperLink,
-    SuperExec, the ServerApp, Ray's workers and daemons, which Flower detaches)."""
-    found: dict[int, psutil.Process] = {}
-    try:
-        root = psutil.Process(proc.pid)
-        found[root.pid] = root
-        found.update({p.pid: p for p in root.children(recursive=True)})
-    except psutil.NoSuchProcess:
-        pass
-    for p in psutil.process_iter():
-        try:
-            if p.pid not in found and p.environ().get("FLWR_HOME") == str(flwr_home):
-                found[p.pid] = p
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return list(found.values())
-
-
 def _kill_9(proc: subprocess.Popen, run_dir: Path) -> None:
     """SIGKILL the whole run at once, as a power cut would: nobody gets to clean up."""
     flwr_home = run_dir / ".flwr"
-    victims = _tree(proc, flwr_home)
+    victims = process_tree(proc, ("FLWR_HOME", str(flwr_home)))
     for p in victims:
         try:
             p.send_signal(signal.SIGKILL)
@@ -97,7 +79,7 @@ def _kill_9(proc: subprocess.Popen, run_dir: Path) -> None:
             pass
     psutil.wait_procs(victims, timeout=15)
     proc.wait(timeout=15)
-    left = [p.pid for p in _tree(proc, flwr_home) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    left = [p.pid for p in process_tree(proc, ("FLWR_HOME", str(flwr_home))) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"processes of the killed run survived: {left}"
 
 
