@@ -58,8 +58,9 @@ def cluster(tmp_path_factory):
     port = free_port()
     address = f"127.0.0.1:{port}"
     # each node's workers get their own port range: Ray's default (10002-19999) is shared with
-    # every other Ray on this machine (the private one of each simulation running beside this test)
-    lo = 20000 + (port % 400) * 100
+    # every other Ray on this machine (the private one of each simulation running beside this test);
+    # 20000-31999 is below the kernel's ephemeral ports and clear of Ray's fixed ones (52365, ...)
+    lo = 20000 + (port % 120) * 100
     ports = {"head": ["--min-worker-port", str(lo), "--max-worker-port", str(lo + 49)],
              "worker": ["--min-worker-port", str(lo + 50), "--max-worker-port", str(lo + 99)]}
     ray_tmp = tempfile.mkdtemp(prefix="fsray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
