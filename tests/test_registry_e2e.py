@@ -40,8 +40,8 @@ SHARED: dict[str, tuple[dict[str, Any], str]] = {
     "fedcm": ({}, "test_fedmr"),  # test_fedmrur.py's test_sim_mofedsam_rho0_equals_fedcm (in test_fedmr's group)
     "fedmrur": ({}, "test_fedmr"),  # test_fedmrur.py's test_sim_fedmrur_runs_and_logs (in test_fedmr's group)
     # tests/test_resume.py's uninterrupted reference runs (ROUNDS = 6, METHODS there); read-only here
-    "scaffold": ({"rounds": 6}, "test_resume_scaffold"),
-    "feddyn": ({"rounds": 6}, "test_resume_feddyn"),
+    "scaffold": ({"rounds": 6}, "test_resume"),
+    "feddyn": ({"rounds": 6}, "test_resume"),
 }
 
 

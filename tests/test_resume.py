@@ -47,12 +47,6 @@ METHODS: dict[str, dict[str, Any]] = {
 }
 
 
-def on_worker_of(method: str) -> pytest.MarkDecorator:
-    """One xdist group per method, so the kill -9 tests run side by side; each group's worker caches
-    that method's uninterrupted reference run (tests/test_registry_e2e.py shares it too)."""
-    return pytest.mark.xdist_group(f"test_resume_{method}")
-
-
 # ------------------------------------------------------------------------------------------------
 # helpers: real `fedsuite simulate` processes
 # ------------------------------------------------------------------------------------------------
@@ -149,7 +143,7 @@ def _assert_same_run(resumed_dir: Path, reference, method: str) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", [pytest.param(m, id=m, marks=on_worker_of(m)) for m in METHODS])
+@pytest.mark.parametrize("method", list(METHODS))
 def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_root, tmp_path):
     overrides = {"rounds": ROUNDS, **METHODS[method]}
     reference = simulate(**overrides)
@@ -180,7 +174,6 @@ def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_ro
 # ------------------------------------------------------------------------------------------------
 
 
-@on_worker_of("feddyn")
 def test_row_and_checkpoint_are_one_step_on_resume(simulate, data_root, tmp_path):
     """FedDyn, 2 + 2 + 2 rounds. After the first segment the last row is missing (a kill after the
     checkpoint, before the append); after the second an extra row of a round the checkpoint does not
@@ -223,7 +216,6 @@ def _snapshot(run_dir: Path) -> dict[str, tuple[int, str]]:
     (["--set", "scaffold.server_lr=0.5"], "scaffold.server_lr"),
     (["--rounds", "3"], "rounds=3"),
 ])
-@on_worker_of("scaffold")
 def test_resume_refuses_changes_to_the_record_and_writes_nothing(change, field, simulate, data_root):
     """On a completed run: one line naming the field, exit code 2, every file untouched."""
     done = simulate(rounds=ROUNDS, **METHODS["scaffold"])
