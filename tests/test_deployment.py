@@ -28,15 +28,7 @@ def test_two_supernodes_train_two_rounds(tmp_path, data_root):
     nodes: list[subprocess.Popen] = []
     with launch.private_superlink(run_dir, simulation=False) as (env, connection):
         address = (run_dir / ".flwr" / "config.toml").read_text().split('address = "')[1].split('"')[0]
-        for pid in range(2):
-            log = (run_dir / f"supernode{pid}.log").open("wb")
-            nodes.append(subprocess.Popen(
-                [launch.bin_path("flower-supernode"), "--insecure", "--superlink", address,
-                 "--host", "127.0.0.1", "--port", str(launch.free_port()),
-                 "--node-config", f"partition-id={pid} num-partitions=2 state-dir='{run_dir / f'node{pid}'}'"],
-                env={**env, "FLWR_HOME": str(run_dir / f"node{pid}-home")}, stdout=log, stderr=subprocess.STDOUT,
-                cwd=run_dir, start_new_session=True,
-            ))
+        nodes += [start_supernode(run_dir, env, address, pid, 2) for pid in range(2)]
         try:
             run_id = launch.submit(app_dir, env, connection, federation_config=None)
             launch.follow(run_id, env, connection, run_dir)
