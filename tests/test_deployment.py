@@ -29,15 +29,7 @@ def test_two_supernodes_train_two_rounds(tmp_path, data_root):
     with launch.private_superlink(run_dir, simulation=False) as (env, connection):
         address = (run_dir / ".flwr" / "config.toml").read_text().split('address = "')[1].split('"')[0]
         nodes += [start_supernode(run_dir, env, address, pid, 2) for pid in range(2)]
-        try:
-            run_id = launch.submit(app_dir, env, connection, federation_config=None)
-            launch.follow(run_id, env, connection, run_dir)
-            status, details = launch.final_status(run_id, env, connection, run_dir)
-        finally:
-            for node in nodes:
-                launch.stop_tree(node)
-    error = (run_dir / "error.txt").read_text() if (run_dir / "error.txt").exists() else details
-    assert status == "finished:completed", error
+        run_to_completion(app_dir, env, connection, run_dir, nodes)
     rows = read_metrics(run_dir)
     assert [r["round"] for r in rows] == [0, 1, 2]
     assert all(sorted(r["cohort"]) == [0, 1] for r in rows[1:])
@@ -46,6 +38,21 @@ def test_two_supernodes_train_two_rounds(tmp_path, data_root):
     # every process we started is gone
     for node in nodes:
         assert not psutil.pid_exists(node.pid) or psutil.Process(node.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def run_to_completion(app_dir: Path, env: dict[str, str], connection, run_dir: Path, nodes: list[subprocess.Popen],
+                      on_progress=None) -> None:
+    """Submit the app, follow it to its end, stop every SuperNode in ``nodes`` by PID (also those
+    ``on_progress`` appends), and assert the run completed."""
+    try:
+        run_id = launch.submit(app_dir, env, connection, federation_config=None)
+        launch.follow(run_id, env, connection, run_dir, on_progress=on_progress)
+        status, details = launch.final_status(run_id, env, connection, run_dir)
+    finally:
+        for node in nodes:
+            launch.stop_tree(node)
+    error = (run_dir / "error.txt").read_text() if (run_dir / "error.txt").exists() else details
+    assert status == "finished:completed", error
 
 
 def start_supernode(run_dir: Path, env: dict[str, str], address: str, pid: int, num: int) -> subprocess.Popen:
@@ -113,15 +120,7 @@ def test_dead_restarted_and_hung_clients_on_the_deployment_engine(tmp_path, data
                 nodes.append(start_supernode(run_dir, env, address, 1, 2))
                 events["restarted_after"] = last
 
-        try:
-            run_id = launch.submit(app_dir, env, connection, federation_config=None)
-            launch.follow(run_id, env, connection, run_dir, on_progress=on_progress)
-            status, details = launch.final_status(run_id, env, connection, run_dir)
-        finally:
-            for node in nodes:
-                launch.stop_tree(node)
-    error = (run_dir / "error.txt").read_text() if (run_dir / "error.txt").exists() else details
-    assert status == "finished:completed", error
+        run_to_completion(app_dir, env, connection, run_dir, nodes, on_progress=on_progress)
     rows = read_metrics(run_dir)
     assert [r["round"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]
     assert events == {"killed_after": 1, "restarted_after": 2}, events
