@@ -1,16 +1,16 @@
 """CCVR's client rule (Luo et al., NeurIPS 2021; spec fednlr.md §5 table, A18).
 
-Training rounds are plain local SGD (FedAvg's ClientUpdate). In a *statistics round* (config key
-``ccvr-stats`` = 1, sent by ``strategies/ccvr.py`` after the rounds it calibrates) the client does no
-training: with the received global model w in eval mode it computes, over its whole local data
+Training rounds are plain local SGD (FedAvg's ClientUpdate). A *statistics query* (message type
+``query.statistics``, sent by ``strategies/ccvr.py`` after the rounds it calibrates) trains nothing:
+with the received global model w in eval mode the client computes, over its whole local data
 (normalised, not augmented), for every class c
 
     N_{i,c} = |{(x, y): y = c}|,   μ_{i,c} = (1/N_{i,c}) Σ_{y=c} f_w(x),
     Σ_{i,c} = (1/(N_{i,c} − 1)) Σ_{y=c} (f_w(x) − μ_{i,c})(f_w(x) − μ_{i,c})ᵀ   (0 when N_{i,c} < 2)
 
-with f_w = ``model.features`` (the penultimate representation), and returns them as the extra
-ArrayRecord ``ccvr-stats`` {counts [C], means [C, D], covs [C, D, D]} next to the unchanged w. The
-statistics round bypasses the plug-ins (relaxed init, neuron-wise lr): it must describe w itself.
+with f_w = ``model.features`` (the penultimate representation), and returns them as the
+``statistics`` record {counts [C], means [C, D], covs [C, D, D]}. The query sees no plug-in (relaxed
+init, neuron-wise lr): it must describe w itself.
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from __future__ import annotations
 import torch
 
 from fedsuite.data import to_float
-from fedsuite.training import ClientRule, LocalResult, LocalTask
-
-STATS_FLAG = "ccvr-stats"
+from fedsuite.training import ClientRule, LocalData
 
 
 @torch.no_grad()
@@ -47,32 +45,8 @@ def feature_statistics(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
 
 
 class CCVRClient(ClientRule):
-    """Plain local SGD; in a statistics round, no steps and the feature statistics of w."""
+    """Plain local SGD; a statistics query gets the per-class feature statistics of the received w."""
 
-    @staticmethod
-    def stats_round(task: LocalTask) -> bool:
-        return bool(task.config.get(STATS_FLAG, 0))
-
-    def run_start(self, task: LocalTask) -> None:
-        if not self.stats_round(task):
-            return super().run_start(task)
-        task.model.load_state_dict(task.received)
-        num_classes = int(task.model.head.out_features)
-        task.scratch[STATS_FLAG] = feature_statistics(
-            task.model, task.data.x, task.data.y, task.data.bundle, num_classes, task.cfg.eval_batch_size
-        )
-
-    def run_make_optimizer(self, task: LocalTask) -> torch.optim.Optimizer:
-        if self.stats_round(task):
-            return torch.optim.SGD(task.params, lr=0.0)  # never stepped
-        return super().run_make_optimizer(task)
-
-    def step(self, task: LocalTask, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
-        if self.stats_round(task):
-            return 0.0
-        return super().step(task, opt, x, y)
-
-    def run_finish(self, task: LocalTask) -> LocalResult:
-        if not self.stats_round(task):
-            return super().run_finish(task)
-        return LocalResult(arrays=dict(task.received), extras={STATS_FLAG: task.scratch[STATS_FLAG]}, metrics={})
+    def statistics(self, model: torch.nn.Module, data: LocalData, cfg) -> dict[str, torch.Tensor]:
+        num_classes = int(model.head.out_features)
+        return feature_statistics(model, data.x, data.y, data.bundle, num_classes, cfg.eval_batch_size)

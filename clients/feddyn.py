@@ -25,10 +25,6 @@ from fedsuite.training import ClientRule, LocalResult, LocalTask
 STATE_NAME = "feddyn-h"
 
 
-def _alpha(task: LocalTask) -> float:
-    return float(task.config.get("alpha", task.cfg.feddyn.alpha))
-
-
 class FedDynClient(ClientRule):
     """Local SGD on FedDyn's dynamically regularised objective."""
 
@@ -38,7 +34,7 @@ class FedDynClient(ClientRule):
         task.scratch["feddyn-h"] = {n: (h[n].to(task.device, p.dtype) if h else torch.zeros_like(p).detach()) for n, p in params.items()}
 
     def make_optimizer(self, task: LocalTask) -> torch.optim.Optimizer:
-        alpha = _alpha(task)
+        alpha = task.method_params.alpha
         h = task.scratch["feddyn-h"]  # start_point is final now: λ (h_i − w_{i,0}) is fixed for the round
         task.scratch["feddyn-corr"] = {n: alpha * (h[n] - task.start_point[n]) for n in h}
         cfg = task.cfg

@@ -36,6 +36,6 @@ class FedLCClient(ClientRule):
         shift = task.scratch.get("fedlc-shift")
         if shift is None:
             counts = torch.bincount(task.data.y.to(torch.long), minlength=z.shape[1])
-            shift = calibration_shift(counts, task.cfg.method_params.tau).to(z.device, z.dtype)
+            shift = calibration_shift(counts, task.method_params.tau).to(z.device, z.dtype)
             task.scratch["fedlc-shift"] = shift
         return calibrated_loss(z, y, shift)

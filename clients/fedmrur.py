@@ -90,7 +90,7 @@ class FedMRURClient(SamMomentumClient):
 
     def start(self, task: LocalTask) -> None:
         super().start(task)
-        if self.hp(task, "hyperbolic", True):
+        if task.method_params.hyperbolic:
             frozen = copy.deepcopy(task.model)
             frozen.load_state_dict(task.received)
             frozen.requires_grad_(False)
@@ -101,7 +101,7 @@ class FedMRURClient(SamMomentumClient):
 
     def _features(self, model: torch.nn.Module, x: torch.Tensor, task: LocalTask) -> tuple[torch.Tensor, torch.Tensor]:
         """(z, logits): z is the penultimate feature (A1) or the logits (``feature_layer="logits"``)."""
-        if self.hp(task, "feature_layer", "penultimate") == "logits":
+        if task.method_params.feature_layer == "logits":
             logits = model(x)
             return logits, logits
         z = model.features(x)
@@ -118,14 +118,14 @@ class FedMRURClient(SamMomentumClient):
         if "global_model" not in task.scratch:
             return ce
         reg, d2 = manifold_regularizer(
-            z, task.scratch["z_global"], beta=float(self.hp(task, "beta", 1.0)),
-            sigma=float(self.hp(task, "sigma", 1e4)), manifold=self.hp(task, "manifold", "lorentz"),
-            exp_clamp=float(self.hp(task, "exp_clamp", EXP_CLAMP)),
+            z, task.scratch["z_global"], beta=task.method_params.beta,
+            sigma=task.method_params.sigma, manifold=task.method_params.manifold,
+            exp_clamp=task.method_params.exp_clamp,
         )
         if task.scratch.get("sam_pass", 1) == 1:
             task.scratch["d2"].append(d2.detach())
             task.scratch["R"].append(reg.detach())
-        return ce + float(self.hp(task, "gamma", 0.005)) * reg
+        return ce + task.method_params.gamma * reg
 
     def finish(self, task: LocalTask) -> LocalResult:
         result = super().finish(task)

@@ -20,7 +20,7 @@ class FedProxClient(ClientRule):
 
     def loss(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = super().loss(task, x, y)
-        mu = float(task.config.get("mu", task.cfg.fedprox.mu))
+        mu = task.method_params.mu
         anchor = task.start_point
         prox = sum(((p - anchor[n]) ** 2).sum() for n, p in task.model.named_parameters() if p.requires_grad)
         return loss + 0.5 * mu * prox

@@ -35,6 +35,6 @@ class FedRSClient(ClientRule):
         z = task.model(x)
         if "fedrs-scale" not in task.scratch:  # counts from the local labels, once per round
             counts = torch.bincount(task.data.y.to(torch.long), minlength=z.shape[1])
-            p = task.cfg.method_params
+            p = task.method_params
             task.scratch["fedrs-scale"] = restriction_scale(counts, p.alpha, p.scaling).to(z.device, z.dtype)
         return z * task.scratch["fedrs-scale"]

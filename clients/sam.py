@@ -19,7 +19,7 @@ arithmetic. Those are what make MoFedSAM(ρ=0) = FedCM and FedCM(α=1) = FedAvg 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -72,9 +72,10 @@ def mix_momentum(grads: list[torch.Tensor], momentum: list[torch.Tensor | None] 
 class SamMomentumClient(ClientRule):
     """Local SGD with an optional SAM/ASAM second pass and optional client momentum (see module).
 
-    The hyperparameters are read from the run's method section (``task.cfg.method_params``):
-    ``rho`` (used when ``sam``; 0 gives e = 0), ``alpha`` (1: no momentum mixing), ``clip_norm`` (0: off),
-    ``eta`` (ASAM only). Subclasses fix what their method does not have via class attributes and
+    The hyperparameters are read from the run's method section (``task.method_params``, typed):
+    ``rho`` (read only when ``sam``; 0 gives e = 0), ``alpha`` (only when ``uses_momentum``; 1: no
+    mixing), ``clip_norm`` (every family member; 0: off), ``eta`` (only when ``adaptive``). A key the
+    method's section lacks is an AttributeError, never a silent default. Subclasses fix what their method does not have via class attributes and
     add loss terms via ``loss`` / ``prepare_batch``.
     """
 
@@ -84,9 +85,6 @@ class SamMomentumClient(ClientRule):
     adaptive: bool = False
     #: whether the rule mixes in the server's momentum direction (FedCM family)
     uses_momentum: bool = False
-
-    def hp(self, task: LocalTask, key: str, default: Any) -> Any:
-        return getattr(task.cfg.method_params, key, default)
 
     # --- hooks --------------------------------------------------------------------------------
     def start(self, task: LocalTask) -> None:
@@ -110,9 +108,9 @@ class SamMomentumClient(ClientRule):
         loss = self.loss(task, x, y)
         loss.backward()
         if self.sam:  # always two passes, also at ρ = 0 (then e = 0 and w + e = w exactly)
-            self.sam_second_pass(task, params, float(self.hp(task, "rho", 0.0)), lambda: self.loss(task, x, y))
+            self.sam_second_pass(task, params, task.method_params.rho, lambda: self.loss(task, x, y))
         self.adjust_gradient(task)
-        clip_norm = float(self.hp(task, "clip_norm", 0.0))
+        clip_norm = task.method_params.clip_norm
         clip_grad(params, clip_norm if clip_norm > 0 else None)
         clip_grad(params, task.cfg.grad_clip)
         opt.step()
@@ -124,7 +122,7 @@ class SamMomentumClient(ClientRule):
         """Replace ``p.grad`` by the gradient at w + e (e from SAM or ASAM); restore w exactly."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         if self.adaptive:
-            e = asam_perturbation(task.scratch["param_names"], params, grads, rho, float(self.hp(task, "eta", 0.0)))
+            e = asam_perturbation(task.scratch["param_names"], params, grads, rho, task.method_params.eta)
         else:
             e = sam_perturbation(grads, rho)
         saved = [p.detach().clone() for p in params]
@@ -148,7 +146,7 @@ class SamMomentumClient(ClientRule):
             # a parameter without a data gradient still follows m (u = (1−α)m); without m it is left alone
             grads = [p.grad if p.grad is not None or m is None else torch.zeros_like(p) for p, m in zip(params, momentum)]
             live = [i for i, g in enumerate(grads) if g is not None]
-            mix_momentum([grads[i] for i in live], [momentum[i] for i in live], float(self.hp(task, "alpha", 1.0)))
+            mix_momentum([grads[i] for i in live], [momentum[i] for i in live], task.method_params.alpha)
             for i in live:
                 params[i].grad = grads[i]
 

@@ -3,6 +3,8 @@
 ``query``: answers the ServerApp's handshake with this node's partition id.
 ``train``: rebuilds the model from the received arrays, runs the method's client rule through the
 shared loop (``fedsuite.training``) and replies with the arrays to aggregate plus metrics.
+``query.statistics``: replies with the rule's ``statistics`` of the received model (no training;
+CCVR's feature moments), see ``fedsuite.wire``.
 
 Node config keys (``flower-supernode --node-config``): ``partition-id`` (required),
 ``num-partitions``, ``state-dir`` (where per-client arrays are kept; default: the run directory in
@@ -29,7 +31,7 @@ from fedsuite.raycluster import node_label
 from fedsuite.seeding import seed_for
 from fedsuite.state import ClientState
 from fedsuite.training import LocalData, LocalTask, run_local_training
-from fedsuite.wire import record_checksum, to_record
+from fedsuite.wire import ARRAYS, METRICS, STATISTICS, STATISTICS_QUERY, record_checksum, to_record
 
 app = ClientApp()
 
@@ -44,25 +46,15 @@ def query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     cfg, run_dir = runtime.split_run_config(dict(context.run_config))
     pid = int(context.node_config["partition-id"])
-    torch.set_num_threads(cfg.num_cpus)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    device = runtime.device_for(cfg)
     server_round = int(msg.content["config"]["server-round"])
     faults = FaultDraw.for_task(cfg.faults, cfg.seed, pid, server_round)
     faults.before_training(pid, server_round)
-
-    try:
-        bundle = runtime.load_bundle(cfg)
-        data = local_data(cfg, bundle, pid, context, device)
-    except DatasetError as exc:  # say which machine lacks the files (a Ray cluster or real node)
-        raise DatasetError(f"on {node_label()}: {exc}") from None
-    model = make_model(cfg, bundle).to(device)
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    device, data, model = _received_model(cfg, msg, context, pid)
     received = {k: v.detach().clone() for k, v in model.state_dict().items()}
     extras = {
         name: {k: torch.from_numpy(a.numpy()).to(device) for k, a in rec.items()}
         for name, rec in msg.content.array_records.items()
-        if name != "arrays"
+        if name != ARRAYS
     }
     seed = seed_for(cfg.seed, pid, server_round)
     torch.manual_seed(seed)
@@ -77,13 +69,39 @@ def train(msg: Message, context: Context) -> Message:
     rule = cfg.method.client(plugins=active_plugins(cfg))
     result = run_local_training(rule, task)
 
-    content = RecordDict({"arrays": to_record(faults.corrupt(result.arrays))})
+    content = RecordDict({ARRAYS: to_record(faults.corrupt(result.arrays))})
     for name, arrays in result.extras.items():
         content[name] = to_record(arrays)
     # CRC-32 of the model as received: lets a server that sends per-client models verify them
-    received_crc = record_checksum(msg.content["arrays"])
-    content["metrics"] = MetricRecord({**result.metrics, "partition-id": pid, "received-checksum": received_crc})
+    received_crc = record_checksum(msg.content[ARRAYS])
+    content[METRICS] = MetricRecord({**result.metrics, "partition-id": pid, "received-checksum": received_crc})
     return Message(content, reply_to=msg)
+
+
+@app.query(STATISTICS_QUERY.split(".")[1])
+def statistics(msg: Message, context: Context) -> Message:
+    """A statistics query: the rule's ``statistics`` of the received model on this client's data."""
+    cfg, _ = runtime.split_run_config(dict(context.run_config))
+    pid = int(context.node_config["partition-id"])
+    _, data, model = _received_model(cfg, msg, context, pid)
+    stats = cfg.method.client().statistics(model, data, cfg)  # no plug-ins: it describes w itself
+    metrics = MetricRecord({"partition-id": pid, "num-examples": len(data)})
+    return Message(RecordDict({STATISTICS: to_record(stats), METRICS: metrics}), reply_to=msg)
+
+
+def _received_model(cfg, msg: Message, context: Context, pid: int) -> tuple[torch.device, LocalData, torch.nn.Module]:
+    """The device, this client's data on it, and the model holding the message's ``arrays``."""
+    torch.set_num_threads(cfg.num_cpus)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    device = runtime.device_for(cfg)
+    try:
+        bundle = runtime.load_bundle(cfg)
+        data = local_data(cfg, bundle, pid, context, device)
+    except DatasetError as exc:  # say which machine lacks the files (a Ray cluster or real node)
+        raise DatasetError(f"on {node_label()}: {exc}") from None
+    model = make_model(cfg, bundle).to(device)
+    model.load_state_dict(msg.content[ARRAYS].to_torch_state_dict())
+    return device, data, model
 
 
 def local_data(cfg, bundle, pid: int, context: Context, device: torch.device) -> LocalData:

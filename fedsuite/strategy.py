@@ -45,7 +45,10 @@ from flwr.serverapp.strategy import FedAvg
 from fedsuite.arrays import trainable_keys, weighted_mean
 from fedsuite.plugins import ServerHooks, active_plugins
 from fedsuite.seeding import COHORT_TAG, round_rng
-from fedsuite.wire import ClientReply, NDArrays, record_nbytes, to_ndarrays, to_record
+from fedsuite.wire import (
+    ARRAYS, CONFIG, STATISTICS, STATISTICS_QUERY, ClientReply, NDArrays, nonfinite_values, record_nbytes, to_ndarrays,
+    to_record,
+)
 
 log = logging.getLogger("fedsuite")
 
@@ -154,8 +157,6 @@ def failure_reason(reason: str) -> str:
 class FedSuiteStrategy(FedAvg):
     """FedAvg with deterministic cohorts, per-client payloads and validated replies (see module)."""
 
-    #: config keys of the method's section copied into every client's ConfigRecord
-    client_config_keys: tuple[str, ...] = ()
     #: rounds already done before this ``start`` (set by the ServerApp when resuming a run)
     round_offset: int = 0
     #: a class whose ``configure_train``/``aggregate_train`` are Flower's own (the server optimisers
@@ -212,10 +213,7 @@ class FedSuiteStrategy(FedAvg):
 
     def train_config(self, server_round: int) -> dict[str, Any]:
         """Scalars every client receives this round."""
-        conf: dict[str, Any] = {"server-round": server_round, "lr": self.local_lr(server_round)}
-        for key in self.client_config_keys:
-            conf[key] = getattr(self.params, key)
-        return conf
+        return {"server-round": server_round, "lr": self.local_lr(server_round)}
 
     def prepare_round(self, server_round: int, cohort: list[int]) -> None:
         """Called once per round with the sampled cohort, before any payload is built."""
@@ -300,6 +298,38 @@ class FedSuiteStrategy(FedAvg):
             self.record_drop(pid, DROP_NOT_CONNECTED)
         return messages
 
+    def query_statistics(self, server_round: int, pids: Iterable[int], arrays: ArrayRecord) -> dict[int, NDArrays]:
+        """Ask the connected clients among ``pids`` for their rule's statistics of the model ``arrays``
+        (message type ``STATISTICS_QUERY``: no training, no plug-in; ``ClientRule.statistics``).
+        Returns {partition id: statistics}. A reply that fails, lacks the record, holds non-finite
+        values or never comes is dropped and logged in this round's log like a failed training reply."""
+        conf = ConfigRecord({"server-round": server_round})
+        out = [(pid, Message(RecordDict({ARRAYS: arrays, CONFIG: conf}), dst_node_id=self.pid_to_node[pid],
+                             message_type=STATISTICS_QUERY))
+               for pid in pids if self.pid_to_node.get(pid) in self.connected]
+        self.round_log.bytes_sent += sum(record_nbytes(m.content) for _, m in out)
+        replies = list(self.grid.send_and_receive([m for _, m in out], timeout=self.cfg.round_timeout_s))
+        asked = {m.metadata.message_id: pid for pid, m in out}  # ids are set when the Grid pushes
+        stats: dict[int, NDArrays] = {}
+        answered = set()
+        for msg in replies:
+            pid = asked.get(msg.metadata.reply_to_message_id, self.setup.node_to_pid.get(msg.metadata.src_node_id, -1))
+            answered.add(pid)
+            if msg.has_error():
+                problem = f"client error: {failure_reason(msg.error.reason)}"
+            elif STATISTICS not in msg.content.array_records:
+                problem = f"reply lacks {STATISTICS!r}"
+            else:
+                self.round_log.bytes_received += record_nbytes(msg.content)
+                problem = nonfinite_values(msg.content)
+            if problem:
+                self.record_drop(pid, f"statistics query: {problem}")
+            else:
+                stats[pid] = to_ndarrays(msg.content[STATISTICS])
+        for pid in sorted(set(asked.values()) - answered):
+            self.record_drop(pid, f"statistics query: {DROP_TIMEOUT} ({self.cfg.round_timeout_s:g} s)")
+        return dict(sorted(stats.items()))
+
     # --- replies --------------------------------------------------------------------------------
     def parse_replies(self, replies: Iterable[Message]) -> list[ClientReply]:
         """Drop and log bad replies; return the good ones sorted by partition id."""
@@ -335,12 +365,7 @@ class FedSuiteStrategy(FedAvg):
         for key, arr in arrays.items():
             if tuple(arr.shape) != tuple(self.template[key].shape):
                 return f"array {key!r} has shape {tuple(arr.shape)}, expected {tuple(self.template[key].shape)}"
-        for name, rec in content.array_records.items():
-            for key, arr in rec.items():
-                value = arr.numpy()
-                if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
-                    return f"non-finite values in {name}[{key!r}]"
-        return None
+        return nonfinite_values(content)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round = self.global_round(server_round)

@@ -65,7 +65,7 @@ class LocalTask:
     model: torch.nn.Module
     received: dict[str, torch.Tensor]  # w^t as sent by the server (detached copies, on device)
     extras: dict[str, dict[str, torch.Tensor]]  # other ArrayRecords the server sent, by name
-    config: dict[str, Any]  # the ConfigRecord the server sent (server-round, lr, method scalars)
+    config: dict[str, Any]  # the ConfigRecord the server sent (server-round, lr, per-round values)
     cfg: Any  # fedsuite.config.BaseRunConfig (the config module sits above this one)
     data: LocalData
     state: ClientState
@@ -83,6 +83,13 @@ class LocalTask:
     @property
     def params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
+
+    @property
+    def method_params(self) -> Any:
+        """The run's section of the active method (``[<strategy>]``, a validated pydantic model): the one
+        place a client rule reads its hyperparameters from. Values that change per round (``lr``,
+        FedGen's decayed weights) come from the server in ``config`` instead."""
+        return self.cfg.method_params
 
 
 @dataclass
@@ -126,6 +133,12 @@ class ClientRule:
 
     def adjust_gradient(self, task: LocalTask) -> None:
         """Change ``p.grad`` in place before clipping and the optimizer step (SCAFFOLD, FedCM)."""
+
+    def statistics(self, model: torch.nn.Module, data: LocalData, cfg: Any) -> dict[str, torch.Tensor]:
+        """The answer to a statistics query (``fedsuite.wire.STATISTICS_QUERY``) about the received
+        model, which is not trained and sees no plug-in: statistics must describe w itself. Only rules
+        whose server asks (CCVR) implement it."""
+        raise NotImplementedError(f"{type(self).__name__} answers no statistics query")
 
     def finish(self, task: LocalTask) -> LocalResult:
         """What is sent back: by default the trained model's full state_dict."""

@@ -10,8 +10,12 @@ A training message (server → client) holds
 
 A reply (client → server) holds ``"arrays"`` (what is aggregated), ``"metrics"`` (:data:`METRICS`:
 ``num-examples``, ``train-loss``, ``partition-id``, ``received-checksum`` and the rule's own) and
-the rule's extra ArrayRecords. A statistics message (:data:`STATS_ROUND`) asks a client for
-per-class feature statistics instead of training (CCVR).
+the rule's extra ArrayRecords.
+
+A statistics query (message type :data:`STATISTICS_QUERY`, server → client) holds ``"arrays"`` (the
+model w to describe) and ``"config"`` (``server-round``); the client trains nothing and replies with
+the ArrayRecord :data:`STATISTICS` (whatever its rule's ``statistics`` computes, e.g. CCVR's per-class
+feature moments) and ``"metrics"`` (``partition-id``, ``num-examples``).
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ CONFIG = "config"
 METRICS = "metrics"
 #: the server's momentum direction m^t (FedCM family), an extra ArrayRecord of the training message
 MOMENTUM = "momentum"
-#: config flag of a statistics round (CCVR): the client replies with feature statistics, no training
-STATS_ROUND = "ccvr-stats"
+#: the message type of a statistics query (Flower routes it to the ClientApp's ``@app.query("statistics")``)
+STATISTICS_QUERY = "query.statistics"
+#: the ArrayRecord of a statistics reply
+STATISTICS = "statistics"
 
 
 @dataclass
@@ -72,3 +78,13 @@ def record_checksum(record: ArrayRecord) -> int:
     for arr in record.values():
         crc = zlib.crc32(arr.data, crc)
     return crc
+
+
+def nonfinite_values(content: RecordDict) -> str | None:
+    """The first floating-point array of ``content`` holding NaN or ±inf, named; None if there is none."""
+    for name, rec in content.array_records.items():
+        for key, arr in rec.items():
+            value = arr.numpy()
+            if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+                return f"non-finite values in {name}[{key!r}]"
+    return None

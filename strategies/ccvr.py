@@ -3,7 +3,8 @@ spec fednlr.md §5 table and A18). Training is FedAvg; calibration changes only 
 
 After each round t that is calibrated (the last round; also every ``calibrate_every`` rounds if > 0),
 the server runs one statistics round (spec fednlr.md §5: "one extra statistics-gathering round after
-training") on w^{t+1}: clients return per-class (N_{i,c}, μ_{i,c}, Σ_{i,c}) of their features
+training") on w^{t+1}, a statistics query (``FedSuiteStrategy.query_statistics``; no training, no
+plug-in): clients return per-class (N_{i,c}, μ_{i,c}, Σ_{i,c}) of their features
 (``clients/ccvr.py``). The server merges them exactly (CCVR eq. 3-4):
 
     N_c = Σ_i N_{i,c},   μ_c = Σ_i (N_{i,c}/N_c) μ_{i,c},
@@ -26,13 +27,13 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord
 from pydantic import BaseModel, ConfigDict, Field
 
-from clients.ccvr import STATS_FLAG, CCVRClient
+from clients.ccvr import CCVRClient
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import NDArrays, record_nbytes, to_ndarrays, to_record
+from fedsuite.wire import NDArrays, to_ndarrays, to_record
 
 
 class CCVRParams(BaseModel):
@@ -118,15 +119,10 @@ class CCVRStrategy(FedSuiteStrategy):
                 self.calibrate(server_round, self.global_arrays, stats)
 
     def gather_statistics(self, server_round: int, arrays: ArrayRecord) -> list[NDArrays]:
-        """The statistics round: w^{t+1} to every client (or the cohort), per-class statistics back."""
+        """The statistics round: a statistics query about w^{t+1} to every client (or the cohort);
+        per-class statistics back (``CCVRClient.statistics``)."""
         pids = sorted(self.pid_to_node) if self.params.stats_clients == "all" else self.round_log.cohort
-        pids = [p for p in pids if self.pid_to_node.get(p) in self.connected]  # gone nodes are asked nothing
-        conf = ConfigRecord({"server-round": server_round, "lr": 0.0, STATS_FLAG: 1})
-        messages = [Message(RecordDict({"arrays": arrays, "config": conf}), dst_node_id=self.pid_to_node[p],
-                            message_type=MessageType.TRAIN) for p in pids]
-        self.round_log.bytes_sent += sum(record_nbytes(m.content) for m in messages)
-        good = self.parse_replies(self.grid.send_and_receive(messages, timeout=self.cfg.round_timeout_s))
-        return [g.extras[STATS_FLAG] for g in good if STATS_FLAG in g.extras]
+        return list(self.query_statistics(server_round, pids, arrays).values())
 
     def calibrate(self, server_round: int, base: NDArrays, stats: list[NDArrays]) -> None:
         p = self.params

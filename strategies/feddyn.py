@@ -37,7 +37,6 @@ class FedDynParams(BaseModel):
 class FedDynStrategy(FedSuiteStrategy):
     """Model average plus the mean of all clients' accumulated updates."""
 
-    client_config_keys = ("alpha",)
 
     def __init__(self, setup) -> None:
         super().__init__(setup)

@@ -23,7 +23,6 @@ class FedProxParams(BaseModel):
 class FedProxStrategy(FedSuiteStrategy):
     """FedAvg server; clients receive ``mu``."""
 
-    client_config_keys = ("mu",)
 
 
 register_method(

@@ -269,23 +269,23 @@ def _local_round(rule, cfg_values=None, **kw):
     return task, run_local_training(rule, task)
 
 
-@pytest.mark.parametrize("rule, values, config", [
-    (FedProxClient, {"strategy": "fedprox", "fedprox.mu": 0.0}, {"mu": 0.0}),
-    (FedDynClient, {"strategy": "feddyn", "feddyn.alpha": 0.0}, {"alpha": 0.0}),
-    (ScaffoldClient, {"strategy": "scaffold"}, {}),
+@pytest.mark.parametrize("rule, values", [
+    (FedProxClient, {"strategy": "fedprox", "fedprox.mu": 0.0}),
+    (FedDynClient, {"strategy": "feddyn", "feddyn.alpha": 0.0}),
+    (ScaffoldClient, {"strategy": "scaffold"}),
 ])
-def test_client_rule_with_its_knob_at_zero_is_plain_sgd_bit_for_bit(rule, values, config):
+def test_client_rule_with_its_knob_at_zero_is_plain_sgd_bit_for_bit(rule, values):
     """FedProx μ=0, FedDyn λ=0 (spec fedinit.md §8 item 11) and SCAFFOLD with c = c_i = 0 (round 1)."""
     small = {"num_clients": 100, "momentum": 0.5, "weight_decay": 1e-3}  # ~300 samples: a quick round
     _, ref = _local_round(FedAvgClient(), small)
-    task, out = _local_round(rule(), {**values, **small}, config=config)
+    task, out = _local_round(rule(), {**values, **small})
     assert out.metrics["num-steps"] > 3
     assert_same_arrays({k: v.numpy() for k, v in out.arrays.items()}, {k: v.numpy() for k, v in ref.arrays.items()})
     assert out.metrics["train-loss"] == ref.metrics["train-loss"]
 
 
 def test_fedprox_loss_and_gradient_include_the_proximal_term_to_the_start_point():
-    task, _ = make_task({"strategy": "fedprox"}, config={"mu": 0.5})
+    task, _ = make_task({"strategy": "fedprox", "fedprox.mu": 0.5})
     task.start_point = {k: v.detach().clone() for k, v in task.model.state_dict().items()}
     with torch.no_grad():
         for p in task.params:
@@ -336,8 +336,8 @@ def test_scaffold_update_with_neuron_wise_rates_divides_elementwise():
 def test_feddyn_one_full_batch_step_and_h_update(tmp_path):
     """w_1 = w_0 − η(∇ℓ + λ(h_i − w_0) + (wd + λ) w_0) and h_i ← h_i + Δ_i (spec fedinit.md §5)."""
     alpha, wd = 0.1, 0.01
-    values = {"strategy": "feddyn", "batch_size": 100000, "weight_decay": wd}
-    task, _ = make_task(values, config={"alpha": alpha}, state_dir=tmp_path)
+    values = {"strategy": "feddyn", "feddyn.alpha": alpha, "batch_size": 100000, "weight_decay": wd}
+    task, _ = make_task(values, state_dir=tmp_path)
     gen = torch.Generator().manual_seed(5)
     h = {n: 0.1 * torch.randn(p.shape, generator=gen) for n, p in _trainable(task).items()}
     task.state.save_arrays("feddyn-h", h)
@@ -360,7 +360,7 @@ def test_feddyn_uploads_the_start_offset_when_the_start_point_moved():
                 for p in task.params:
                     p.add_(0.25)
 
-    task, out = _local_round(Moved(), {"strategy": "feddyn", "num_clients": 100}, config={"alpha": 0.1})
+    task, out = _local_round(Moved(), {"strategy": "feddyn", "num_clients": 100, "feddyn.alpha": 0.1})
     for n, r in out.extras["start-offset"].items():
         torch.testing.assert_close(r, torch.full_like(r, 0.25))
 

@@ -189,13 +189,12 @@ def _stats_np(f: np.ndarray, y: np.ndarray, c: int) -> dict:
 
 
 def test_ccvr_client_feature_statistics_match_direct_computation():
-    from clients.ccvr import STATS_FLAG, CCVRClient
+    from clients.ccvr import CCVRClient
 
-    task, _ = make_task({"strategy": "ccvr"}, pid=1, config={STATS_FLAG: 1, "lr": 0.0})
-    result = run_local_training(CCVRClient(), task)
-    for k, v in task.received.items():  # no training in a statistics round
-        assert torch.equal(result.arrays[k], v)
-    stats = result.extras[STATS_FLAG]
+    task, cfg = make_task({"strategy": "ccvr"}, pid=1)
+    stats = CCVRClient().statistics(task.model, task.data, cfg)
+    for k, v in task.received.items():  # a statistics query trains nothing
+        assert torch.equal(task.model.state_dict()[k], v)
     with torch.no_grad():
         task.model.eval()
         f = task.model.features(task.data.x.float()).double().numpy()

@@ -473,3 +473,19 @@ def test_sim_fedmrur_runs_and_logs(simulate):
     momentum = sim.checkpoint["strategy"]["method"]["momentum"]
     assert set(momentum) <= set(sim.arrays) and all(np.isfinite(v).all() for v in momentum.values())
     assert all(np.isfinite(v).all() for v in sim.arrays.values())
+
+
+def test_family_rules_read_their_typed_section_and_a_key_it_lacks_is_an_error():
+    """One parameter route (issue 11): a rule reads ``task.method_params``, the method's validated
+    section. What used to be ``getattr(section, key, default)`` fell back silently on a key the section
+    lacks (a misspelling, or a rule paired with the wrong method); now it raises."""
+    from clients.sam import SamMomentumClient
+
+    class NeedsRho(SamMomentumClient):
+        sam = True
+
+    task, _ = make_task({"strategy": "fedcm"})  # FedCM's section has alpha and clip_norm, no rho
+    with pytest.raises(AttributeError, match="rho"):
+        run_local_training(NeedsRho(), task)
+    task, _ = make_task({"strategy": "mofedsam", "mofedsam.rho": 0.25})
+    assert task.method_params.rho == 0.25 and task.config.keys() == {"server-round", "lr"}
