@@ -45,7 +45,7 @@ def plain_loop(cfg, rounds: int) -> list[float]:
     times = []
     for rnd in range(1, rounds + 1):
         t0 = time.perf_counter()
-        models, sizes = [], []
+        trained, sizes = [], []
         for pid in sampler.sample_cohort(rnd):
             idx = torch.from_numpy(np.asarray(runtime.client_indices(cfg, bundle, pid), dtype=np.int64))
             data = LocalData(bundle.x_train[idx], bundle.y_train[idx], bundle, "none")
@@ -60,14 +60,20 @@ def plain_loop(cfg, rounds: int) -> list[float]:
                     opt.zero_grad(set_to_none=True)
                     torch.nn.functional.cross_entropy(model(x), y).backward()
                     opt.step()
-            models.append({k: v.detach().numpy().copy() for k, v in model.state_dict().items()})
+            trained.append({k: v.detach().numpy().copy() for k, v in model.state_dict().items()})
             sizes.append(len(data))
-        global_arrays = weighted_mean(models, sizes, global_arrays)
+        global_arrays = weighted_mean(trained, sizes, global_arrays)
         model.load_state_dict({k: torch.from_numpy(v) for k, v in global_arrays.items()})
         acc = evaluate(model, bundle.x_test, bundle.y_test, bundle, cfg.eval_batch_size)["accuracy"]
         times.append(time.perf_counter() - t0)
         print(f"  plain round {rnd}: {times[-1]:.3f}s acc {acc:.4f}", flush=True)
     return times
+
+
+def startup_parts(run_dir: Path) -> dict[str, float]:
+    """Where the start-up went: ``summary.json``'s ``timing`` (seconds)."""
+    timing = json.loads((run_dir / "summary.json").read_text()).get("timing", {})
+    return {k: round(v, 2) for k, v in timing.items() if k.endswith("_s")}
 
 
 def main() -> None:
@@ -102,6 +108,7 @@ def main() -> None:
         "fedsuite_s_per_round": round(fed_med, 4), "plain_s_per_round": round(plain_med, 4),
         "ratio": round(fed_med / plain_med, 3),
         "fedsuite_whole_run_s": round(total, 1), "fedsuite_startup_s": round(total - sum(fed), 1),
+        "startup_parts_s": startup_parts(work / "runs" / "bench"),
         "final_acc_fedsuite": rows[-1]["test_accuracy"],
     }
     print(json.dumps(result, indent=2))

@@ -9,6 +9,12 @@ Use ``FAST`` settings unless a test needs more.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,10 +68,67 @@ def data_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("data")
 
 
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def ray_env(**extra: str) -> dict[str, str]:
+    """This environment for a ``ray`` command: no inherited RAY_ADDRESS, no usage stats."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", **extra})
+    return env
+
+
+def start_ray_node(log: Path, num_cpus: int, worker_ports: tuple[int, int], head_port: int | None = None,
+                   address: str | None = None, temp_dir: str | None = None,
+                   env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A real Ray node (``ray start --block``, its own process group, stopped with ``stop_tree``): a
+    head on ``head_port`` or a worker joining ``address``. Its workers use ``worker_ports`` (a range
+    of its own: Ray's default 10002-19999 is shared with the private Ray of every simulation running
+    beside it). A head gets its own ``temp_dir``, so a private ``ray.init()`` never finds and joins it."""
+    role = (["--head", "--port", str(head_port), "--include-dashboard", "false", "--temp-dir", temp_dir]
+            if address is None else ["--address", address])
+    cmd = [RAY, "start", "--block", *role, "--node-ip-address", "127.0.0.1", "--num-cpus", str(num_cpus),
+           "--num-gpus", "0", "--min-worker-port", str(worker_ports[0]), "--max-worker-port", str(worker_ports[1])]
+    return subprocess.Popen(cmd, env=env or ray_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def wait_for_ray(address: str, node: subprocess.Popen, log: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while subprocess.run([RAY, "status", "--address", address], capture_output=True, env=ray_env()).returncode:
+        assert node.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(1)
+
+
 @pytest.fixture(scope="session")
-def simulate(tmp_path_factory, data_root):
+def worker_ray_cluster(tmp_path_factory, worker_id):
+    """The Ray cluster this xdist worker's ``simulate`` runs use: one node, one CPU, started once.
+
+    A simulation's private Ray costs ~8 s of CPU in daemons (GCS, raylet, monitor, dashboard head,
+    log monitor, two agents) before any client runs, and one ClientApp actor per CPU, each ~8 s of
+    imports and warm-up. The worker's simulations run one after another, so they share one node,
+    and one CPU means one actor per run. Runs through ``--ray-address`` are the product path of
+    ``tests/test_raycluster.py``; the private-Ray path stays covered by every CLI-driven test."""
+    index = int(worker_id[2:]) if worker_id.startswith("gw") else 99
+    base = tmp_path_factory.mktemp("worker-ray")
+    temp_dir = tempfile.mkdtemp(prefix="fsw", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    port = launch.free_port()
+    address = f"127.0.0.1:{port}"
+    lo = 30000 + index * 50  # 30000-34999: clear of tests/test_raycluster.py's 20000-29999
+    head = start_ray_node(base / "head.log", 1, (lo, lo + 49), head_port=port, temp_dir=temp_dir)
+    try:
+        wait_for_ray(address, head, base / "head.log")
+        yield address
+    finally:
+        launch.stop_tree(head)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def simulate(tmp_path_factory, data_root, worker_ray_cluster):
     """simulate(**overrides) -> SimResult; overrides are RunConfig keys (dotted for sections).
-    ``expect_failure=True``: the run must end failed (the result holds what it left behind)."""
+    ``expect_failure=True``: the run must end failed (the result holds what it left behind).
+    CPU runs go to this worker's Ray cluster (``worker_ray_cluster``) unless ``ray_address`` is given."""
     cache: dict[str, SimResult] = {}
     base = tmp_path_factory.mktemp("runs")
 
@@ -74,7 +137,8 @@ def simulate(tmp_path_factory, data_root):
         key = json.dumps(values, sort_keys=True, default=str)
         if key in cache:
             return cache[key]
-        cfg = build_config(values=values)
+        on_cpu = not values.get("num_gpus") and values.get("device", "cpu") == "cpu"  # the node has no GPU
+        cfg = build_config(values={"ray_address": worker_ray_cluster, **values} if on_cpu else values)
         run_dir = base / f"run{len(cache):03d}"
         outcome = launch.simulate(cfg, run_dir)
         error = (run_dir / "error.txt").read_text() if (run_dir / "error.txt").exists() else outcome.details

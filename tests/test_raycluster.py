@@ -23,15 +23,7 @@ import pytest
 
 from fedsuite.launch import free_port, stop_tree
 from fedsuite.raycluster import NodeResources, actors_that_fit, resource_problem, translate_connect_error
-
-RAY = str(Path(sys.executable).parent / "ray")
-
-
-def ray_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", **extra})
-    return env
-
+from tests.conftest import ray_env, start_ray_node, wait_for_ray
 
 def cluster_query(address: str, code: str) -> object:
     """Run ``code`` (which sets ``out``) in a fresh driver connected to the cluster; return ``out``."""
@@ -57,29 +49,16 @@ def cluster(tmp_path_factory):
     np.savez(data / "mine.npz", x_train=x[:300], y_train=y[:300], x_test=x[300:], y_test=y[300:])
     port = free_port()
     address = f"127.0.0.1:{port}"
-    # each node's workers get their own port range: Ray's default (10002-19999) is shared with
-    # every other Ray on this machine (the private one of each simulation running beside this test);
-    # 20000-31999 is below the kernel's ephemeral ports and clear of Ray's fixed ones (52365, ...)
-    lo = 20000 + (port % 120) * 100
-    ports = {"head": ["--min-worker-port", str(lo), "--max-worker-port", str(lo + 49)],
-             "worker": ["--min-worker-port", str(lo + 50), "--max-worker-port", str(lo + 99)]}
+    lo = 20000 + (port % 100) * 100  # 20000-29999: clear of conftest's worker clusters and Ray's fixed ports
     ray_tmp = tempfile.mkdtemp(prefix="fsray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    head = subprocess.Popen(
-        [RAY, "start", "--head", "--block", "--port", str(port), "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-         "--num-gpus", "0", "--include-dashboard", "false", "--temp-dir", ray_tmp, *ports["head"]],
-        env=ray_env(FEDSUITE_TEST_DATA=str(data), FEDSUITE_NODE_DATA=str(data)),
-        stdout=(base / "head.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    head = start_ray_node(base / "head.log", 1, (lo, lo + 49), head_port=port, temp_dir=ray_tmp,
+                          env=ray_env(FEDSUITE_TEST_DATA=str(data), FEDSUITE_NODE_DATA=str(data)))
     procs = [head]
     try:
+        wait_for_ray(address, head, base / "head.log")
         deadline = time.monotonic() + 120
-        while subprocess.run([RAY, "status", "--address", address], capture_output=True, env=ray_env()).returncode:
-            assert head.poll() is None and time.monotonic() < deadline, (base / "head.log").read_text()
-            time.sleep(1)
-        worker = subprocess.Popen(
-            [RAY, "start", "--block", "--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-             "--num-gpus", "0", *ports["worker"]],
-            env=ray_env(FEDSUITE_TEST_DATA=str(data), FEDSUITE_NODE_DATA=str(base / "not-on-this-node")),
-            stdout=(base / "worker.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        worker = start_ray_node(base / "worker.log", 1, (lo + 50, lo + 99), address=address,
+                                env=ray_env(FEDSUITE_TEST_DATA=str(data), FEDSUITE_NODE_DATA=str(base / "not-on-this-node")))
         procs.append(worker)
         while cluster_query(address, "out = sum(1 for n in ray.nodes() if n['Alive'])") != 2:
             assert worker.poll() is None and time.monotonic() < deadline, (base / "worker.log").read_text()
