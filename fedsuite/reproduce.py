@@ -666,7 +666,7 @@ def main(argv: Sequence[str]) -> int:
         pending = [s for s in specs if run_state(s.run_dir) not in ("completed", "failed")]
         problems = missing_data(pending)
         if problems:
-            raise ReproduceError("missing data, nothing was started: " + " | ".join(problems))
+            raise ReproduceError("missing data, nothing was started:\n  " + "\n  ".join(problems))
     except ReproduceError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
