@@ -245,7 +245,7 @@ last = 2
 spread = "seeds"
 seeds = [0, 1]
 set = ["dataset={dataset}", "model=mlp", "num_clients=10", "clients_per_round=4", "rounds=2",
-       "batch_size=32", "faults.delay_s=1.5"]
+       "batch_size=32", "faults.delay_s=1.0"]
 
 [targets.tiny.cpu]
 set = []
@@ -305,6 +305,12 @@ def test_kill_and_restart_resumes_and_reports(tmp_path):
     runs = out / "tiny" / "paper" / "dir0.5"
     first, second = runs / "fedavg-s0", runs / "fedavg-s1"
 
+    # the cell that will be interrupted, run without interruption (beside step 1, into another folder)
+    ref_out = tmp_path / "reference"
+    ref = subprocess.Popen(_cmd("tiny", "--out", str(ref_out), "--methods", "fedavg", "--seeds", "1", *common),
+                           env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+
     # 1. one run at a time; SIGKILL the command's process group once the second run is mid-way
     proc = subprocess.Popen(_cmd("tiny", "--out", str(out), "--jobs", "1", *common), env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -323,15 +329,13 @@ def test_kill_and_restart_resumes_and_reports(tmp_path):
     assert _state(first) == "completed" and _state(second) == "partial"
     before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
 
-    # 2. the same command again (2 at a time), beside the same cell run without interruption
-    again = subprocess.Popen(_cmd("tiny", "--out", str(out), "--jobs", "2", *common), env=_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    ref_out = tmp_path / "reference"
-    ref = subprocess.run(_cmd("tiny", "--out", str(ref_out), "--methods", "fedavg", "--seeds", "1", *common),
-                         env=_env(), capture_output=True, text=True, timeout=300)
-    text, _ = again.communicate(timeout=300)
+    # 2. the same command again, two runs at a time
+    again = subprocess.run(_cmd("tiny", "--out", str(out), "--jobs", "2", *common), env=_env(),
+                           capture_output=True, text=True, timeout=300)
+    text = again.stdout + again.stderr
     assert again.returncode == 0, text
-    assert ref.returncode == 0, ref.stdout + ref.stderr
+    ref_text, _ = ref.communicate(timeout=300)
+    assert ref.returncode == 0, ref_text
     assert re.search(r"resume dir0\.5 fedavg s1", text), text
     assert "fedavg s0 ->" not in text, "a completed run was started again"
 
