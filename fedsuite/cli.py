@@ -1,4 +1,4 @@
-"""The ``fedsuite`` command: simulate, list, partition, report.
+"""The ``fedsuite`` command: simulate, list, partition, report, reproduce.
 
 User errors (bad config, unknown names, missing data) print one line and exit with code 2, before
 any run directory is created.
@@ -334,6 +334,15 @@ def report(
     (out / "report.json").write_text(json.dumps(rows, indent=2) + "\n")
     plot_groups(curves, out / "accuracy.png")
     console.print(f"-> {out / 'report.md'}, {out / 'accuracy.png'}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)
+def reproduce(ctx: typer.Context) -> None:
+    """Reproduce a paper's table as one resumable queue of runs; `fedsuite reproduce list`, `--help`."""
+    from fedsuite.reproduce import main as reproduce_main
+
+    raise typer.Exit(reproduce_main(ctx.args))
 
 
 def main() -> None:  # pragma: no cover

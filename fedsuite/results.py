@@ -251,9 +251,10 @@ def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 1)
     return table, curves
 
 
-def plot_groups(curves: dict[str, list[list[dict[str, Any]]]], path: Path) -> None:
+def plot_groups(curves: dict[str, list[list[dict[str, Any]]]], path: Path, title: str | None = None) -> None:
     """Mean accuracy versus round per group, with a ± std band over seeds. Words shared by every
-    group label (model, dataset, partition) go to the title, so the legend names what differs."""
+    group label (model, dataset, partition) go to the title (or ``title``, when given), so the legend
+    names what differs."""
     labels = list(curves)
     common = set.intersection(*(set(label.split()) for label in labels)) if len(labels) > 1 else set()
     short = {label: " ".join(w for w in label.split() if w not in common) or label for label in labels}
@@ -277,8 +278,8 @@ def plot_groups(curves: dict[str, list[list[dict[str, Any]]]], path: Path) -> No
     ax.set_ylabel("test accuracy (%)")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
-    if common:
-        ax.set_title(" ".join(w for w in labels[0].split() if w in common), fontsize=9)
+    if title or common:
+        ax.set_title(title or " ".join(w for w in labels[0].split() if w in common), fontsize=9)
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0)
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)

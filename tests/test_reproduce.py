@@ -1,0 +1,378 @@
+"""``fedsuite reproduce`` (issue 13): tables as data, the resumable queue, the report.
+
+* The tables files hold the specs' numbers: every published cell of every target is compared with
+  the table parsed from ``../shared/specs/*.md`` (beside the repository root).
+* Every cell of every target builds a valid config at both scales (no run).
+* The report's maths (run value, mean ± std over seeds or pooled, ordering claims, verdicts) on
+  hand-made inputs.
+* Bad input: one line, exit code 2, nothing started (unknown target/row/method, missing data).
+* End to end, real processes: a tiny target (the generated synthetic dataset, 2 methods x 2 seeds x
+  2 rounds) is SIGKILLed as a process group while its second run is mid-way, then started again:
+  the finished run is not touched, the killed one resumes, every round appears once, the report is
+  complete, and the resumed run equals, bit for bit, the same cell run without interruption.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from fedsuite import reproduce
+from fedsuite.reproduce import Claim, aggregate, claims, run_value, verdict
+from fedsuite.results import read_metrics
+from tests.conftest import assert_same_arrays
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT.parent / "shared" / "specs"
+
+
+# ------------------------------------------------------------------------------------------------
+# the tables files against the specs
+# ------------------------------------------------------------------------------------------------
+
+
+def spec_table(spec: str, heading: str, nth: int = 0) -> tuple[list[str], list[list[str]]]:
+    """The ``nth`` Markdown table after the line containing ``heading`` in a spec: (header, rows)."""
+    lines = (SPECS / spec).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if heading in line)
+    tables: list[list[list[str]]] = []
+    current: list[list[str]] = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            current.append([c.strip() for c in line.strip().strip("|").split("|")])
+            continue
+        if current:
+            tables.append(current)
+            current = []
+        if len(tables) > nth or line.startswith("#"):
+            break
+    if current:
+        tables.append(current)
+    table = tables[nth]
+    return table[0], table[2:]
+
+
+def spec_cell(text: str) -> tuple[float, float | None]:
+    """``"50.66 ± 1.18"``, ``"**74.11±0.48**"``, ``"78.77±.11"``, ``"70.65±.21†"``, ``"∞"``, ``"513"``."""
+    text = re.sub(r"\(.*?\)", "", text.replace("**", "").replace("†", "")).strip()
+    if text == "∞":
+        return math.inf, None
+    m = re.fullmatch(r"([\d.]+)\s*(?:±\s*\.?([\d.]+))?", text)
+    assert m, f"unreadable spec cell {text!r}"
+    std = m.group(2)
+    if std is not None and "±." in text.replace(" ", ""):
+        std = "0." + std
+    return float(m.group(1)), None if std is None else float(std)
+
+
+@pytest.fixture(scope="module")
+def targets() -> dict[str, reproduce.Target]:
+    return reproduce.load_targets()
+
+
+def _published(targets, name: str) -> dict[str, dict[str, tuple[float, float | None]]]:
+    return {row.name: row.published for row in targets[name].rows}
+
+
+@pytest.mark.skipif(not SPECS.is_dir(), reason="../shared/specs is not present")
+def test_every_spec_table_is_a_target(targets):
+    assert sorted(targets) == sorted([
+        "fedmr-table1", "fedmrur-table2", "fedmrur-table3", "fedmrur-table6",
+        "fednlr-table1", "fednlr-table2", "fednlr-table3", "fedinit-table1", "fedinit-table2", "fedinit-table3"])
+    # FedMR's spec: "This is the paper's only table"
+    assert "only table" in (SPECS / "fedmr.md").read_text()
+
+
+@pytest.mark.skipif(not SPECS.is_dir(), reason="../shared/specs is not present")
+def test_fedmr_table1_matches_the_spec(targets):
+    header, rows = spec_table("fedmr.md", "### 6.1 Table 1")
+    methods = [h.lower() for h in header[3:]]
+    pub = _published(targets, "fedmr-table1")
+    assert len(rows) == len(pub) == 27
+    for spec_row, (name, cells) in zip(rows, pub.items()):
+        assert name.split("-")[-1] in (spec_row[2].lower(), "femnist")
+        assert {m: spec_cell(c) for m, c in zip(methods, spec_row[3:])} == cells, name
+
+
+@pytest.mark.skipif(not SPECS.is_dir(), reason="../shared/specs is not present")
+def test_fedmrur_tables_match_the_spec(targets):
+    names = {"FedAvg": "fedavg", "FedExp": "fedexp", "FedProx": "fedprox", "SCAFFOLD": "scaffold",
+             "FedCM": "fedcm", "MoFedSAM": "mofedsam", "FedMRUR": "fedmrur", "Our": "fedmrur"}
+    for target, heading in (("fedmrur-table2", "### Table 2:"), ("fedmrur-table6", "### Table 6 (appendix)")):
+        header, rows = spec_table("fedmrur.md", heading)
+        pub = list(_published(targets, target).values())
+        assert len(pub) == len(header) - 1
+        for j, cells in enumerate(pub):
+            assert cells == {names[r[0]]: spec_cell(r[j + 1]) for r in rows}, (target, header[j + 1])
+    # Table 3: rounds to target; a hand-picked sample, ∞ included
+    t3 = _published(targets, "fedmrur-table3")
+    assert t3["c100-dir0.6-38"]["fedavg"] == (513.0, None)
+    assert t3["c100-path10-38"]["fedavg"] == (math.inf, None)
+    assert t3["c100-path10-42"]["scaffold"] == (998.0, None)
+    assert t3["tiny-path40-35"]["scaffold"] == (2064.0, None)
+    assert t3["tiny-path40-40"]["fedcm"] == (2186.0, None)
+    assert t3["tiny-dir0.3-40"]["fedmrur"] == (1050.0, None)
+    assert len(t3) == 24
+    text = (SPECS / "fedmrur.md").read_text()
+    assert "| FedCM | 45% | 276 | 353 | 470 | 842 | 40% | 1451 | 2173 | 1587 | 2186 |" in text
+
+
+@pytest.mark.skipif(not SPECS.is_dir(), reason="../shared/specs is not present")
+def test_fednlr_tables_match_the_spec(targets):
+    names = {"FedAvg": "fedavg", "FedProx": "fedprox", "Scaffold": "scaffold", "FedNova": "fednova",
+             "FedRS": "fedrs", "FedLC": "fedlc", "CCVR": "ccvr", "FedDyn": "feddyn", "FedNLR": "fednlr",
+             "FedDyn + FedNLR": "feddyn-nlr", "FedDyn+FedNLR": "feddyn-nlr"}
+    t1 = list(_published(targets, "fednlr-table1").values())
+    for half in (0, 1):  # Shards, then Dirichlet
+        header, rows = spec_table("fednlr.md", "### Table 1:", half)
+        for j in range(len(header) - 1):
+            assert t1[8 * half + j] == {names[r[0]]: spec_cell(r[j + 1]) for r in rows}, header[j + 1]
+    for target, heading in (("fednlr-table2", "### Table 2:"), ("fednlr-table3", "### Table 3:")):
+        header, rows = spec_table("fednlr.md", heading)
+        pub = list(_published(targets, target).values())
+        for j, cells in enumerate(pub):
+            assert cells == {names[r[0]]: spec_cell(r[j + 1]) for r in rows}, (target, header[j + 1])
+
+
+@pytest.mark.skipif(not SPECS.is_dir(), reason="../shared/specs is not present")
+def test_fedinit_tables_match_the_spec(targets):
+    t1 = list(_published(targets, "fedinit-table1").values())
+    for block in (0, 1):  # ResNet-18-GN, then VGG-11
+        header, rows = spec_table("fedinit.md", "### Table 1 — test", block)
+        for j in range(8):
+            assert t1[8 * block + j] == {r[0].lower(): spec_cell(r[j + 1]) for r in rows}, header[j + 1]
+    header, rows = spec_table("fedinit.md", "### Table 2 — RI")
+    t2 = list(_published(targets, "fedinit-table2").values())
+    for j, cells in enumerate(t2):
+        for r in rows:
+            m = r[0].rstrip("*").lower()
+            assert cells[m] == spec_cell(r[1 + 2 * j]) and cells[m + "-ri"] == spec_cell(r[2 + 2 * j]), (m, j)
+    header, rows = spec_table("fedinit.md", "### Table 3 — β")
+    (t3,) = _published(targets, "fedinit-table3").values()
+    assert t3 == {"beta" + b.replace("−", "-"): spec_cell(v) for b, v in zip(header[1:], rows[0][1:])}
+    assert t3["beta0.15"] == (44.47, None) and t3["beta-0.2"] == (64.70, None)
+
+
+def test_every_cell_builds_a_config(targets, tmp_path):
+    """Each cell's config file + overrides validate at both scales; CPU scale uses MNIST-like data."""
+    for target in targets.values():
+        for scale in reproduce.SCALES:
+            specs = reproduce.plan(target, scale, tmp_path)
+            assert specs, target.name
+            if scale == "cpu":
+                assert {s.dataset[0] for s in specs} <= {"fmnist", "mnist"}, target.name
+    fedmr = reproduce.plan(targets["fedmr-table1"], "cpu", tmp_path, rows=["cnn-c10-0.1"], seeds=[0])
+    assert [s.method for s in fedmr] == list(targets["fedmr-table1"].methods)
+    assert all(s.rounds == 20 for s in fedmr)
+
+
+# ------------------------------------------------------------------------------------------------
+# the report's maths
+# ------------------------------------------------------------------------------------------------
+
+
+def test_run_value_reads_the_last_evaluations_and_rounds_to_target():
+    evals = [(1, 0.10), (2, 0.40), (3, 0.50), (4, 0.70)]
+    value, tail = run_value(evals, "accuracy", last=2)
+    assert value == pytest.approx(60.0) and tail == pytest.approx([50.0, 70.0])
+    assert run_value(evals, "accuracy", last=10)[0] == pytest.approx(42.5)
+    assert run_value(evals, "rounds", target_accuracy=50)[0] == 3.0
+    assert run_value(evals, "rounds", target_accuracy=71)[0] == math.inf
+
+
+def test_aggregate_over_seeds_and_pooled():
+    assert aggregate([60.0, 62.0, 64.0]) == (pytest.approx(62.0), pytest.approx(math.sqrt(8 / 3)))
+    assert aggregate([60.0]) == (60.0, None)  # one seed: no spread over seeds
+    assert aggregate([]) == (None, None)
+    # pooled: FedMR/FedNLR's ± over the last evaluations of all seeds
+    mean, std = aggregate([61.0, 63.0], [[60.0, 62.0], [62.0, 64.0]], spread="pooled")
+    assert mean == pytest.approx(62.0) and std == pytest.approx(math.sqrt(2.0))
+    # rounds to target: mean over the seeds that reach it; none reached = inf
+    assert aggregate([100.0, 120.0, math.inf], metric="rounds") == (pytest.approx(110.0), pytest.approx(10.0))
+    assert aggregate([math.inf, math.inf], metric="rounds") == (math.inf, None)
+
+
+def test_claims_follow_the_published_order():
+    published = {"ours": 55.0, "a": 50.0, "b": 57.0, "c": 55.0}
+    obtained = {"ours": 60.0, "a": 58.0, "b": 61.0, "c": 59.0}
+    got = claims(published, obtained, [("ours", "a"), ("ours", "b"), ("ours", "c")])
+    # a tie in the paper (c) makes no claim; b beat ours in the paper and does here too
+    assert got == [Claim("ours", "a", True), Claim("b", "ours", True)]
+    assert verdict(got) == "holds"
+    got = claims(published, {"ours": 57.0, "a": 58.0, "b": 61.0}, [("ours", "a"), ("ours", "b")])
+    assert got == [Claim("ours", "a", False), Claim("b", "ours", True)] and verdict(got) == "fails 1/2"
+    got = claims(published, {"ours": 57.0, "a": None}, [("ours", "a")])
+    assert got == [Claim("ours", "a", None)] and verdict(got) == "incomplete"
+    assert verdict([]) == "no claim"
+    # rounds: lower is better, inf = never reached
+    got = claims({"ours": 200.0, "x": math.inf, "y": 150.0}, {"ours": 12.0, "x": 30.0, "y": math.inf},
+                 [("ours", "x"), ("ours", "y")], higher_is_better=False)
+    assert got == [Claim("ours", "x", True), Claim("y", "ours", False)]
+
+
+# ------------------------------------------------------------------------------------------------
+# the command
+# ------------------------------------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def _cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fedsuite.cli", "reproduce", *args]
+
+
+TINY = """
+paper = "a tiny table for tests"
+
+[targets.tiny]
+title = "tiny: FedProx against FedAvg on the generated data"
+ours = "fedprox"
+metric = "accuracy"
+last = 2
+spread = "seeds"
+seeds = [0, 1]
+set = ["dataset={dataset}", "model=mlp", "num_clients=10", "clients_per_round=4", "rounds=2",
+       "batch_size=32", "faults.delay_s=1.0"]
+
+[targets.tiny.cpu]
+set = []
+
+[targets.tiny.methods]
+fedavg = {{ label = "FedAvg", set = ["strategy=fedavg"] }}
+fedprox = {{ label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }}
+
+[[targets.tiny.rows]]
+name = "dir0.5"
+label = "Synthetic, Dir 0.5"
+set = ["alpha=0.5"]
+published = {{ fedavg = [50.0, 1.0], fedprox = [51.0, 1.0] }}
+"""
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(TINY.format(dataset="fmnist"))
+    base = ["--tables", str(tables), "--out", str(tmp_path / "out"), "--data-root", str(tmp_path / "nodata")]
+    for args, words in ((["nope"], "unknown target 'nope'"), (["tiny", "--rows", "x"], "unknown row x"),
+                        (["tiny", "--methods", "fedyogi"], "unknown method fedyogi"),
+                        (["tiny", "--jobs", "0"], "--jobs must be at least 1")):
+        out = subprocess.run(_cmd(*args, *base), env=_env(), capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1 and words in out.stderr, out.stderr
+    # missing data: the missing files and the layout are named, nothing is started or created
+    out = subprocess.run(_cmd("tiny", *base), env=_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "missing data, nothing was started" in out.stderr and "train-images-idx3-ubyte.gz" in out.stderr
+    assert "Expected layout" in out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def _flower_processes(under: Path) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("FLWR_HOME", "").startswith(str(under)):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _state(run_dir: Path) -> str:
+    return reproduce.run_state(run_dir)
+
+
+def test_kill_and_restart_resumes_and_reports(tmp_path):
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(TINY.format(dataset="synthetic"))
+    out = tmp_path / "out"
+    common = ["--tables", str(tables), "--data-root", str(tmp_path / "data")]
+    runs = out / "tiny" / "paper" / "dir0.5"
+    first, second = runs / "fedavg-s0", runs / "fedavg-s1"
+
+    # the cell that will be interrupted, run without interruption (beside step 1, into another folder)
+    ref_out = tmp_path / "reference"
+    ref = subprocess.Popen(_cmd("tiny", "--out", str(ref_out), "--methods", "fedavg", "--seeds", "1", *common),
+                           env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+
+    # 1. one run at a time; SIGKILL the command's process group once the second run is mid-way
+    proc = subprocess.Popen(_cmd("tiny", "--out", str(out), "--jobs", "1", *common), env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _state(first) == "completed" and any(r["round"] >= 1 for r in read_metrics(second, tolerant=True)):
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.stdout.read().decode()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while _flower_processes(out) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _flower_processes(out), "a run outlived the killed command"
+    assert _state(first) == "completed" and _state(second) == "partial"
+    before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
+
+    # 2. the same command again, two runs at a time
+    again = subprocess.run(_cmd("tiny", "--out", str(out), "--jobs", "2", *common), env=_env(),
+                           capture_output=True, text=True, timeout=300)
+    text = again.stdout + again.stderr
+    assert again.returncode == 0, text
+    ref_text, _ = ref.communicate(timeout=300)
+    assert ref.returncode == 0, ref_text
+    assert re.search(r"resume dir0\.5 fedavg s1", text), text
+    assert "fedavg s0 ->" not in text, "a completed run was started again"
+
+    # nothing ran twice: the finished run is untouched, every run has rounds 0, 1, 2 once each
+    assert {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()} == before
+    for run in sorted(runs.glob("*-s*")):
+        if run.is_dir():
+            assert _state(run) == "completed", run
+            assert [r["round"] for r in read_metrics(run)] == [0, 1, 2], run
+
+    # the resumed run equals the uninterrupted one, bit for bit
+    reference = ref_out / "tiny" / "paper" / "dir0.5" / "fedavg-s1"
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_seconds"} for r in rows]  # noqa: E731
+    assert strip(read_metrics(second)) == strip(read_metrics(reference))
+    assert_same_arrays(torch.load(second / "checkpoint.pt", weights_only=False)["arrays"],
+                       torch.load(reference / "checkpoint.pt", weights_only=False)["arrays"])
+
+    # the report is complete: both methods, both seeds, a verdict, a figure; written at the end
+    report = out / "tiny" / "paper" / "tiny"
+    rows = list(csv.DictReader((report / "report.csv").open()))
+    assert [(r["method"], r["seeds_completed"]) for r in rows] == [("fedavg", "2"), ("fedprox", "2")]
+    assert all(r["obtained_mean"] and r["obtained_std"] and r["difference"] for r in rows)
+    values = {r["method"]: float(r["obtained_mean"]) for r in rows}
+    md = (report / "report.md").read_text()
+    expected = "holds" if values["fedprox"] > values["fedavg"] else "fails 1/1"
+    assert f"| Synthetic, Dir 0.5 | {expected} |" in md
+    assert (report / "dir0.5.png").stat().st_size > 0
+
+    # --report alone rewrites the same report from the runs on disk
+    out2 = subprocess.run(_cmd("tiny", "--out", str(out), "--report", *common), env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert out2.returncode == 0 and list(csv.DictReader((report / "report.csv").open())) == rows
+
+    # numbers labelled cpu scale are compared on orderings only: no difference against the paper
+    target = reproduce.parse_tables(tables)["tiny"]
+    specs = reproduce.plan(target, "paper", out, data_root=str(tmp_path / "data"))
+    md = reproduce.write_report(target, specs, "cpu", tmp_path / "cpu-report").read_text()
+    assert "CPU scale: obtained numbers are not the paper's setting" in md
+    cpu_rows = list(csv.DictReader((tmp_path / "cpu-report" / "report.csv").open()))
+    assert [r["difference"] for r in cpu_rows] == ["n/a", "n/a"] and md.count("n/a (cpu scale)") == 2
