@@ -138,7 +138,8 @@ class ClientRule:
         """The answer to a statistics query (``fedsuite.wire.STATISTICS_QUERY``) about the received
         model, which is not trained and sees no plug-in: statistics must describe w itself. Only rules
         whose server asks (CCVR) implement it."""
-        raise NotImplementedError(f"{type(self).__name__} answers no statistics query")
+        raise TypeError(f"{type(self).__name__} answers no statistics query (a rule whose server sends one "
+                        f"defines ClientRule.statistics, as CCVR's does)")
 
     def finish(self, task: LocalTask) -> LocalResult:
         """What is sent back: by default the trained model's full state_dict."""
