@@ -9,7 +9,8 @@ into a new session, which starts ``flwr-simulation`` and Ray. Killing only the C
 * :func:`start` launches this module as a small watcher in its own session (so a process-group
   kill does not reach it). It polls the CLI's PID; once the CLI is gone it stops every process
   whose environment carries the run's private ``FLWR_HOME`` (SuperLink, SuperExec, the
-  simulation, Ray's daemons and workers), then exits. After a normal run the CLI stops it.
+  simulation, Ray's daemons and workers), discards the private Ray's temporary directory
+  (:func:`discard_ray_tmpdir`), then exits. After a normal run the CLI stops it.
 
 This module imports only the standard library and psutil, so the watcher starts fast and small.
 """
@@ -17,7 +18,9 @@ This module imports only the standard library and psutil, so the watcher starts 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,8 +93,25 @@ def sweep(key: str, value: str, exclude: tuple[int, ...] = (), settle: float = 2
     return len(stopped)
 
 
-def start(flwr_home: Path, log_path: Path | None = None) -> subprocess.Popen:
-    """Start the watcher for this process (the CLI) and the run whose ``FLWR_HOME`` is ``flwr_home``."""
+def discard_ray_tmpdir(ray_tmpdir: Path, run_dir: Path) -> None:
+    """Remove a run's private Ray directory (``RAY_TMPDIR``, see ``fedsuite.launch``). Unless the run
+    completed (``summary.json`` says so), Ray's session logs are first copied to ``<run>/ray-logs``:
+    a client process that died without a Python traceback (killed for memory, a crash in native
+    code) is explained only there."""
+    try:
+        completed = json.loads((run_dir / "summary.json").read_text()).get("status") == "completed"
+    except (OSError, ValueError):
+        completed = False
+    logs = Path(ray_tmpdir) / "ray" / "session_latest" / "logs"
+    if not completed and logs.is_dir():
+        shutil.copytree(logs, run_dir / "ray-logs", dirs_exist_ok=True, ignore_dangling_symlinks=True)
+    shutil.rmtree(ray_tmpdir, ignore_errors=True)
+
+
+def start(flwr_home: Path, log_path: Path | None = None, remove: Path | None = None) -> subprocess.Popen:
+    """Start the watcher for this process (the CLI) and the run whose ``FLWR_HOME`` is ``flwr_home``
+    (``<run>/.flwr``); ``remove``: the run's private Ray directory, discarded after the sweep
+    (:func:`discard_ray_tmpdir`)."""
     me = psutil.Process()
     env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
     root = str(Path(__file__).resolve().parent.parent)
@@ -99,7 +119,8 @@ def start(flwr_home: Path, log_path: Path | None = None) -> subprocess.Popen:
     out = log_path.open("ab") if log_path is not None else subprocess.DEVNULL
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "fedsuite.reaper", str(me.pid), repr(me.create_time()), str(flwr_home)],
+            [sys.executable, "-m", "fedsuite.reaper", str(me.pid), repr(me.create_time()), str(flwr_home),
+             *([str(remove)] if remove is not None else [])],
             env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     finally:
@@ -134,6 +155,8 @@ def main(argv: list[str]) -> int:
     while _alive(pid, create_time):
         time.sleep(0.5)
     n = sweep("FLWR_HOME", flwr_home, exclude=(os.getpid(),))
+    if len(argv) > 3:
+        discard_ray_tmpdir(Path(argv[3]), Path(flwr_home).parent)
     print(f"fedsuite reaper: CLI {pid} is gone; stopped {n} processes of {flwr_home}", flush=True)
     return 0
 

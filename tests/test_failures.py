@@ -94,6 +94,7 @@ def test_all_clients_failing_exits_nonzero_with_one_line(tmp_path, data_root):
     assert summary["status"] == "failed" and summary["failure"]["round"] == 1
     assert len(summary["failure"]["partition_ids"]) == 3 and summary["failed_replies"] == 3
     assert not (tmp_path / "r" / "checkpoint.pt").exists()  # no round was good
+    assert (tmp_path / "r" / "ray-logs" / "raylet.out").is_file()  # the failed run keeps its Ray logs
 
 
 def test_failure_past_the_bound_stops_the_run_and_keeps_the_last_good_round(simulate):

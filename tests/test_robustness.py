@@ -107,6 +107,7 @@ def test_offline_default_starts_repeatedly(tmp_path, strategy):
     assert outcome.ok, outcome.details
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [0, 1]
+    assert not (tmp_path / "run" / "ray-logs").exists()  # Ray's logs are kept only for a run that did not complete
 
 
 def test_watchdog_fails_a_run_without_progress_and_stops_it(tmp_path):
@@ -164,6 +165,8 @@ def test_killing_the_cli_process_group_stops_the_whole_run(tmp_path):
             assert time.monotonic() < deadline, "the run did not reach round 1"
             time.sleep(0.5)
         names = {" ".join(p.cmdline()[:2]) for p in _marked(flwr_home)}
+        ray_tmpdirs = {p.environ().get("RAY_TMPDIR") for p in _marked(flwr_home)} - {None}
+        assert len(ray_tmpdirs) == 1, ray_tmpdirs  # the private Ray lives in one directory of this run
         assert any("flower-superlink" in n for n in names), names
         assert any("flower-superexec" in n for n in names), names
         os.killpg(cli.pid, signal.SIGKILL)  # what a job scheduler does: the CLI gets no say
@@ -173,6 +176,13 @@ def test_killing_the_cli_process_group_stops_the_whole_run(tmp_path):
         rows = len(metrics.read_text().splitlines())
         time.sleep(2)
         assert len(metrics.read_text().splitlines()) == rows  # the run does not go on in the background
+        # the watcher discards the private Ray's directory, keeping its logs for the unfinished run
+        (ray_tmpdir,) = ray_tmpdirs
+        deadline = time.monotonic() + 60
+        while Path(ray_tmpdir).exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not Path(ray_tmpdir).exists(), ray_tmpdir
+        assert (run_dir / "ray-logs" / "raylet.out").is_file()
     finally:
         if cli.poll() is None:
             os.killpg(cli.pid, signal.SIGKILL)
