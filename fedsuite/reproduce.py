@@ -210,16 +210,22 @@ class RunSpec:
     def label(self) -> str:
         return f"{self.row.setting} {self.method} s{self.seed}"
 
-    def command(self, resume: bool, num_gpus: float | None = None) -> list[str]:
-        """The ``fedsuite simulate`` command line of this run (``--resume`` continues it)."""
+    def command(self, resume: bool, placement: Sequence[str] = ()) -> list[str]:
+        """The ``fedsuite simulate`` command line of this run (``--resume`` continues it);
+        ``placement``: options that say where every run executes (:func:`placement_options`)."""
         cmd = [sys.executable, "-m", "fedsuite.cli", "simulate"]
         if self.config is not None:
             cmd += ["--config", str(self.config)]
         for item in self.overrides:
             cmd += ["--set", item]
-        if num_gpus is not None:
-            cmd += ["--num-gpus", f"{num_gpus:g}"]
-        return cmd + (["--resume"] if resume else [])
+        return cmd + list(placement) + (["--resume"] if resume else [])
+
+
+def placement_options(num_gpus: float | None, ray_address: str | None) -> list[str]:
+    """``fedsuite simulate`` options passed to every run: the GPU share per client and the Ray
+    cluster. Neither changes what a run computes, so both may differ when a run is resumed."""
+    return ([] if num_gpus is None else ["--num-gpus", f"{num_gpus:g}"]) + \
+        ([] if ray_address is None else ["--ray-address", ray_address])
 
 
 def cell_overrides(target: Target, row: Row, method: str, scale: str) -> list[str]:
@@ -332,7 +338,7 @@ def _rounds_done(run_dir: Path) -> int:
     return max((r["round"] for r in rows), default=0)
 
 
-def run_queue(specs: Sequence[RunSpec], jobs: int = 1, num_gpus: float | None = None,
+def run_queue(specs: Sequence[RunSpec], jobs: int = 1, placement: Sequence[str] = (),
               console=None, poll_s: float = 0.5) -> dict[Path, str]:
     """Run every spec that is not completed or failed, ``jobs`` at a time, each as a ``fedsuite
     simulate`` child (``--resume`` where a partial run exists); show one progress display. Returns
@@ -374,7 +380,7 @@ def run_queue(specs: Sequence[RunSpec], jobs: int = 1, num_gpus: float | None = 
             shutil.rmtree(spec.run_dir)
         spec.run_dir.parent.mkdir(parents=True, exist_ok=True)
         log = (spec.run_dir.parent / f"{spec.run_dir.name}.log").open("ab")
-        proc = subprocess.Popen(spec.command(resume=state == "partial", num_gpus=num_gpus), stdout=log,
+        proc = subprocess.Popen(spec.command(resume=state == "partial", placement=placement), stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=_child_env(),
                                 preexec_fn=reaper.die_with_parent())
@@ -635,6 +641,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("runs/reproduce"), help="folder for runs and reports")
     p.add_argument("--data-root", help="data_root of every run (where the datasets are)")
     p.add_argument("--num-gpus", type=float, help="GPU share per simulated client, passed to every run")
+    p.add_argument("--ray-address", help="run every simulation's clients on this Ray cluster (host:port, auto)")
     p.add_argument("--tables", type=Path, action="append", default=[], help="another tables file (repeatable)")
     p.add_argument("--report", action="store_true", help="only write the report from the runs on disk")
     return p
@@ -674,7 +681,7 @@ def main(argv: Sequence[str]) -> int:
                   f"{len(specs) - len(pending)} already done, {args.jobs} at a time -> {report_dir.parent}")
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        states = run_queue(specs, args.jobs, args.num_gpus, console)
+        states = run_queue(specs, args.jobs, placement_options(args.num_gpus, args.ray_address), console)
     except KeyboardInterrupt:
         console.print("interrupted: running runs stopped; the same command continues where it stopped")
         return 130

@@ -175,6 +175,10 @@ def test_every_cell_builds_a_config(targets, tmp_path):
     fedmr = reproduce.plan(targets["fedmr-table1"], "cpu", tmp_path, rows=["cnn-c10-0.1"], seeds=[0])
     assert [s.method for s in fedmr] == list(targets["fedmr-table1"].methods)
     assert all(s.rounds == 20 for s in fedmr)
+    # where runs execute is passed to every run, before --resume (the e2e test runs on a cluster)
+    placed = fedmr[0].command(resume=True, placement=reproduce.placement_options(0.25, "127.0.0.1:6379"))
+    assert placed[-5:] == ["--num-gpus", "0.25", "--ray-address", "127.0.0.1:6379", "--resume"]
+    assert "--ray-address" not in fedmr[0].command(resume=False, placement=reproduce.placement_options(None, None))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -296,12 +300,13 @@ def _state(run_dir: Path) -> str:
     return reproduce.run_state(run_dir)
 
 
-def test_kill_and_restart_resumes_and_reports(tmp_path):
+def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
     tables = tmp_path / "tiny" / "tables.toml"
     tables.parent.mkdir()
     tables.write_text(TINY.format(dataset="synthetic"))
     out = tmp_path / "out"
     common = ["--tables", str(tables), "--data-root", str(tmp_path / "data")]
+    on_cluster = ["--ray-address", worker_ray_cluster]  # the grid's runs; the reference runs on a private Ray
     runs = out / "tiny" / "paper" / "dir0.5"
     first, second = runs / "fedavg-s0", runs / "fedavg-s1"
 
@@ -312,7 +317,7 @@ def test_kill_and_restart_resumes_and_reports(tmp_path):
                            start_new_session=True)
 
     # 1. one run at a time; SIGKILL the command's process group once the second run is mid-way
-    proc = subprocess.Popen(_cmd("tiny", "--out", str(out), "--jobs", "1", *common), env=_env(),
+    proc = subprocess.Popen(_cmd("tiny", "--out", str(out), "--jobs", "1", *common, *on_cluster), env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 900  # a guard against a hang, not a timing: the suite shares 2 cores
     while time.monotonic() < deadline and proc.poll() is None:
@@ -330,7 +335,7 @@ def test_kill_and_restart_resumes_and_reports(tmp_path):
     before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
 
     # 2. the same command again, two runs at a time
-    again = subprocess.run(_cmd("tiny", "--out", str(out), "--jobs", "2", *common), env=_env(),
+    again = subprocess.run(_cmd("tiny", "--out", str(out), "--jobs", "2", *common, *on_cluster), env=_env(),
                            capture_output=True, text=True, timeout=900)
     text = again.stdout + again.stderr
     assert again.returncode == 0, text

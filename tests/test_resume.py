@@ -1,8 +1,9 @@
 """``--resume`` is exact (issue 16 items 2-4).
 
 * A run of a method with per-client state (SCAFFOLD, FedDyn, FedInit in client-state mode), killed
-  with SIGKILL (the whole process tree: CLI, SuperLink, ServerApp, Ray) at a seeded point in the
-  middle of a round, then continued with ``fedsuite simulate --resume``, ends with the same metrics
+  with SIGKILL (the whole process tree: CLI, SuperLink, ServerApp, and the private Ray of the
+  FedInit run; the others run on the xdist worker's Ray node, whose job the kill ends) at a seeded
+  point in the middle of a round, then continued with ``fedsuite simulate --resume``, ends with the same metrics
   (all but wall-clock) and the same global model and client state, bit for bit, as the run that was
   never interrupted.
 * A kill between the checkpoint and the metrics row (either order) never loses or doubles a round.
@@ -45,6 +46,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "feddyn": {"strategy": "feddyn"},
     "fedinit": {"strategy": "fedinit", "relaxed_init.storage": "client-state"},
 }
+#: the killed run that starts its own Ray (the product's default); the others use the worker's node
+PRIVATE_RAY = "fedinit"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -144,11 +147,12 @@ def _assert_same_run(resumed_dir: Path, reference, method: str) -> None:
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_root, tmp_path):
+def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_root, tmp_path, worker_ray_cluster):
     overrides = {"rounds": ROUNDS, **METHODS[method]}
     reference = simulate(**overrides)
     out, name = tmp_path / "runs", f"killed-{method}"
-    toml = _write_toml(tmp_path / "run.toml", {**FAST, **overrides, "data_root": str(data_root),
+    placement = {} if method == PRIVATE_RAY else {"ray_address": worker_ray_cluster}
+    toml = _write_toml(tmp_path / "run.toml", {**FAST, **overrides, **placement, "data_root": str(data_root),
                                                 "output_dir": str(out), "run_name": name})
     run_dir = out / name
     log = tmp_path / "killed.log"
@@ -174,14 +178,15 @@ def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_ro
 # ------------------------------------------------------------------------------------------------
 
 
-def test_row_and_checkpoint_are_one_step_on_resume(simulate, data_root, tmp_path):
+def test_row_and_checkpoint_are_one_step_on_resume(simulate, data_root, tmp_path, worker_ray_cluster):
     """FedDyn, 2 + 2 + 2 rounds. After the first segment the last row is missing (a kill after the
     checkpoint, before the append); after the second an extra row of a round the checkpoint does not
     hold is present (a kill after an append, before its checkpoint: the old order). Both resumes
     must give the uninterrupted run's rows: no round missing, none twice."""
     method = "feddyn"
     reference = simulate(rounds=ROUNDS, **METHODS[method])
-    values = {**FAST, **METHODS[method], "data_root": str(data_root), "output_dir": str(tmp_path), "run_name": "r"}
+    values = {**FAST, **METHODS[method], "data_root": str(data_root), "output_dir": str(tmp_path), "run_name": "r",
+              "ray_address": worker_ray_cluster}
     run_dir = tmp_path / "r"
     assert launch.simulate(build_config(values={**values, "rounds": 2}), run_dir).ok
     lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
