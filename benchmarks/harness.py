@@ -1,0 +1,129 @@
+"""What the speed benchmarks share: fedsuite run as users run it, timed, and the plain PyTorch
+FedAvg loop every benchmark compares it with.
+
+:func:`timed_cli_run` runs ``fedsuite simulate`` as a child process (the CLI, its private SuperLink,
+Flower's simulation, Ray) and reports the start-up (command start to the round-0 evaluation, i.e.
+everything before round 1 begins) and the seconds of each round from ``metrics.jsonl``.
+
+:func:`plain_fedavg` is FedAvg written directly in PyTorch.
+
+No Flower, no Ray, no serialisation, no processes: the cohort is trained one client after another in
+this process, on ``device``, with what fedsuite's FedAvg does in each round t:
+
+    cohort S_t          = fedsuite's seeded sample (``FedSuiteStrategy.sample_cohort``)
+    for i in S_t:  w_i  = w^t, then local_epochs x ⌈n_i / B⌉ SGD steps
+                          (lr η·decay^(t-1), momentum, weight decay, gradient clip, the client's
+                          seeded batch order and augmentation: ``LocalData.batches``)
+    w^{t+1}             = Σ_i n_i w_i / Σ_i n_i        (accumulated in float64 on ``device``)
+    central evaluation of w^{t+1} on the test split
+
+The partition, cohorts, initial weights and per-client seeds are fedsuite's, so both sides do the
+same steps. Used by ``overhead.py`` (CPU) and ``gpu_round.py`` (GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedsuite import models, runtime
+from fedsuite.seeding import seed_for
+from fedsuite.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.training import LocalData, clip_grad, evaluate
+
+
+def timed_cli_run(config: dict, run_dir: Path, timeout_s: float = 3600.0) -> dict:
+    """``fedsuite simulate --config <config as TOML>`` into ``run_dir``; returns ``startup_s`` (command
+    start to the round-0 row), ``total_s``, ``round_s`` (each round's ``wall_seconds``), the rows and
+    ``summary.json``'s start-up parts. Raises if the run does not complete."""
+    import tomli_w
+
+    run_dir = run_dir.resolve()
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    toml = run_dir.parent / f"{run_dir.name}.toml"
+    toml.write_text(tomli_w.dumps({**config, "output_dir": str(run_dir.parent), "run_name": run_dir.name}))
+    metrics = run_dir / "metrics.jsonl"
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "fedsuite.cli", "simulate", "--config", str(toml)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    startup = None
+    while proc.poll() is None:
+        if startup is None and metrics.is_file() and metrics.read_text().strip():
+            startup = time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout_s:
+            proc.kill()
+            raise RuntimeError(f"fedsuite simulate ran past {timeout_s:.0f} s; see {run_dir}")
+        time.sleep(0.05)
+    total = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"fedsuite simulate failed (exit {proc.returncode}): {proc.stderr.read()[-2000:]}")
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {
+        "startup_s": startup, "total_s": total, "rows": rows,
+        "round_s": [r["wall_seconds"] for r in rows if r["round"] > 0],
+        "startup_parts_s": {k: round(v, 2) for k, v in summary.get("timing", {}).items() if k.endswith("_s")},
+    }
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def plain_fedavg(cfg, rounds: int, device: torch.device, log: bool = True) -> list[float]:
+    """Run ``rounds`` rounds of plain FedAvg for ``cfg``; returns the seconds of each round."""
+    bundle = runtime.load_bundle(cfg)
+    initial = models.initial_arrays(cfg, bundle)
+    sampler = FedSuiteStrategy(ServerSetup(cfg=cfg, node_to_pid={p: p for p in range(cfg.num_clients)},
+                                           initial=initial))
+    model = models.make_model(cfg, bundle).to(device)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in initial.items()})
+    global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    augment = bundle.augment if cfg.augment is None else ("crop-flip" if cfg.augment else "none")
+    x_test, y_test = bundle.x_test.to(device), bundle.y_test.to(device)
+    times = []
+    for rnd in range(1, rounds + 1):
+        sync(device)
+        t0 = time.perf_counter()
+        acc64 = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in global_state.items()}
+        cohort = sampler.sample_cohort(rnd)
+        sizes = []
+        for pid in cohort:
+            idx = torch.from_numpy(np.asarray(runtime.client_indices(cfg, bundle, pid), dtype=np.int64))
+            sizes.append(len(idx))
+        total = float(sum(sizes))
+        for pid, n_i in zip(cohort, sizes):
+            idx = torch.from_numpy(np.asarray(runtime.client_indices(cfg, bundle, pid), dtype=np.int64))
+            data = LocalData(bundle.x_train[idx].to(device), bundle.y_train[idx].to(device), bundle, augment)
+            model.load_state_dict(global_state)
+            seed = seed_for(cfg.seed, pid, rnd)
+            torch.manual_seed(seed)
+            gen = torch.Generator(device=device).manual_seed(seed)
+            params = [p for p in model.parameters() if p.requires_grad]
+            opt = torch.optim.SGD(params, lr=sampler.local_lr(rnd), momentum=cfg.momentum,
+                                  weight_decay=cfg.weight_decay)
+            model.train()
+            for _ in range(cfg.local_epochs):
+                for x, y in data.batches(cfg.batch_size, gen):
+                    opt.zero_grad(set_to_none=True)
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    clip_grad(params, cfg.grad_clip)
+                    opt.step()
+            for k, v in model.state_dict().items():
+                acc64[k] += v.double() * (n_i / total)
+        global_state = {k: (acc64[k].round() if not v.is_floating_point() else acc64[k]).to(v.dtype)
+                        for k, v in global_state.items()}
+        model.load_state_dict(global_state)
+        acc = evaluate(model, x_test, y_test, bundle, cfg.eval_batch_size)["accuracy"]
+        sync(device)
+        times.append(time.perf_counter() - t0)
+        if log:
+            print(f"  plain round {rnd}: {times[-1]:.3f}s acc {acc:.4f}", flush=True)
+    return times
