@@ -243,3 +243,23 @@ def test_every_method_sends_the_same_round_after_a_resume(tmp_path):
             sent.append(_dispatch(strategy, flower_round))
         assert sent[0] == sent[1], name
         assert all(conf["server-round"] == 4 for _, conf, _ in sent[0]), name
+
+
+def test_simulation_grid_checks_for_replies_every_10_ms():
+    """The ServerApp tunes Flower's in-memory grid (built here as ``flwr-simulation`` builds it): the
+    attribute it sets is the one ``send_and_receive`` sleeps on, so a Flower change cannot make the
+    tuning a silent no-op."""
+    import importlib
+    import inspect
+
+    from flwr.superlink.grid import InMemoryGrid
+
+    from fedsuite.server_app import SIMULATION_PULL_INTERVAL_S, tune_grid
+
+    flower_sim = importlib.import_module("flwr.simulation.run_simulation")  # the module, not its function
+    grid = InMemoryGrid(flower_sim.LinkStateFactory(flower_sim.FLWR_IN_MEMORY_DB_NAME,
+                                                    flower_sim.NoOpFederationManager(),
+                                                    flower_sim.ObjectStoreFactory()))
+    assert "time.sleep(self.pull_interval)" in inspect.getsource(InMemoryGrid.send_and_receive)
+    tune_grid(grid)
+    assert grid.pull_interval == SIMULATION_PULL_INTERVAL_S == 0.01
