@@ -25,7 +25,7 @@ from flwr.clientapp import ClientApp
 from fedsuite import runtime
 from fedsuite.data import DatasetError
 from fedsuite.faults import FaultDraw
-from fedsuite.models import make_model
+from fedsuite.models import make_model, model_with_state
 from fedsuite.plugins import active_plugins
 from fedsuite.raycluster import node_label
 from fedsuite.seeding import seed_for
@@ -99,8 +99,7 @@ def _received_model(cfg, msg: Message, context: Context, pid: int) -> tuple[torc
         data = local_data(cfg, bundle, pid, context, device)
     except DatasetError as exc:  # say which machine lacks the files (a Ray cluster or real node)
         raise DatasetError(f"on {node_label()}: {exc}") from None
-    model = make_model(cfg, bundle).to(device)
-    model.load_state_dict(msg.content[ARRAYS].to_torch_state_dict())
+    model = model_with_state(lambda: make_model(cfg, bundle), msg.content[ARRAYS].to_torch_state_dict(), device)
     return device, data, model
 
 

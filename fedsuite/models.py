@@ -655,6 +655,25 @@ def make_model(cfg, bundle) -> nn.Module:
     return build_model(cfg.model, bundle.num_classes, tuple(bundle.input_shape))
 
 
+def model_with_state(build: Callable[[], nn.Module], state: dict[str, torch.Tensor],
+                     device: torch.device) -> nn.Module:
+    """``build()``'s architecture on ``device`` holding ``state`` (strict ``load_state_dict``), built
+    without initialising it: the modules are created on the meta device, materialised uninitialised
+    on ``device`` and filled from ``state``. A ClientApp rebuilds its model for every message, and
+    the random initialisation that ``state`` overwrites anyway cost ~0.1 s of CPU per message for
+    ResNet-18-GN. Bit for bit the same model as ``build().to(device)`` + load, because ``state``
+    holds every parameter and persistent buffer; a module with a non-persistent buffer (which
+    ``state`` would not restore) is built and initialised normally instead."""
+    with torch.device("meta"):
+        model = build()
+    if any(module._non_persistent_buffers_set for module in model.modules()):
+        model = build().to(device)
+    else:
+        model = model.to_empty(device=device)
+    model.load_state_dict(state)
+    return model
+
+
 def initial_arrays(cfg, bundle) -> dict[str, np.ndarray]:
     """w^0: the model initialised from the run's seed, as numpy arrays in state_dict order."""
     torch.manual_seed(cfg.seed)

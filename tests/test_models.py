@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedsuite.models import MODELS, build_model, count_parameters, resnet18_gn
+from fedsuite.models import MODELS, build_model, count_parameters, model_with_state, resnet18_gn
 
 # name -> (num_classes, canonical input shape, parameters, state_dict entries)
 PINNED: dict[str, tuple[int, tuple[int, ...], int, int]] = {
@@ -210,3 +210,33 @@ def test_count_parameters_trainable_only():
     model.head.bias.requires_grad_(False)
     assert count_parameters(model) == 15
     assert count_parameters(model, trainable_only=True) == 12
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_model_with_state_is_the_built_model_holding_that_state(name):
+    """The ClientApp's uninitialised build (meta device, then the received state) gives the same
+    model as building, initialising and loading: every entry and the forward pass, bit for bit."""
+    classes, shape, _, _ = PINNED[name]
+    state = _canonical(name).state_dict()
+    built = build_model(name, classes, shape)
+    built.load_state_dict(state)
+    fast = model_with_state(lambda: build_model(name, classes, shape), state, torch.device("cpu"))
+    assert list(fast.state_dict()) == list(state)
+    assert all(torch.equal(fast.state_dict()[k], state[k]) for k in state)
+    x = torch.randn(2, *shape)
+    built.eval(), fast.eval()
+    with torch.no_grad():
+        assert torch.equal(fast(x), built(x))
+
+
+def test_model_with_state_initialises_a_module_whose_state_would_not_restore_it():
+    class WithNonPersistent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.register_buffer("scale", torch.full((2,), 3.0), persistent=False)
+
+    state = WithNonPersistent().state_dict()
+    model = model_with_state(WithNonPersistent, state, torch.device("cpu"))
+    assert torch.equal(model.scale, torch.full((2,), 3.0))  # initialised, not left as empty memory
+    assert torch.equal(model.lin.weight, state["lin.weight"])
