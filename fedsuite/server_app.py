@@ -29,7 +29,7 @@ from fedsuite.models import initial_arrays, make_model
 from fedsuite.results import RunRecorder, write_json
 from fedsuite.state import prune_committed
 from fedsuite.strategy import RoundFailure, ServerSetup
-from fedsuite.training import evaluate
+from fedsuite.training import arrays_evaluator
 from fedsuite.wire import to_ndarrays, to_record
 
 log = logging.getLogger("fedsuite")
@@ -69,9 +69,11 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     node_to_pid = handshake(grid, cfg.num_clients)
     timing["handshake_s"] = time.perf_counter() - t0 - timing["data_s"]
     initial = initial_arrays(cfg, bundle)
+    evaluate_arrays = arrays_evaluator(make_model(cfg, bundle).to(device), bundle.x_test.to(device),
+                                       bundle.y_test.to(device), bundle, cfg.eval_batch_size)
     setup = ServerSetup(
         cfg=cfg, node_to_pid=node_to_pid, initial=initial, run_dir=run_dir,
-        build_model=lambda: make_model(cfg, bundle),
+        build_model=lambda: make_model(cfg, bundle), evaluate=evaluate_arrays,
         info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)},
     )
     strategy = cfg.method.strategy(setup)
@@ -87,17 +89,13 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     else:
         recorder.rewind(0, None)  # killed before round 1 was checkpointed: round 0 is written again
 
-    model = make_model(cfg, bundle).to(device)
-    x_test, y_test = bundle.x_test.to(device), bundle.y_test.to(device)
     clock = {"t": time.perf_counter()}
 
     def after_round(offset_round: int, global_arrays: ArrayRecord) -> MetricRecord | None:
         server_round = start_round + offset_round
-        evaluated = offset_round == 0 or server_round % cfg.eval_every == 0 or server_round == cfg.rounds
         test = {}
-        if evaluated:
-            model.load_state_dict(strategy.evaluation_arrays(global_arrays).to_torch_state_dict())
-            test = evaluate(model, x_test, y_test, bundle, cfg.eval_batch_size)
+        if offset_round == 0 or cfg.evaluates(server_round):
+            test = evaluate_arrays(to_ndarrays(strategy.evaluation_arrays(global_arrays)))
         now = time.perf_counter()
         if offset_round == 0:
             if start_round == 0:

@@ -37,14 +37,14 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.fedavg import FedAvgClient
 from fedsuite.arrays import uniform_mean, weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.seeding import round_rng
 from fedsuite.wire import ClientReply, NDArrays
-from strategies.pool import PERM_TAG, PoolStrategy
+from strategies.pool import PERM_TAG, PoolParams, PoolStrategy
 
 # ------------------------------------------------------------------------------------------------
 # recombination: pure functions on dicts of numpy arrays
@@ -115,10 +115,9 @@ def recombine(pool: list[NDArrays], units: list[list[str]], perms: np.ndarray) -
 # ------------------------------------------------------------------------------------------------
 
 
-class FedMRParams(BaseModel):
-    """FedMR's hyperparameters (section ``[fedmr]``); see the module docstring."""
-
-    model_config = ConfigDict(extra="forbid")
+class FedMRParams(PoolParams):
+    """FedMR's hyperparameters (section ``[fedmr]``); see the module docstring. ``diagnostics``:
+    :class:`strategies.pool.PoolParams`."""
 
     first_stage_rounds: int = Field(0, ge=0, description="R1: aggregation (FedAvg) rounds before recombination")
     granularity: Literal["tensor", "module"] = Field("tensor", description="recombination unit: state_dict tensor or module")
