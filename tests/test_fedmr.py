@@ -595,6 +595,31 @@ def test_sim_fedmr_stage1_only_is_fedavg_bit_for_bit(simulate):
         assert a.get("cohort") == b.get("cohort")
 
 
+def test_sim_fedmr_diagnostics_row_and_figures(simulate, tmp_path):
+    """(d) ``fedmr.diagnostics=true`` in a real run: each round's row has the pool mean's test accuracy
+    and loss equal to those the ServerApp measured for the evaluated global model, K per-model
+    accuracies (trained and sent next), K movements, one distance per state_dict entry; the run
+    directory has diagnostics.png and ``fedsuite report`` writes one for the run."""
+    from typer.testing import CliRunner
+
+    from fedsuite.cli import app
+
+    res = simulate(strategy="fedmr", **{"fedmr.diagnostics": True})
+    k = FAST["clients_per_round"]
+    assert len(res.rows) == FAST["rounds"] + 1
+    for row in res.rows[1:]:
+        assert row["pool_mean_accuracy"] == row["test_accuracy"] and row["pool_mean_loss"] == row["test_loss"]
+        assert len(row["pool_accuracy"]) == len(row["pool_loss"]) == len(row["next_accuracy"]) == k
+        assert len(row["client_movement"]) == k and all(m > 0 for m in row["client_movement"])
+        assert set(row["pool_layer_distance"]) == set(res.arrays) and row["pool_distance"] > 0
+        assert sorted(row["slot_clients"]) == row["cohort"]
+    png = b"\x89PNG"
+    assert (res.run_dir / "diagnostics.png").read_bytes()[:4] == png
+    out = CliRunner().invoke(app, ["report", str(res.run_dir), "--out", str(tmp_path)])
+    assert out.exit_code == 0, out.stdout
+    assert (tmp_path / f"diagnostics-{res.run_dir.name}.png").read_bytes()[:4] == png
+
+
 def test_sim_fedmr_seeded_runs_identical(simulate):
     """(c) Same seed, separate run: identical metrics, global model and pool."""
     a = simulate(strategy="fedmr")
