@@ -99,6 +99,8 @@ def simulate(
 
     console.print(f"[bold]fedsuite[/] {cfg.strategy} on {cfg.dataset} ({cfg.partitioner}), "
                   f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds -> {run_dir}")
+    for risk in cfg.method.risks(cfg):
+        console.print(f"[yellow]warning:[/] {risk}")
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         task = progress.add_task("starting Flower", total=cfg.rounds)

@@ -76,6 +76,8 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
         build_model=lambda: make_model(cfg, bundle), evaluate=evaluate_arrays,
         info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)},
     )
+    for risk in cfg.method.risks(cfg):
+        log.warning("%s", risk)
     strategy = cfg.method.strategy(setup)
 
     start_round, arrays = 0, to_record(initial)

@@ -735,3 +735,18 @@ def test_pool_diagnostics_columns():
     off = make_strategy(FedMRStrategy, "fedmr")  # off by default: no evaluation, no columns
     play_round(off, 1)
     assert not any(c.startswith(("pool_", "next_", "client_movement")) for c in round_columns(off))
+
+
+def test_fedmr_warns_at_its_failure_setting_only():
+    """Recombination from round 1 on a label-skewed partition (the paper's CNN setting) gets a
+    run-start warning naming the risk and the setting that trains; R1 > 0 or IID gets none, nor do
+    methods that declare no warnings."""
+    def risks(**values):
+        cfg = build_config(values={**FAST, "strategy": "fedmr", **values})
+        return cfg.method.risks(cfg)
+
+    (warning,) = risks()
+    assert "first_stage_rounds=0" in warning and "fedmr.first_stage_rounds=50" in warning
+    assert risks(**{"fedmr.first_stage_rounds": 50}) == [] and risks(partitioner="iid") == []
+    cfg = build_config(values={**FAST, "strategy": "fedavg"})
+    assert cfg.method.risks(cfg) == []
