@@ -3,13 +3,16 @@
 1. read the config from the run config, load the dataset (test split for central evaluation);
 2. handshake: one QUERY to every node maps Flower node ids to partition ids (the strategy re-maps
    before every round, so a SuperNode that reconnects under a new node id gets work again);
-3. build w^0 from the seed and the method's strategy; resume from ``checkpoint.pt`` if present;
+3. build w^0 from the seed and the method's strategy (its ``ServerSetup.evaluate`` is this app's
+   central evaluation, ``fedsuite.training.arrays_evaluator``); log the method's warnings for this
+   config (``MethodSpec.risks``); resume from ``checkpoint.pt`` if present;
 4. ``strategy.start`` runs the rounds; after each round the global model is evaluated centrally
-   (every ``eval_every`` rounds and at the last); the checkpoint is rewritten with that round's
+   (``cfg.evaluates``: every ``eval_every`` rounds and at the last); the checkpoint is rewritten with that round's
    metrics row inside it, then the row is appended to ``metrics.jsonl``, so a crash loses at most
    the round in flight, and a resume rewinds ``metrics.jsonl`` to the checkpoint (no round twice);
    per-client state is versioned by round (``fedsuite.state``), so a killed round's state is unused;
-5. ``summary.json`` and ``accuracy.png`` are written at the end, also when a round fails.
+5. ``accuracy.png`` (and ``diagnostics.png``), then ``summary.json`` are written at the end, also
+   when a round fails (``summary.json`` last: the launcher takes it as the end of the run).
 """
 
 from __future__ import annotations
