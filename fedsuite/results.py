@@ -224,6 +224,7 @@ def plot_pool_diagnostics(rows: list[dict[str, Any]], path: Path, title: str | N
     ax.set_ylabel("L2 distance")
     for ax in axes.flat:
         ax.set_xlabel("round")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6.5)
     if title:
