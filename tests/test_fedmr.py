@@ -746,7 +746,7 @@ def test_fedmr_warns_at_its_failure_setting_only():
         return cfg.method.risks(cfg)
 
     (warning,) = risks()
-    assert "first_stage_rounds=0" in warning and "fedmr.first_stage_rounds=50" in warning
+    assert "first_stage_rounds=0" in warning and "--set fedmr.first_stage_rounds=50 --set momentum=0.5" in warning
     assert risks(**{"fedmr.first_stage_rounds": 50}) == [] and risks(partitioner="iid") == []
     cfg = build_config(values={**FAST, "strategy": "fedavg"})
     assert cfg.method.risks(cfg) == []
