@@ -99,6 +99,8 @@ def simulate(
 
     console.print(f"[bold]fedsuite[/] {cfg.strategy} on {cfg.dataset} ({cfg.partitioner}), "
                   f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds -> {run_dir}")
+    for risk in cfg.method.risks(cfg):
+        console.print(f"[yellow]warning:[/] {risk}")
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         task = progress.add_task("starting Flower", total=cfg.rounds)
@@ -300,10 +302,13 @@ def report(
     run_dirs: list[Path] = typer.Argument(..., help="run directories (several seeds of one setting are grouped)"),
     target: Optional[float] = typer.Option(None, help="target accuracy in %, for rounds-to-target"),
     last: int = typer.Option(1, help="final accuracy = mean of the last k evaluations of each run"),
-    out: Path = typer.Option(Path("report"), help="folder for report.md, report.json and accuracy.png"),
+    out: Path = typer.Option(Path("report"), help="folder for report.md, report.json, accuracy.png "
+                             "(and diagnostics-<run>.png per run with pool diagnostics)"),
 ) -> None:
-    """Table of final accuracy (mean ± std over seeds), rounds to a target, and a figure."""
-    from fedsuite.results import ResultsError, plot_groups, report as make_report
+    """Table of final accuracy (mean ± std over seeds), rounds to a target, and figures."""
+    from fedsuite.results import (
+        ResultsError, has_pool_diagnostics, plot_groups, plot_pool_diagnostics, read_metrics, report as make_report,
+    )
 
     missing = [str(d) for d in run_dirs if not (d / "config.json").is_file()]
     if missing:
@@ -333,7 +338,16 @@ def report(
     (out / "report.md").write_text("\n".join(md) + "\n")
     (out / "report.json").write_text(json.dumps(rows, indent=2) + "\n")
     plot_groups(curves, out / "accuracy.png")
-    console.print(f"-> {out / 'report.md'}, {out / 'accuracy.png'}")
+    figures = [out / "accuracy.png"]
+    for i, run_dir in enumerate(run_dirs):
+        rows = read_metrics(run_dir)
+        if has_pool_diagnostics(rows):
+            name = f"diagnostics-{run_dir.resolve().name}.png"
+            if out / name in figures:  # two runs of one name in different folders
+                name = f"diagnostics-{i}-{run_dir.resolve().name}.png"
+            plot_pool_diagnostics(rows, out / name, title=str(run_dir))
+            figures.append(out / name)
+    console.print(f"-> {out / 'report.md'}, " + ", ".join(str(f) for f in figures))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

@@ -144,6 +144,12 @@ class BaseRunConfig(BaseModel):
             return self.clients_per_round
         return max(1, int(self.fraction * self.num_clients + 1e-9))
 
+    def evaluates(self, server_round: int) -> bool:
+        """Whether the global model of ``server_round`` is evaluated centrally: every ``eval_every``
+        rounds and at the last round (the ServerApp also evaluates w^0 and the model a resumed run
+        starts from)."""
+        return server_round % self.eval_every == 0 or server_round == self.rounds
+
     @property
     def resolved_max_failed_fraction(self) -> float:
         """``max_failed_fraction``, or the engine's default when unset (see the field)."""

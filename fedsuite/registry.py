@@ -49,6 +49,13 @@ class MethodSpec:
     paper: str = ""
     enables: dict[str, Callable[[Any], dict[str, Any]]] = field(default_factory=dict)
     refuses: dict[str, str] = field(default_factory=dict)
+    #: ``cfg -> [warning, ...]``: settings under which the method is known to fail, each naming the
+    #: risk and a setting that works; printed by ``fedsuite simulate`` and logged by the ServerApp
+    warnings: Callable[[Any], list[str]] | None = None
+
+    def risks(self, cfg: Any) -> list[str]:
+        """The method's warnings for this run's config (none if it declares no ``warnings``)."""
+        return list(self.warnings(cfg)) if self.warnings is not None else []
 
 
 _METHODS: dict[str, MethodSpec] = {}
@@ -65,6 +72,7 @@ def register_method(
     paper: str = "",
     enables: dict[str, Callable[[Any], dict[str, Any]]] | None = None,
     refuses: dict[str, str] | None = None,
+    warnings: Callable[[Any], list[str]] | None = None,
 ) -> MethodSpec:
     """Register a method under ``name`` (called at import time of ``strategies/<name>.py``)."""
     if name in _METHODS and _METHODS[name].strategy is not strategy:
@@ -75,7 +83,7 @@ def register_method(
         raise ValueError(f"method {name!r} names unknown plug-ins {unknown}; known: {sorted(PLUGINS)}")
     if set(enables) & set(refuses) or any(not str(why).strip() for why in refuses.values()):
         raise ValueError(f"method {name!r}: a plug-in is both enabled and refused, or refused without a reason")
-    spec = MethodSpec(name, strategy, client, params, summary, paper, enables, refuses)
+    spec = MethodSpec(name, strategy, client, params, summary, paper, enables, refuses, warnings)
     _METHODS[name] = spec
     return spec
 

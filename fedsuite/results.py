@@ -11,6 +11,8 @@ A run directory holds::
                      when the run stopped on too many failed replies
     checkpoint.pt    global arrays + strategy state + round (rewritten atomically every round)
     accuracy.png     test accuracy versus round
+    diagnostics.png  pool diagnostics versus round (pool methods with ``<method>.diagnostics = true``,
+                     see :func:`plot_pool_diagnostics`)
 """
 
 from __future__ import annotations
@@ -109,9 +111,12 @@ class RunRecorder:
         if "failure" in summary:  # the failed round has no metrics row: count its failures too
             summary["failed_replies"] += len(summary["failure"]["partition_ids"])
             summary["rounds_with_failures"] += 1
-        write_json(self.run_dir / "summary.json", summary)
         if rows:
             plot_accuracy({self.run_dir.name: rows}, self.run_dir / "accuracy.png")
+        if has_pool_diagnostics(rows):
+            plot_pool_diagnostics(rows, self.run_dir / "diagnostics.png", title=self.run_dir.name)
+        # last: the launcher takes summary.json as the sign that the run has ended and stops its processes
+        write_json(self.run_dir / "summary.json", summary)
         return summary
 
 
@@ -161,6 +166,69 @@ def plot_accuracy(curves: dict[str, list[dict[str, Any]]], path: Path, title: st
         ax.set_title(title)
     if curves:
         ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def has_pool_diagnostics(rows: list[dict[str, Any]]) -> bool:
+    """Whether a run's rows carry the pool diagnostics (``strategies/pool.py``)."""
+    return any("pool_accuracy" in r for r in rows)
+
+
+def plot_pool_diagnostics(rows: list[dict[str, Any]], path: Path, title: str | None = None) -> None:
+    """Four panels over the rounds that carry the pool diagnostics (``strategies/pool.py``):
+
+    1. test accuracy: the evaluated global model, the pool mean v̄ = (1/K) Σ_s v_s, the K trained pool
+       models v_s (median, min-max band) and the K models sent next u'_s (FedMR: recombined; median, band);
+    2. test loss of the same (log scale);
+    3. mean pairwise distance of the trained pool, whole model and per state_dict entry;
+    4. client movement ||v_s − w_s|| (median, min-max band) beside the pool's pairwise distance.
+    """
+    diag = [r for r in rows if "pool_accuracy" in r]
+    if not diag:
+        raise ValueError("no row carries pool diagnostics (run a pool method with <method>.diagnostics=true)")
+    x = [r["round"] for r in diag]
+
+    def band(ax, key: str, label: str, color: str, scale: float = 1.0) -> None:
+        vals = np.array([[np.nan if v is None else v for v in r[key]] for r in diag], dtype=float) * scale
+        ax.plot(x, np.nanmedian(vals, 1), color=color, label=f"{label} (median)")
+        ax.fill_between(x, np.nanmin(vals, 1), np.nanmax(vals, 1), color=color, alpha=0.18, label=f"{label} (min-max)")
+
+    fig, axes = plt.subplots(2, 2, figsize=(11.0, 7.2), dpi=110)
+    ax = axes[0, 0]
+    evaluated = [(r["round"], r["test_accuracy"]) for r in diag if r.get("test_accuracy") is not None]
+    if evaluated:
+        ax.plot(*zip(*[(rd, 100 * a) for rd, a in evaluated]), color="black", lw=2.2, label="evaluated global")
+    ax.plot(x, [100 * r["pool_mean_accuracy"] for r in diag], color="tab:red", ls="--", label="pool mean")
+    band(ax, "pool_accuracy", "trained pool models", "tab:blue", 100)
+    band(ax, "next_accuracy", "models sent next", "tab:orange", 100)
+    ax.set_ylabel("test accuracy (%)")
+    ax = axes[0, 1]
+    ax.plot(x, [r["pool_mean_loss"] for r in diag], color="tab:red", ls="--", label="pool mean")
+    band(ax, "pool_loss", "trained pool models", "tab:blue")
+    band(ax, "next_loss", "models sent next (before training)", "tab:orange")
+    ax.set_yscale("log")
+    ax.set_ylabel("test loss")
+    ax = axes[1, 0]
+    layers = list(diag[-1]["pool_layer_distance"])
+    cmap = plt.get_cmap("viridis")
+    for i, key in enumerate(layers):
+        ax.plot(x, [r["pool_layer_distance"].get(key, np.nan) for r in diag], color=cmap(i / max(1, len(layers) - 1)),
+                lw=1, label=key if len(layers) <= 12 else None)
+    ax.plot(x, [r["pool_distance"] for r in diag], color="black", lw=2.2, label="whole model")
+    ax.set_ylabel("mean pairwise distance of the trained pool")
+    ax = axes[1, 1]
+    band(ax, "client_movement", "client movement ||v − w||", "tab:green")
+    ax.plot(x, [r["pool_distance"] for r in diag], color="black", lw=1.5, label="pool pairwise distance")
+    ax.set_ylabel("L2 distance")
+    for ax in axes.flat:
+        ax.set_xlabel("round")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6.5)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -3,13 +3,16 @@
 1. read the config from the run config, load the dataset (test split for central evaluation);
 2. handshake: one QUERY to every node maps Flower node ids to partition ids (the strategy re-maps
    before every round, so a SuperNode that reconnects under a new node id gets work again);
-3. build w^0 from the seed and the method's strategy; resume from ``checkpoint.pt`` if present;
+3. build w^0 from the seed and the method's strategy (its ``ServerSetup.evaluate`` is this app's
+   central evaluation, ``fedsuite.training.arrays_evaluator``); log the method's warnings for this
+   config (``MethodSpec.risks``); resume from ``checkpoint.pt`` if present;
 4. ``strategy.start`` runs the rounds; after each round the global model is evaluated centrally
-   (every ``eval_every`` rounds and at the last); the checkpoint is rewritten with that round's
+   (``cfg.evaluates``: every ``eval_every`` rounds and at the last); the checkpoint is rewritten with that round's
    metrics row inside it, then the row is appended to ``metrics.jsonl``, so a crash loses at most
    the round in flight, and a resume rewinds ``metrics.jsonl`` to the checkpoint (no round twice);
    per-client state is versioned by round (``fedsuite.state``), so a killed round's state is unused;
-5. ``summary.json`` and ``accuracy.png`` are written at the end, also when a round fails.
+5. ``accuracy.png`` (and ``diagnostics.png``), then ``summary.json`` are written at the end, also
+   when a round fails (``summary.json`` last: the launcher takes it as the end of the run).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from fedsuite.models import initial_arrays, make_model
 from fedsuite.results import RunRecorder, write_json
 from fedsuite.state import prune_committed
 from fedsuite.strategy import RoundFailure, ServerSetup
-from fedsuite.training import evaluate
+from fedsuite.training import arrays_evaluator
 from fedsuite.wire import to_ndarrays, to_record
 
 log = logging.getLogger("fedsuite")
@@ -76,11 +79,15 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     node_to_pid = handshake(grid, cfg.num_clients)
     timing["handshake_s"] = time.perf_counter() - t0 - timing["data_s"]
     initial = initial_arrays(cfg, bundle)
+    evaluate_arrays = arrays_evaluator(make_model(cfg, bundle).to(device), bundle.x_test.to(device),
+                                       bundle.y_test.to(device), bundle, cfg.eval_batch_size)
     setup = ServerSetup(
         cfg=cfg, node_to_pid=node_to_pid, initial=initial, run_dir=run_dir,
-        build_model=lambda: make_model(cfg, bundle),
+        build_model=lambda: make_model(cfg, bundle), evaluate=evaluate_arrays,
         info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)},
     )
+    for risk in cfg.method.risks(cfg):
+        log.warning("%s", risk)
     strategy = cfg.method.strategy(setup)
 
     start_round, arrays = 0, to_record(initial)
@@ -94,17 +101,13 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     else:
         recorder.rewind(0, None)  # killed before round 1 was checkpointed: round 0 is written again
 
-    model = make_model(cfg, bundle).to(device)
-    x_test, y_test = bundle.x_test.to(device), bundle.y_test.to(device)
     clock = {"t": time.perf_counter()}
 
     def after_round(offset_round: int, global_arrays: ArrayRecord) -> MetricRecord | None:
         server_round = start_round + offset_round
-        evaluated = offset_round == 0 or server_round % cfg.eval_every == 0 or server_round == cfg.rounds
         test = {}
-        if evaluated:
-            model.load_state_dict(strategy.evaluation_arrays(global_arrays).to_torch_state_dict())
-            test = evaluate(model, x_test, y_test, bundle, cfg.eval_batch_size)
+        if offset_round == 0 or cfg.evaluates(server_round):
+            test = evaluate_arrays(to_ndarrays(strategy.evaluation_arrays(global_arrays)))
         now = time.perf_counter()
         if offset_round == 0:
             if start_round == 0:

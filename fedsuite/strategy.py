@@ -68,6 +68,9 @@ class ServerSetup:
     initial: NDArrays  # w^0, state_dict order
     run_dir: Path | None = None
     build_model: Callable[[], Any] | None = None  # a fresh torch model of the run's architecture
+    # central evaluation of a model given as arrays on the run's test set: {"accuracy", "loss"}
+    # (the ServerApp's, fedsuite.training.evaluate; None in hand-built setups)
+    evaluate: Callable[[NDArrays], dict[str, float]] | None = None
     info: dict[str, Any] = field(default_factory=dict)  # dataset facts: num_classes, input_shape
 
     def trainable_keys(self) -> list[str]:

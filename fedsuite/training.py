@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -209,3 +209,16 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bundle, b
         correct += (logits.argmax(1) == yb).sum()
     loss = float(loss_sum) / max(n, 1)
     return {"accuracy": int(correct) / max(n, 1), "loss": loss if math.isfinite(loss) else float("nan")}
+
+
+def arrays_evaluator(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bundle, batch_size: int
+                     ) -> Callable[[dict[str, Any]], dict[str, float]]:
+    """``evaluate(arrays)``: load ``arrays`` (a state_dict as numpy arrays) into ``model`` and return
+    :func:`evaluate`'s accuracy and loss on (x, y). The ServerApp's central evaluation of the global
+    model and of the pool diagnostics (``strategies/pool.py``) both go through it."""
+
+    def evaluate_arrays(arrays: dict[str, Any]) -> dict[str, float]:
+        model.load_state_dict({k: torch.tensor(v) for k, v in arrays.items()})
+        return evaluate(model, x, y, bundle, batch_size)
+
+    return evaluate_arrays

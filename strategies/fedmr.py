@@ -37,14 +37,14 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.fedavg import FedAvgClient
 from fedsuite.arrays import uniform_mean, weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.seeding import round_rng
 from fedsuite.wire import ClientReply, NDArrays
-from strategies.pool import PERM_TAG, PoolStrategy
+from strategies.pool import PERM_TAG, PoolParams, PoolStrategy
 
 # ------------------------------------------------------------------------------------------------
 # recombination: pure functions on dicts of numpy arrays
@@ -115,10 +115,9 @@ def recombine(pool: list[NDArrays], units: list[list[str]], perms: np.ndarray) -
 # ------------------------------------------------------------------------------------------------
 
 
-class FedMRParams(BaseModel):
-    """FedMR's hyperparameters (section ``[fedmr]``); see the module docstring."""
-
-    model_config = ConfigDict(extra="forbid")
+class FedMRParams(PoolParams):
+    """FedMR's hyperparameters (section ``[fedmr]``); see the module docstring. ``diagnostics``:
+    :class:`strategies.pool.PoolParams`."""
 
     first_stage_rounds: int = Field(0, ge=0, description="R1: aggregation (FedAvg) rounds before recombination")
     granularity: Literal["tensor", "module"] = Field("tensor", description="recombination unit: state_dict tensor or module")
@@ -153,6 +152,22 @@ class FedMRStrategy(PoolStrategy):
         return {"stage": self.stage(server_round)}
 
 
+def fedmr_warnings(cfg) -> list[str]:
+    """FedMR's known failure setting (docs/methods/fedmr.md, "When FedMR works"): recombination from
+    round 1 (R1 = 0, the paper's CNN setting) on a label-skewed partition."""
+    p = cfg.fedmr
+    if p.first_stage_rounds > 0 or cfg.partitioner == "iid":
+        return []
+    return [
+        f"fedmr recombines from round 1 (fedmr.first_stage_rounds=0) on a non-IID partition ({cfg.partitioner}). "
+        "At the paper's CNN setting (Dirichlet 0.1, momentum 0.9) the evaluated model, the mean of K pool models "
+        "that are never averaged, stays near chance while the clients' losses fall, in fedsuite and in the "
+        "authors' code alike: the pool models drift apart. Seen to train: the two-stage scheme with momentum 0.5 "
+        "(--set fedmr.first_stage_rounds=50 --set momentum=0.5, authors' code on Fashion-MNIST, level with FedAvg), "
+        "or an IID partition. --set fedmr.diagnostics=true records the drift (docs/methods/fedmr.md)."
+    ]
+
+
 register_method(
     "fedmr",
     strategy=FedMRStrategy,
@@ -160,5 +175,6 @@ register_method(
     params=FedMRParams,
     summary="Layer-wise model recombination: each client trains a different recombined pool model",
     paper="Hu et al., KDD 2024 (arXiv 2305.10730)",
+    warnings=fedmr_warnings,
 )
 

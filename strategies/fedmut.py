@@ -28,13 +28,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.fedavg import FedAvgClient
 from fedsuite.registry import register_method
 from fedsuite.seeding import round_rng
 from fedsuite.wire import ClientReply, NDArrays
-from strategies.pool import MUT_TAG, PoolStrategy
+from strategies.pool import MUT_TAG, PoolParams, PoolStrategy
 
 
 def mutation_beta(server_round: int, beta0: float, bound: int) -> float:
@@ -76,10 +76,8 @@ def mutate(w_glb: NDArrays, delta: dict[str, np.ndarray], coeffs: np.ndarray, ra
     return pool
 
 
-class FedMutParams(BaseModel):
-    """FedMut's hyperparameters (section ``[fedmut]``)."""
-
-    model_config = ConfigDict(extra="forbid")
+class FedMutParams(PoolParams):
+    """FedMut's hyperparameters (section ``[fedmut]``); ``diagnostics``: :class:`strategies.pool.PoolParams`."""
 
     radius: float = Field(5.0, ge=0, description="mutation radius alpha")
     mut_acc_rate: float = Field(0.3, ge=0, le=1, description="beta0, initial acceleration weight")

@@ -18,18 +18,16 @@ model a lineage that can be followed over rounds ("Model-1..4" in Fig. 5).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.fedavg import FedAvgClient
 from fedsuite.registry import register_method
 from fedsuite.wire import ClientReply, NDArrays
-from strategies.pool import PoolStrategy
+from strategies.pool import PoolParams, PoolStrategy
 
 
-class IndepParams(BaseModel):
-    """Indep's options (section ``[indep]``)."""
-
-    model_config = ConfigDict(extra="forbid")
+class IndepParams(PoolParams):
+    """Indep's options (section ``[indep]``); ``diagnostics``: :class:`strategies.pool.PoolParams`."""
 
     eval_slot: int = Field(0, ge=0, description="pool slot whose model is reported and evaluated")
 
@@ -39,7 +37,7 @@ class IndepStrategy(PoolStrategy):
 
     def __init__(self, setup, **flower_kwargs) -> None:
         super().__init__(setup, **flower_kwargs)
-        slot = getattr(self.params, "eval_slot", 0)
+        slot = self.params.eval_slot
         if slot >= self.pool_size:
             raise ValueError(f"indep.eval_slot={slot} but the pool has {self.pool_size} slots (clients_per_round)")
 
@@ -63,6 +61,7 @@ register_method(
     "indep-aggr",
     strategy=IndepAggrStrategy,
     client=FedAvgClient,
+    params=PoolParams,
     summary="FedMR Fig. 5: Indep's pool, reporting the uniform mean of its K models",
     paper="Hu et al., KDD 2024, §3.1",
 )

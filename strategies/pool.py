@@ -23,6 +23,23 @@ that client, logs every mismatch and writes ``checksum_mismatches`` and ``payloa
 
 Server state (``state_dict``): the pool (and subclass extras). Random draws come from generators
 seeded by (seed, round, purpose), so a resumed run repeats exactly the draws of an uninterrupted one.
+
+Diagnostics (``<method>.diagnostics = true``, off by default: they cost 2K + 1 central evaluations
+per evaluated round). On every round the ServerApp evaluates (``cfg.evaluates``), with
+v_0..v_{K-1} the pool after the round's training (slot order; a failed slot holds what it was sent),
+w_s the model slot s was sent and u'_s the model it is sent next round, the metrics row gets
+
+    pool_accuracy, pool_loss         [K]  test accuracy / loss of each v_s
+    pool_mean_accuracy, pool_mean_loss    of v̄ = (1/K) Σ_s v_s (FedMR's evaluated global model)
+    next_accuracy, next_loss         [K]  of each u'_s before any training (FedMR: the recombined
+                                          models; in an aggregation round all equal v̄)
+    pool_distance                         (2/(K(K-1))) Σ_{s<t} ||v_s − v_t||   (all float entries)
+    pool_layer_distance   {entry: (2/(K(K-1))) Σ_{s<t} ||v_s[l] − v_t[l]||}     (per state_dict entry)
+    client_movement                  [K]  ||v_s − w_s|| (None for a failed slot)
+    slot_clients                     [K]  the partition id that trained slot s
+
+Recombination permutes each entry's K copies, so the per-entry distances of the recombined pool equal
+those of v (Lemma 4.4's argument): one set of distances describes both.
 """
 
 from __future__ import annotations
@@ -30,7 +47,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from fedsuite.arrays import uniform_mean
 from fedsuite.seeding import round_rng
@@ -45,6 +64,40 @@ PERM_TAG = 0x9E_C0
 MUT_TAG = 0x4D_07
 
 
+class PoolParams(BaseModel):
+    """Options every pool method has (its section ``[fedmr]``, ``[fedmut]``, ``[indep]``, ``[indep-aggr]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    diagnostics: bool = Field(
+        False, description="per evaluated round: test accuracy/loss of each pool model, of their mean and of the "
+        "models sent next; pairwise pool distances per layer; each client's movement (2K+1 evaluations)")
+
+
+def pool_distances(models: list[NDArrays], keys: list[str]) -> tuple[float, dict[str, float]]:
+    """Mean pairwise L2 distance of K models, over ``keys`` jointly and per key, in float64:
+
+        d = (2/(K(K-1))) Σ_{s<t} sqrt(Σ_l ||u_s[l] − u_t[l]||²),   d_l = (2/(K(K-1))) Σ_{s<t} ||u_s[l] − u_t[l]||
+
+    Each difference is taken element-wise, so equal models give exactly 0. K < 2: all 0."""
+    pairs = [(s, t) for s in range(len(models)) for t in range(s + 1, len(models))]
+    if not pairs:
+        return 0.0, {k: 0.0 for k in keys}
+    sq = np.zeros((len(keys), len(pairs)))
+    for i, key in enumerate(keys):
+        stack = [np.asarray(m[key], dtype=np.float64) for m in models]
+        for j, (s, t) in enumerate(pairs):
+            diff = stack[s] - stack[t]
+            sq[i, j] = float(np.vdot(diff, diff))
+    return float(np.sqrt(sq.sum(0)).mean()), {k: float(v) for k, v in zip(keys, np.sqrt(sq).mean(1))}
+
+
+def model_distance(a: NDArrays, b: NDArrays, keys: list[str]) -> float:
+    """||a − b||₂ over ``keys`` jointly (float64)."""
+    return float(np.sqrt(sum(float(np.vdot(d, d)) for d in
+                             (np.asarray(a[k], dtype=np.float64) - np.asarray(b[k], dtype=np.float64) for k in keys))))
+
+
 class PoolStrategy(FedSuiteStrategy):
     """A pool of K models, one per slot; client i of the cohort trains slot i's model (see module)."""
 
@@ -55,6 +108,11 @@ class PoolStrategy(FedSuiteStrategy):
         self.slot_of_pid: dict[int, int] = {}
         self._sent: dict[int, int] = {}  # pid -> checksum of the payload it was sent
         self._slot_records: dict[int, tuple[ArrayRecord, int]] = {}  # id(model) -> (record, crc)
+        self.diagnostics = self.params.diagnostics  # every pool method's params are a PoolParams
+        if self.diagnostics and setup.evaluate is None:
+            raise ValueError("pool diagnostics evaluate models centrally: the ServerSetup needs `evaluate` "
+                             "(the ServerApp's test-set evaluation)")
+        self.float_keys = [k for k, v in self.template.items() if np.issubdtype(np.asarray(v).dtype, np.floating)]
 
     # --- hooks for subclasses ---------------------------------------------------------------------
     def round_model(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
@@ -93,6 +151,7 @@ class PoolStrategy(FedSuiteStrategy):
 
     # --- aggregation --------------------------------------------------------------------------------
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+        dispatched = list(self.pool)  # w_s: what each slot was sent
         dispatched_crc = {self.slot_of_pid[pid]: crc for pid, crc in self._sent.items()}
         mismatches, filled = 0, set()
         for reply in replies:
@@ -110,6 +169,7 @@ class PoolStrategy(FedSuiteStrategy):
         failed = sorted(set(self.slot_of_pid.values()) - filled)
         if failed:
             log.warning("round %s: slots %s got no reply and keep the model they were sent (spec A21)", server_round, failed)
+        trained = list(self.pool)
         model = self.round_model(server_round, replies)
         self.pool = self.next_pool(server_round, replies, model)
         assert len(self.pool) == self.pool_size
@@ -119,7 +179,39 @@ class PoolStrategy(FedSuiteStrategy):
             "payload_checksums": [dispatched_crc.get(s) for s in range(self.pool_size)],
             **self.round_extra(server_round),
         })
+        if self.diagnostics and self.cfg.evaluates(server_round):
+            self.round_log.add(self.pool_diagnostics(dispatched, trained, filled))
         return model
+
+    def pool_diagnostics(self, dispatched: list[NDArrays], trained: list[NDArrays], filled: set[int]) -> dict[str, Any]:
+        """The diagnostics columns (module docstring): ``dispatched`` w_s, ``trained`` v_s, ``self.pool``
+        u'_s; ``filled`` the slots whose client replied. A model met twice (same arrays) is evaluated once."""
+        cache: dict[tuple[int, ...], dict[str, float]] = {}
+
+        def test(m: NDArrays) -> dict[str, float]:
+            key = tuple(id(a) for a in m.values())
+            if key not in cache:
+                cache[key] = self.setup.evaluate(m)
+            return cache[key]
+
+        pool_mean = uniform_mean(trained, self.template)  # kept alive: the cache keys on array ids
+        mean = test(pool_mean)
+        now, nxt = [test(m) for m in trained], [test(m) for m in self.pool]
+        distance, per_layer = pool_distances(trained, self.float_keys)
+        pid_of_slot = {slot: pid for pid, slot in self.slot_of_pid.items()}
+        return {
+            "pool_accuracy": [r["accuracy"] for r in now],
+            "pool_loss": [r["loss"] for r in now],
+            "pool_mean_accuracy": mean["accuracy"],
+            "pool_mean_loss": mean["loss"],
+            "next_accuracy": [r["accuracy"] for r in nxt],
+            "next_loss": [r["loss"] for r in nxt],
+            "pool_distance": distance,
+            "pool_layer_distance": per_layer,
+            "client_movement": [model_distance(trained[s], dispatched[s], self.float_keys) if s in filled else None
+                                for s in range(self.pool_size)],
+            "slot_clients": [pid_of_slot.get(s) for s in range(self.pool_size)],
+        }
 
     # --- checkpointing ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -7,6 +7,8 @@ messages (no training), then real Flower simulations (5 distinct configs, shared
 from __future__ import annotations
 
 import math
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -593,6 +595,31 @@ def test_sim_fedmr_stage1_only_is_fedavg_bit_for_bit(simulate):
         assert a.get("cohort") == b.get("cohort")
 
 
+def test_sim_fedmr_diagnostics_row_and_figures(simulate, tmp_path):
+    """(d) ``fedmr.diagnostics=true`` in a real run: each round's row has the pool mean's test accuracy
+    and loss equal to those the ServerApp measured for the evaluated global model, K per-model
+    accuracies (trained and sent next), K movements, one distance per state_dict entry; the run
+    directory has diagnostics.png and ``fedsuite report`` writes one for the run."""
+    from typer.testing import CliRunner
+
+    from fedsuite.cli import app
+
+    res = simulate(strategy="fedmr", **{"fedmr.diagnostics": True})
+    k = FAST["clients_per_round"]
+    assert len(res.rows) == FAST["rounds"] + 1
+    for row in res.rows[1:]:
+        assert row["pool_mean_accuracy"] == row["test_accuracy"] and row["pool_mean_loss"] == row["test_loss"]
+        assert len(row["pool_accuracy"]) == len(row["pool_loss"]) == len(row["next_accuracy"]) == k
+        assert len(row["client_movement"]) == k and all(m > 0 for m in row["client_movement"])
+        assert set(row["pool_layer_distance"]) == set(res.arrays) and row["pool_distance"] > 0
+        assert sorted(row["slot_clients"]) == row["cohort"]
+    png = b"\x89PNG"
+    assert (res.run_dir / "diagnostics.png").read_bytes()[:4] == png
+    out = CliRunner().invoke(app, ["report", str(res.run_dir), "--out", str(tmp_path)])
+    assert out.exit_code == 0, out.stdout
+    assert (tmp_path / f"diagnostics-{res.run_dir.name}.png").read_bytes()[:4] == png
+
+
 def test_sim_fedmr_seeded_runs_identical(simulate):
     """(c) Same seed, separate run: identical metrics, global model and pool."""
     a = simulate(strategy="fedmr")
@@ -627,3 +654,99 @@ def test_pool_methods_keep_neuron_lr_diagnostics(cls, name):
 
 def round_columns(strategy) -> dict:
     return dict(strategy.round_log.columns)
+
+
+# ================================================================================================
+# 5. pool diagnostics (issue 14): distances, per-model and pool-mean test accuracy, movement
+# ================================================================================================
+
+
+def test_pool_distances_closed_form_and_zero_for_equal_models():
+    """d_l = mean over pairs of ||u_s[l] − u_t[l]||, d = mean over pairs of the joint norm; K equal
+    models give exactly 0 everywhere."""
+    from strategies.pool import model_distance, pool_distances
+
+    a = {"w": np.array([0.0, 0.0], dtype=np.float32), "b": np.array([0.0], dtype=np.float32)}
+    b = {"w": np.array([3.0, 4.0], dtype=np.float32), "b": np.array([0.0], dtype=np.float32)}
+    c = {"w": np.array([0.0, 0.0], dtype=np.float32), "b": np.array([12.0], dtype=np.float32)}
+    d, per = pool_distances([a, b, c], ["w", "b"])
+    # pairs (a,b), (a,c), (b,c): w-distances 5, 0, 5; b-distances 0, 12, 12; joint 5, 12, 13
+    assert per == pytest.approx({"w": 10 / 3, "b": 24 / 3}) and d == pytest.approx(30 / 3)
+    assert model_distance(b, c, ["w", "b"]) == pytest.approx(13.0)
+    model = random_model(np.random.default_rng(5))
+    keys = [k for k in SHAPES if not k.endswith("tracked")]
+    d, per = pool_distances([dict(model) for _ in range(5)], keys)
+    assert d == 0.0 and set(per) == set(keys) and all(v == 0.0 for v in per.values())
+    assert pool_distances([model], keys) == (0.0, {k: 0.0 for k in keys})
+
+
+def diagnostics_strategy(**params):
+    """A FedMR server rule over the FAST synthetic task with the ServerApp's real evaluation
+    (``arrays_evaluator`` on the test split), diagnostics on."""
+    from fedsuite import runtime
+    from fedsuite.models import initial_arrays, make_model
+    from fedsuite.training import arrays_evaluator
+
+    values = {**FAST, "strategy": "fedmr", "num_clients": NUM_CLIENTS, "clients_per_round": K, **UNIT_ROUND,
+              "data_root": str(Path(tempfile.gettempdir()) / "fedsuite-test-data"), "fedmr.diagnostics": True,
+              **{f"fedmr.{k}": v for k, v in params.items()}}
+    cfg = build_config(values=values)
+    bundle = runtime.load_bundle(cfg)
+    evaluate = arrays_evaluator(make_model(cfg, bundle), bundle.x_test, bundle.y_test, bundle, cfg.eval_batch_size)
+    setup = ServerSetup(cfg=cfg, node_to_pid={500 + p: p for p in range(NUM_CLIENTS)},
+                        initial=initial_arrays(cfg, bundle), evaluate=evaluate)
+    return FedMRStrategy(setup), evaluate
+
+
+def test_pool_diagnostics_columns():
+    """Round 1, clients return what they got (K equal models): every distance and movement is exactly
+    0 and every pool model scores the pool mean's accuracy. Round 2 (stage 1, R1 = 2; distinct
+    uploads): K accuracies, the pool mean's accuracy is that of the returned global (the model the
+    ServerApp evaluates), the models sent next are all that global. Round 3 (stage 2): the models
+    sent next are the recombined ones, scored one by one; movement is ||v_s − w_s|| per slot."""
+    s, evaluate = diagnostics_strategy(first_stage_rounds=2)
+    msgs = configure(s, 1)
+    s.aggregate_train(1, [reply_to(m, to_ndarrays(m.content["arrays"]), 10) for m in msgs])
+    col = round_columns(s)
+    assert col["pool_distance"] == 0.0 and set(col["pool_layer_distance"]) == set(s.template)
+    assert all(v == 0.0 for v in col["pool_layer_distance"].values())
+    assert col["client_movement"] == [0.0] * K
+    assert col["pool_accuracy"] == [col["pool_mean_accuracy"]] * K
+    assert sorted(col["slot_clients"]) == s.sample_cohort(1)
+    for r in (2, 3):
+        sent, uploaded, glob = play_round(s, r)
+        col = round_columns(s)
+        assert len(col["pool_accuracy"]) == len(col["pool_loss"]) == len(col["next_accuracy"]) == K
+        assert col["pool_mean_accuracy"] == evaluate(glob)["accuracy"]
+        assert col["pool_mean_loss"] == evaluate(glob)["loss"]
+        by_slot = {slot: pid for pid, (slot, _) in sent.items()}
+        assert col["slot_clients"] == [by_slot[i] for i in range(K)]
+        for i in range(K):
+            pid = by_slot[i]
+            assert col["pool_accuracy"][i] == evaluate(uploaded[pid])["accuracy"]
+            assert col["client_movement"][i] == pytest.approx(
+                float(np.sqrt(sum(np.sum((uploaded[pid][k].astype(np.float64) - sent[pid][1][k]) ** 2) for k in s.template))))
+            assert col["next_accuracy"][i] == evaluate(s.pool[i])["accuracy"]
+        assert col["pool_distance"] > 0 and all(v > 0 for v in col["pool_layer_distance"].values())
+        if r == 2:
+            assert col["next_accuracy"] == [col["pool_mean_accuracy"]] * K
+    with pytest.raises(ValueError, match="evaluate"):
+        make_strategy(FedMRStrategy, "fedmr", diagnostics=True)  # a setup without evaluation
+    off = make_strategy(FedMRStrategy, "fedmr")  # off by default: no evaluation, no columns
+    play_round(off, 1)
+    assert not any(c.startswith(("pool_", "next_", "client_movement")) for c in round_columns(off))
+
+
+def test_fedmr_warns_at_its_failure_setting_only():
+    """Recombination from round 1 on a label-skewed partition (the paper's CNN setting) gets a
+    run-start warning naming the risk and the setting that trains; R1 > 0 or IID gets none, nor do
+    methods that declare no warnings."""
+    def risks(**values):
+        cfg = build_config(values={**FAST, "strategy": "fedmr", **values})
+        return cfg.method.risks(cfg)
+
+    (warning,) = risks()
+    assert "first_stage_rounds=0" in warning and "--set fedmr.first_stage_rounds=50 --set momentum=0.5" in warning
+    assert risks(**{"fedmr.first_stage_rounds": 50}) == [] and risks(partitioner="iid") == []
+    cfg = build_config(values={**FAST, "strategy": "fedavg"})
+    assert cfg.method.risks(cfg) == []
