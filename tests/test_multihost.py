@@ -1,0 +1,218 @@
+"""A federation across machines, with TLS and SuperNode authentication on.
+
+``test_federation_across_network_namespaces``: four Linux network namespaces made by the test (one
+per "machine": the SuperLink's, two SuperNodes', and the user's, where the ``flwr`` CLI runs),
+joined by veth pairs on a bridge in the SuperLink's namespace; each sees the others only through
+that network (10.15.0.0/24), on plain processes. One SuperLink serves TLS with
+``--enable-supernode-auth`` (``fedsuite certs`` made the CA, its certificate and the key pairs); the
+two SuperNodes' public keys are registered with ``flwr supernode register``; 2 rounds complete. On the
+same federation: a SuperNode whose key was never registered is refused, and a CLI and a SuperNode
+without the CA certificate cannot connect. Needs root (``ip netns``); skipped, with the reason,
+elsewhere. Every process is stopped by PID and the namespaces are deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from fedsuite import launch
+from fedsuite.certs import make_credentials
+from fedsuite.config import build_config
+from fedsuite.results import read_metrics
+from tests.conftest import FAST
+
+SUBNET = "10.15.0"
+LINK_IP = f"{SUBNET}.1"
+PORT = 9093
+
+
+def netns_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root (ip netns add); CI runs as root"
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is not installed"
+    probe = f"fs-probe-{os.getpid()}"
+    out = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if out.returncode != 0:
+        return f"ip netns add failed here: {out.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+class Network:
+    """Namespaces ``link`` (with bridge br0, 10.15.0.1), ``node0`` (.2), ``node1`` (.3), ``user`` (.4)."""
+
+    ROLES = ("link", "node0", "node1", "user")
+
+    def __init__(self) -> None:
+        tag = f"fs{os.getpid()}"
+        self.ns = {role: f"{tag}-{role}" for role in self.ROLES}
+        self.ip = {role: f"{SUBNET}.{i + 1}" for i, role in enumerate(self.ROLES)}
+
+    def sh(self, *args: str) -> None:
+        out = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+
+    def up(self) -> None:
+        for name in self.ns.values():
+            self.sh("netns", "add", name)
+            self.sh("-n", name, "link", "set", "lo", "up")
+        link = self.ns["link"]
+        self.sh("-n", link, "link", "add", "br0", "type", "bridge")
+        self.sh("-n", link, "addr", "add", f"{self.ip['link']}/24", "dev", "br0")
+        self.sh("-n", link, "link", "set", "br0", "up")
+        for role in self.ROLES[1:]:
+            peer = self.ns[role]
+            self.sh("-n", link, "link", "add", f"v-{role}", "type", "veth", "peer", "name", "eth0", "netns", peer)
+            self.sh("-n", link, "link", "set", f"v-{role}", "master", "br0")
+            self.sh("-n", link, "link", "set", f"v-{role}", "up")
+            self.sh("-n", peer, "addr", "add", f"{self.ip[role]}/24", "dev", "eth0")
+            self.sh("-n", peer, "link", "set", "eth0", "up")
+
+    def down(self) -> None:
+        for name in self.ns.values():
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+    def wrap(self, role: str) -> list[str]:
+        return ["ip", "netns", "exec", self.ns[role]]
+
+
+def start(net: Network, role: str, cmd: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen:
+    """``cmd`` inside ``role``'s namespace (``ip netns exec`` execs it: the PID is the command's)."""
+    with log.open("ab") as fh:
+        return subprocess.Popen([*net.wrap(role), *cmd], env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=cwd,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_for_log(proc: subprocess.Popen, log: Path, text: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in log.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"{log.name}: exited with {proc.returncode} before '{text}':\n{log.read_text()}")
+        time.sleep(0.3)
+    raise AssertionError(f"{log.name}: no '{text}' within {timeout:.0f} s:\n{log.read_text()}")
+
+
+def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        launch.stop_tree(proc)
+        raise AssertionError(f"process {proc.args} still running after {timeout:.0f} s") from None
+
+
+@pytest.fixture
+def network():
+    reason = netns_unavailable()
+    if reason:
+        pytest.skip(reason)
+    net = Network()
+    try:
+        net.up()
+        yield net
+    finally:
+        net.down()
+
+
+def test_federation_across_network_namespaces(tmp_path, data_root, network):
+    net = network
+    creds = make_credentials(tmp_path / "creds", hosts=[LINK_IP], supernodes=["node0", "node1", "rogue"])
+    cfg = build_config(values={**FAST, "data_root": str(data_root), "num_clients": 2, "clients_per_round": 2,
+                               "rounds": 2})
+    run_dir = (tmp_path / "run").resolve()
+    run_dir.mkdir()
+    app_dir = run_dir / "app"
+    launch.write_app(app_dir, cfg, run_dir)
+    address = f"{LINK_IP}:{PORT}"
+    procs: list[tuple[subprocess.Popen, Path | None]] = []  # with the FLWR_HOME that marks its detached children
+    homes = {name: tmp_path / f"home-{name}" for name in ("link", "node0", "node1", "rogue", "noca", "user", "user-noca")}
+    env = {name: launch.flower_env(home) for name, home in homes.items()}
+    launch.write_connection(homes["user"], address, root_certificates=creds.ca_cert, name="fed")
+    # the same connection without the CA certificate: TLS must then fail to verify the SuperLink
+    homes["user-noca"].mkdir()
+    (homes["user-noca"] / "config.toml").write_text(
+        f'[superlink]\ndefault = "fed"\n\n[superlink.fed]\naddress = "{address}"\n')
+    t0 = time.monotonic()
+    try:
+        log = run_dir / "superlink.log"
+        link = start(net, "link", [launch.bin_path("flower-superlink"), *creds.superlink_tls_args(),
+                                   "--enable-supernode-auth", "--host", "0.0.0.0", "--port", str(PORT),
+                                   "--database", str(homes["link"] / "state.db"),
+                                   "--disable-runtime-dependency-installation"],
+                     env["link"], log, run_dir)
+        procs.append((link, homes["link"]))
+        wait_for_log(link, log, "Uvicorn running on")
+
+        # the allowed SuperNodes: node0 and node1 are registered (both at once), "rogue" never is
+        register = {name: subprocess.Popen([*net.wrap("user"), launch.bin_path("flwr"), "supernode", "register",
+                                            str(creds.supernode_pub(name)), "fed", "--format", "json"],
+                                           env=env["user"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           text=True, cwd=run_dir)
+                    for name in ("node0", "node1")}
+        for name, proc in register.items():
+            out, _ = proc.communicate(timeout=120)
+            assert proc.returncode == 0, f"flwr supernode register {name}: {out}"
+            assert json.loads(out[out.index("{"):])["success"], out
+
+        def supernode(role: str, name: str, key: str | None, pid: int, ca: bool = True) -> subprocess.Popen:
+            args = creds.supernode_args(key) if ca else ["--auth-supernode-private-key", str(creds.supernode_key(key))]
+            cmd = [launch.bin_path("flower-supernode"), *args, "--superlink", address,
+                   "--node-config", f"partition-id={pid} num-partitions=2 state-dir='{run_dir / f'state-{name}'}'"]
+            if name in ("rogue", "noca"):  # both in the user's namespace: their own Runtime API ports
+                cmd += ["--max-retries", "1", "--max-wait-time", "20", "--port", "9095" if name == "rogue" else "9096"]
+            p = start(net, role, cmd, env[name], run_dir / f"supernode-{name}.log", run_dir)
+            procs.append((p, homes[name]))
+            return p
+
+        supernode("node0", "node0", "node0", 0)
+        supernode("node1", "node1", "node1", 1)
+        # refused on the same federation, while it trains: an unregistered key, and no CA certificate
+        rogue = supernode("user", "rogue", "rogue", 0)
+        noca = supernode("user", "noca", "node0", 1, ca=False)
+        cli_noca = subprocess.Popen([*net.wrap("user"), launch.bin_path("flwr"), "ls", "fed", "--format", "json"],
+                                    env=env["user-noca"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, cwd=run_dir)
+        procs.append((cli_noca, None))
+
+        wrap = net.wrap("user")
+        run_id = launch.submit(app_dir, env["user"], "fed", federation_config=None, wrap=wrap)
+        rogue_code, noca_code = wait_exit(rogue, 60), wait_exit(noca, 60)
+        cli_noca_out, _ = cli_noca.communicate(timeout=60)
+        # a refused SuperNode leaves its detached SuperExec retrying: stop it now, by its FLWR_HOME
+        for name, proc in (("rogue", rogue), ("noca", noca)):
+            launch.stop_tree(proc, ("FLWR_HOME", str(homes[name])))
+        launch.follow(run_id, env["user"], "fed", run_dir, wrap=wrap)
+        status, details = launch.final_status(run_id, env["user"], "fed", run_dir, wrap=wrap)
+    finally:
+        for p, home in reversed(procs):
+            launch.stop_tree(p, ("FLWR_HOME", str(home)) if home else None)
+    elapsed = time.monotonic() - t0
+    error = (run_dir / "error.txt").read_text() if (run_dir / "error.txt").exists() else details
+    assert status == "finished:completed", error
+    rows = read_metrics(run_dir)
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert all(sorted(r["cohort"]) == [0, 1] and r["dropped"] == [] for r in rows[1:]), rows
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    # an unregistered SuperNode is refused: it exits with Flower's connection error, never gets a node id
+    rogue_log = (run_dir / "supernode-rogue.log").read_text()
+    assert rogue_code != 0 and "Failed to initialize the connection to the SuperLink" in rogue_log, rogue_log
+    # without the CA certificate, TLS cannot verify the SuperLink: neither a SuperNode nor the CLI connects
+    noca_log = (run_dir / "supernode-noca.log").read_text()
+    assert noca_code != 0 and "CERTIFICATE_VERIFY_FAILED" in noca_log, noca_log
+    # (flwr reports it as JSON, exit code 0, "success": false; the same command with the CA submitted the run)
+    reply = json.loads(cli_noca_out[cli_noca_out.index("{"):])
+    assert reply["success"] is False and "Connection to the SuperLink is unavailable" in reply["error-message"], reply
+    for p, _ in procs:
+        assert not psutil.pid_exists(p.pid) or psutil.Process(p.pid).status() == psutil.STATUS_ZOMBIE
+    print(f"netns federation: {elapsed:.1f} s from SuperLink start to stop")
