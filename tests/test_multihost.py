@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -216,3 +217,134 @@ def test_federation_across_network_namespaces(tmp_path, data_root, network):
     for p, _ in procs:
         assert not psutil.pid_exists(p.pid) or psutil.Process(p.pid).status() == psutil.STATUS_ZOMBIE
     print(f"netns federation: {elapsed:.1f} s from SuperLink start to stop")
+
+
+# --------------------------------------------------------------------------------------------------
+# The Docker deployment: docker/Dockerfile + docker/compose.yaml, with real containers.
+# --------------------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+IMAGE = os.environ.get("FEDSUITE_DOCKER_IMAGE", "fedsuite:test")
+
+
+def compose_command() -> list[str] | None:
+    """Compose v2 (``docker compose``) or v1 (``docker-compose``); both read docker/compose.yaml."""
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    return None
+
+
+def docker_unavailable() -> str | None:
+    if os.environ.get("FEDSUITE_DOCKER_TESTS") != "1":
+        return ("the Docker test builds the fedsuite image (torch and its wheels: minutes) and runs a federation "
+                "in containers; set FEDSUITE_DOCKER_TESTS=1 to run it (.ci/run: FEDSUITE_CI_DOCKER=1)")
+    if shutil.which("docker") is None:
+        return "no docker CLI on PATH"
+    info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
+    if info.returncode != 0:
+        return f"no Docker engine reachable (DOCKER_HOST={os.environ.get('DOCKER_HOST', 'default')}): " \
+               f"{info.stderr.strip().splitlines()[-1] if info.stderr.strip() else info.stdout.strip()}"
+    if compose_command() is None:
+        return "neither `docker compose` nor `docker-compose` is installed"
+    return None
+
+
+def build_image(tmp_path: Path) -> float:
+    """``docker build`` of docker/Dockerfile as ``IMAGE``; returns the seconds it took. Build args come
+    from FEDSUITE_DOCKER_BASE_IMAGE, FEDSUITE_DOCKER_TORCH_INDEX_URL and FEDSUITE_DOCKER_PIP_ARGS; with
+    FEDSUITE_DOCKER_WHEELHOUSE (a folder of wheels, e.g. from ``pip download``) the build installs
+    from it alone, served over HTTP on the host's loopback (the build runs with ``--network host``)."""
+    args: list[str] = []
+    for env_key, arg in (("FEDSUITE_DOCKER_BASE_IMAGE", "BASE_IMAGE"),
+                         ("FEDSUITE_DOCKER_TORCH_INDEX_URL", "TORCH_INDEX_URL"),
+                         ("FEDSUITE_DOCKER_PIP_ARGS", "PIP_ARGS")):
+        if env_key in os.environ:
+            args += ["--build-arg", f"{arg}={os.environ[env_key]}"]
+    server = None
+    wheelhouse = os.environ.get("FEDSUITE_DOCKER_WHEELHOUSE")
+    try:
+        if wheelhouse:
+            if not Path(wheelhouse).is_dir():
+                raise AssertionError(f"FEDSUITE_DOCKER_WHEELHOUSE={wheelhouse} is not a folder")
+            port = launch.free_port()
+            server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                                       "--directory", wheelhouse], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            args += ["--build-arg", "TORCH_INDEX_URL=",
+                     "--build-arg", f"PIP_ARGS=--no-index --find-links http://127.0.0.1:{port}/"]
+        env = dict(os.environ)
+        if subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode != 0:
+            env["DOCKER_BUILDKIT"] = "0"  # the classic builder, where the buildx plugin is not installed
+        t0 = time.monotonic()
+        log = tmp_path / "docker-build.log"
+        with log.open("wb") as fh:
+            code = subprocess.run(["docker", "build", "--network", "host", "-f", "docker/Dockerfile", "-t", IMAGE,
+                                   *args, "."], cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+        assert code == 0, f"docker build failed:\n{log.read_text()[-6000:]}"
+        return time.monotonic() - t0
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+@pytest.mark.docker
+def test_compose_federation_with_tls_and_authentication(tmp_path):
+    """docker/compose.yaml as a user runs it: the SuperLink (TLS, --enable-supernode-auth, the keys it
+    made registered), two SuperNodes, the run service; 2 rounds, the run directory on the host, and
+    ``down``. Before the run, a SuperNode container with a key the SuperLink never registered is refused."""
+    reason = docker_unavailable()
+    if reason:
+        pytest.skip(reason)
+    build_s = build_image(tmp_path) if "FEDSUITE_DOCKER_IMAGE" not in os.environ else 0.0
+    compose = [*compose_command(), "-f", str(REPO / "docker" / "compose.yaml"), "-p", f"fs{os.getpid()}"]
+    folders = {key: tmp_path / key for key in ("credentials", "runs", "data", "intruder")}
+    for folder in folders.values():
+        folder.mkdir()
+    env = {**os.environ, "FEDSUITE_IMAGE": IMAGE, "FEDSUITE_PORT": str(launch.free_port()),
+           "FEDSUITE_CREDENTIALS": str(folders["credentials"]), "FEDSUITE_RUNS": str(folders["runs"]),
+           "FEDSUITE_DATA": str(folders["data"])}
+
+    def dc(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run([*compose, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+    t0 = time.monotonic()
+    try:
+        up = dc("up", "-d", "supernode-0", "supernode-1")
+        assert up.returncode == 0, up.stdout + up.stderr + dc("logs").stdout
+        # an intruder: a well-formed key pair the SuperLink never registered (made outside its folder)
+        from fedsuite.certs import Credentials, make_supernode_key
+
+        make_supernode_key(Credentials(folders["intruder"]), "intruder")
+        intruder = dc("run", "--rm", "--no-deps", "-v", f"{folders['intruder'] / 'supernodes'}:/intruder:ro",
+                      "supernode-0", "flower-supernode", "--superlink", "superlink:9093",
+                      "--root-certificates", "/credentials/ca.crt",
+                      "--auth-supernode-private-key", "/intruder/intruder.key",
+                      "--node-config", "partition-id=0 num-partitions=2", "--max-retries", "1",
+                      "--max-wait-time", "30", timeout=300)
+        run = dc("up", "--exit-code-from", "run")
+        logs = dc("logs", "--no-color").stdout
+        (tmp_path / "compose-up.log").write_text(run.stdout + run.stderr)
+        (tmp_path / "compose-logs.log").write_text(logs)
+    finally:
+        down = dc("down", "-v", "--remove-orphans", timeout=300)
+    elapsed = time.monotonic() - t0
+    assert intruder.returncode != 0, intruder.stdout + intruder.stderr
+    assert "Failed to activate SuperNode" in intruder.stdout + intruder.stderr, intruder.stdout + intruder.stderr
+    assert run.returncode == 0, f"compose up: exit {run.returncode}; see {tmp_path}/compose-up.log and compose-logs.log:\n" + \
+        "\n".join(line for line in logs.splitlines() if line.startswith(("run_", "superlink_")))[-6000:]
+    assert "finished:completed" in run.stdout, run.stdout[-4000:]
+    assert "2 SuperNode key(s) allowed" in logs, logs[-4000:]
+    run_dirs = [p.parent for p in folders["runs"].glob("*/summary.json")]
+    assert len(run_dirs) == 1, list(folders["runs"].iterdir())
+    rows = read_metrics(run_dirs[0])
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert all(sorted(r["cohort"]) == [0, 1] and r["dropped"] == [] for r in rows[1:]), rows
+    assert json.loads((run_dirs[0] / "summary.json").read_text())["status"] == "completed"
+    assert (run_dirs[0] / "checkpoint.pt").is_file()
+    assert down.returncode == 0, down.stdout + down.stderr
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project=fs{os.getpid()}"],
+                          capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"containers left after down: {left.stdout}"
+    print(f"docker: image build {build_s:.1f} s, federation (up, intruder, 2 rounds, down) {elapsed:.1f} s")
