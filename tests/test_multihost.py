@@ -348,3 +348,59 @@ def test_compose_federation_with_tls_and_authentication(tmp_path):
                           capture_output=True, text=True)
     assert left.stdout.strip() == "", f"containers left after down: {left.stdout}"
     print(f"docker: image build {build_s:.1f} s, federation (up, intruder, 2 rounds, down) {elapsed:.1f} s")
+
+
+# --------------------------------------------------------------------------------------------------
+# `fedsuite certs` and the loud failures on missing credentials (no Flower process: fast).
+# --------------------------------------------------------------------------------------------------
+
+
+def test_certs_are_valid_kept_and_extended(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+
+    from fedsuite.certs import CertError, make_credentials, server_hosts
+
+    creds = make_credentials(tmp_path / "c", hosts=["superlink", "10.1.2.3"], supernodes=["n0"])
+    ca = x509.load_pem_x509_certificate(creds.ca_cert.read_bytes())
+    server = x509.load_pem_x509_certificate(creds.server_cert.read_bytes())
+    server.verify_directly_issued_by(ca)  # raises if the CA did not sign it
+    assert sorted(server_hosts(creds)) == sorted(["localhost", "superlink", "127.0.0.1", "10.1.2.3"])
+    assert creds.ca_key.stat().st_mode & 0o077 == 0 and creds.supernode_key("n0").stat().st_mode & 0o077 == 0
+    private = load_ssh_private_key(creds.supernode_key("n0").read_bytes(), None)
+    public = load_ssh_public_key(creds.supernode_pub("n0").read_bytes())
+    assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
+    assert public.public_numbers() == private.public_key().public_numbers()
+    # again: everything kept, one key added
+    before = {p: p.read_bytes() for p in creds.root.rglob("*") if p.is_file()}
+    again = make_credentials(tmp_path / "c", hosts=["superlink"], supernodes=["n0", "n1"])
+    assert again.created == [again.supernode_key("n1"), again.supernode_pub("n1")]
+    assert all(p.read_bytes() == data for p, data in before.items())
+    # a host the certificate lacks: refused unless re-issued from the same CA
+    with pytest.raises(CertError, match="not valid for other.example"):
+        make_credentials(tmp_path / "c", hosts=["other.example"])
+    reissued = make_credentials(tmp_path / "c", hosts=["other.example"], force_server=True)
+    assert "other.example" in server_hosts(reissued) and reissued.ca_cert.read_bytes() == before[creds.ca_cert]
+    with pytest.raises(CertError, match="SuperNode name"):
+        make_credentials(tmp_path / "c", supernodes=["../escape"])
+
+
+def test_missing_credentials_fail_loudly(tmp_path):
+    from fedsuite.certs import CertError, Credentials
+
+    creds = Credentials(tmp_path / "none")
+    with pytest.raises(CertError, match=r"ca\.crt.*server\.pem.*server\.key"):
+        creds.superlink_tls_args()
+    with pytest.raises(CertError, match="ca.crt"):
+        creds.supernode_args("n0")
+    # the containers' entrypoint: a TLS connection without its CA file stops with the path, exit 2
+    out = subprocess.run(["sh", str(REPO / "docker" / "entrypoint.sh"), "true"], capture_output=True, text=True,
+                         env={**os.environ, "FEDSUITE_SUPERLINK": "superlink:9093", "FLWR_HOME": str(tmp_path / "h"),
+                              "FEDSUITE_CA": str(tmp_path / "none" / "ca.crt")})
+    assert out.returncode == 2 and f"{tmp_path / 'none' / 'ca.crt'} is missing" in out.stderr, out.stderr
+    out = subprocess.run(["sh", str(REPO / "docker" / "entrypoint.sh"), "cat", str(tmp_path / "h" / "config.toml")],
+                         capture_output=True, text=True,
+                         env={**os.environ, "FEDSUITE_SUPERLINK": "127.0.0.1:9093", "FLWR_HOME": str(tmp_path / "h"),
+                              "FEDSUITE_INSECURE": "1"})
+    assert out.returncode == 0 and "insecure = true" in out.stdout and "not encrypted" in out.stderr
