@@ -113,6 +113,27 @@ def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
         raise AssertionError(f"process {proc.args} still running after {timeout:.0f} s") from None
 
 
+def stop_all(procs: list[tuple[subprocess.Popen, Path | None]], timeout: float = 10.0) -> None:
+    """Stop every process of ``procs`` and what each started (its descendants and the detached
+    processes carrying its FLWR_HOME), all at once: SIGTERM, then SIGKILL after ``timeout``."""
+    alive = {p.pid: p for proc, home in procs
+             for p in launch.process_tree(proc, ("FLWR_HOME", str(home)) if home else None)}
+    for p in alive.values():
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, left = psutil.wait_procs(list(alive.values()), timeout=timeout)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=5)
+    for proc, _ in procs:
+        proc.poll()
+
+
 @pytest.fixture
 def network():
     reason = netns_unavailable()
@@ -196,8 +217,7 @@ def test_federation_across_network_namespaces(tmp_path, data_root, network):
         launch.follow(run_id, env["user"], "fed", run_dir, wrap=wrap)
         status, details = launch.final_status(run_id, env["user"], "fed", run_dir, wrap=wrap)
     finally:
-        for p, home in reversed(procs):
-            launch.stop_tree(p, ("FLWR_HOME", str(home)) if home else None)
+        stop_all(procs)
     elapsed = time.monotonic() - t0
     error = (run_dir / "error.txt").read_text() if (run_dir / "error.txt").exists() else details
     assert status == "finished:completed", error
