@@ -208,6 +208,10 @@ def make_credentials(root: Path, hosts: list[str] = (), supernodes: list[str] = 
     certificate that lacks a requested host is an error unless ``force_server`` re-issues it."""
     creds = Credentials(Path(root).expanduser().resolve())
     hosts = list(hosts)
+    _san(hosts)  # every host is an IP address or a DNS name, checked before anything is written
+    bad = [n for n in supernodes if not NAME_RE.match(n)]
+    if bad:
+        raise CertError(f"SuperNode name {bad[0]!r}: use letters, digits, '.', '_' or '-' (at most 64)")
     if creds.ca_cert.exists() != creds.ca_key.exists():
         raise CertError(f"{creds.root} holds only one of ca.crt and ca.key; remove it or restore the other")
     if not creds.ca_cert.exists():

@@ -424,3 +424,18 @@ def test_missing_credentials_fail_loudly(tmp_path):
                          env={**os.environ, "FEDSUITE_SUPERLINK": "127.0.0.1:9093", "FLWR_HOME": str(tmp_path / "h"),
                               "FEDSUITE_INSECURE": "1"})
     assert out.returncode == 0 and "insecure = true" in out.stdout and "not encrypted" in out.stderr
+
+
+def test_certs_command(tmp_path):
+    """``fedsuite certs`` as users (and docker/superlink.sh) call it; a bad host is one line, exit 2."""
+    from typer.testing import CliRunner
+
+    from fedsuite.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["certs", str(tmp_path / "c"), "--host", "superlink", "--supernode", "a"])
+    assert result.exit_code == 0, result.output
+    assert "SuperLink certificate valid for: localhost, superlink, 127.0.0.1" in " ".join(result.output.split())
+    assert sorted(p.name for p in (tmp_path / "c" / "supernodes").iterdir()) == ["a.key", "a.pub"]
+    result = runner.invoke(app, ["certs", str(tmp_path / "c"), "--host", "bad host!"])
+    assert result.exit_code == 2 and "neither an IP address nor a DNS name" in " ".join(result.output.split())
