@@ -30,7 +30,26 @@ export DOCKER_HOST="unix://$WORK/docker.sock"
 dockerd --data-root "$WORK/data" --exec-root "$WORK/exec" -H "$DOCKER_HOST" --pidfile "$WORK/dockerd.pid" \
     >"$WORK/dockerd.log" 2>&1 &
 DOCKERD=$!
-trap 'kill -TERM $DOCKERD 2>/dev/null; wait $DOCKERD 2>/dev/null || true' EXIT
+# dockerd leaves its bridge and iptables rules (and FORWARD policy DROP) behind: undo them after it
+undo_dockerd_network() {
+    for rule in "-j DOCKER-USER" "-j DOCKER-ISOLATION-STAGE-1" \
+                "-o docker0 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT" "-o docker0 -j DOCKER" \
+                "-i docker0 ! -o docker0 -j ACCEPT" "-i docker0 -o docker0 -j ACCEPT"; do
+        # shellcheck disable=SC2086
+        iptables -D FORWARD $rule 2>/dev/null || true
+    done
+    for chain in DOCKER DOCKER-ISOLATION-STAGE-1 DOCKER-ISOLATION-STAGE-2 DOCKER-USER; do
+        iptables -F "$chain" 2>/dev/null && iptables -X "$chain" 2>/dev/null || true
+    done
+    iptables -P FORWARD ACCEPT 2>/dev/null || true
+    iptables -t nat -D PREROUTING -m addrtype --dst-type LOCAL -j DOCKER 2>/dev/null || true
+    iptables -t nat -D OUTPUT ! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL -j DOCKER 2>/dev/null || true
+    iptables -t nat -D POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE 2>/dev/null || true
+    iptables -t nat -F DOCKER 2>/dev/null && iptables -t nat -X DOCKER 2>/dev/null || true
+    ip link del docker0 2>/dev/null || true
+    umount "$WORK/exec/netns/default" 2>/dev/null || true
+}
+trap 'kill -TERM $DOCKERD 2>/dev/null; wait $DOCKERD 2>/dev/null || true; undo_dockerd_network' EXIT
 for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
 docker info >/dev/null || { echo "dockerd did not start; see $WORK/dockerd.log" >&2; exit 1; }
 if ! docker image inspect fedsuite-base:bookworm >/dev/null 2>&1; then
