@@ -1,4 +1,4 @@
-"""The ``fedsuite`` command: simulate, list, partition, report, reproduce.
+"""The ``fedsuite`` command: simulate, list, partition, report, reproduce, certs.
 
 User errors (bad config, unknown names, missing data) print one line and exit with code 2, before
 any run directory is created.
@@ -348,6 +348,33 @@ def report(
             plot_pool_diagnostics(rows, out / name, title=str(run_dir))
             figures.append(out / name)
     console.print(f"-> {out / 'report.md'}, " + ", ".join(str(f) for f in figures))
+
+
+@app.command()
+def certs(
+    out: Path = typer.Argument(..., help="credentials folder (created; existing files are kept)"),
+    host: list[str] = typer.Option([], "--host", help="a name or IP address SuperNodes and the CLI use to "
+                                   "reach the SuperLink (repeatable; localhost and 127.0.0.1 are always in)"),
+    supernode: list[str] = typer.Option([], "--supernode", help="make an authentication key pair for this "
+                                        "SuperNode name (repeatable)"),
+    days: int = typer.Option(825, min=1, help="validity of new certificates, in days"),
+    force_server: bool = typer.Option(False, "--force-server", help="re-issue the SuperLink certificate "
+                                      "(e.g. for new --host values) from the same CA"),
+) -> None:
+    """Make a CA, the SuperLink's TLS certificate and SuperNode key pairs for a Deployment Engine federation."""
+    from fedsuite.certs import CertError, make_credentials, server_hosts
+
+    try:
+        creds = make_credentials(out, host, supernode, days=days, force_server=force_server)
+    except CertError as exc:
+        fail(str(exc))
+    for path in creds.created:
+        console.print(f"wrote {path}", highlight=False)
+    console.print(f"SuperLink certificate valid for: {', '.join(server_hosts(creds))}", highlight=False)
+    names = creds.supernode_names()
+    console.print(f"SuperNode keys: {', '.join(names) if names else '(none)'}; register each public key "
+                  f"with `flwr supernode register {creds.root / 'supernodes'}/NAME.pub <connection>`",
+                  highlight=False)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

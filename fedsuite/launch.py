@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import psutil
 import tomli_w
@@ -123,10 +123,15 @@ def write_app(app_dir: Path, cfg: BaseRunConfig, run_dir: Path) -> None:
     (app_dir / "pyproject.toml").write_text("\n".join(lines) + "\n" + body)
 
 
-def write_connection(flwr_home: Path, address: str) -> None:
+def write_connection(flwr_home: Path, address: str, root_certificates: Path | None = None,
+                     name: str = CONNECTION) -> None:
+    """``$FLWR_HOME/config.toml`` with one connection: plain HTTP (``insecure``, loopback only), or TLS
+    verified against ``root_certificates`` (the federation's CA, ``fedsuite certs``)."""
     flwr_home.mkdir(parents=True, exist_ok=True)
+    security = ("insecure = true\n" if root_certificates is None else
+                f'root-certificates = "{Path(root_certificates).resolve()}"\n')
     (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{address}"\ninsecure = true\n'
+        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{security}'
     )
 
 
@@ -218,8 +223,10 @@ def private_superlink(run_dir: Path, simulation: bool = True,
             reaper.discard_ray_tmpdir(ray_tmpdir, run_dir)
 
 
-def submit(app_dir: Path, env: dict[str, str], connection: str, federation_config: str | None) -> int:
-    cmd = [bin_path("flwr"), "run", str(app_dir), connection, "--format", "json"]
+def submit(app_dir: Path, env: dict[str, str], connection: str, federation_config: str | None,
+           wrap: Sequence[str] = ()) -> int:
+    """``flwr run``; ``wrap`` prefixes every ``flwr`` command (e.g. ``ip netns exec NS``)."""
+    cmd = [*wrap, bin_path("flwr"), "run", str(app_dir), connection, "--format", "json"]
     if federation_config:
         cmd += ["--federation-config", federation_config]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=app_dir)
@@ -232,8 +239,9 @@ def submit(app_dir: Path, env: dict[str, str], connection: str, federation_confi
     return int(data["run-id"])
 
 
-def run_status(run_id: int, env: dict[str, str], connection: str, cwd: Path) -> tuple[str, str]:
-    out = subprocess.run([bin_path("flwr"), "list", connection, "--run-id", str(run_id), "--format", "json"],
+def run_status(run_id: int, env: dict[str, str], connection: str, cwd: Path,
+               wrap: Sequence[str] = ()) -> tuple[str, str]:
+    out = subprocess.run([*wrap, bin_path("flwr"), "list", connection, "--run-id", str(run_id), "--format", "json"],
                          env=env, capture_output=True, text=True, cwd=cwd)
     try:
         run = json.loads(out.stdout)["runs"][0]
@@ -248,7 +256,7 @@ class StallError(LaunchError):
 
 def follow(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
            on_progress: Callable[[list[dict[str, Any]]], None] | None = None,
-           stall_timeout_s: float = 0.0) -> None:
+           stall_timeout_s: float = 0.0, wrap: Sequence[str] = ()) -> None:
     """Stream the run's logs into flower.log and report metrics as they land, until the run ends.
 
     The run has ended when the ServerApp has written ``summary.json`` (it does so last, also on
@@ -260,7 +268,7 @@ def follow(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
     """
     summary = run_dir / "summary.json"
     with (run_dir / "flower.log").open("ab") as log_file:
-        proc = subprocess.Popen([bin_path("flwr"), "log", str(run_id), connection, "--stream"], env=env,
+        proc = subprocess.Popen([*wrap, bin_path("flwr"), "log", str(run_id), connection, "--stream"], env=env,
                                 stdout=log_file, stderr=subprocess.STDOUT, cwd=run_dir, start_new_session=True,
                                 preexec_fn=reaper.die_with_parent())
     seen = -1
@@ -330,7 +338,8 @@ def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> None:
     check_resume(json.loads(record.read_text()), cfg, done)
 
 
-def final_status(run_id: int, env: dict[str, str], connection: str, run_dir: Path) -> tuple[str, str]:
+def final_status(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
+                 wrap: Sequence[str] = ()) -> tuple[str, str]:
     """The run's outcome: the ServerApp's own ``summary.json`` status when it wrote one (it writes it
     after its last round, so Flower's teardown need not be waited for), else Flower's status."""
     summary = run_dir / "summary.json"
@@ -342,7 +351,7 @@ def final_status(run_id: int, env: dict[str, str], connection: str, run_dir: Pat
             return "finished:failed", ours["failure"]["message"]
     deadline = time.monotonic() + 60
     while True:
-        status, details = run_status(run_id, env, connection, run_dir)
+        status, details = run_status(run_id, env, connection, run_dir, wrap)
         if status.startswith("finished") or time.monotonic() > deadline:
             return status, details
         time.sleep(0.5)

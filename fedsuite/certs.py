@@ -1,0 +1,229 @@
+"""Credentials for a Deployment Engine federation: a CA, the SuperLink's TLS certificate and the
+SuperNodes' authentication key pairs (``fedsuite certs``).
+
+What Flower 1.41 expects, and where each file goes (Flower docs: "Enable TLS connections",
+https://flower.ai/docs/framework/how-to-enable-tls-connections.html, and "Authenticate SuperNodes",
+https://flower.ai/docs/framework/how-to-authenticate-supernodes.html):
+
+* ``ca.crt``: the CA certificate. The SuperLink gets it as ``--ssl-ca-certfile``; every SuperNode
+  verifies the SuperLink with it (``--root-certificates``), and so does the ``flwr`` CLI
+  (``root-certificates`` in its connection). ``ca.key`` signs; keep it off the federation's machines.
+* ``server.pem`` / ``server.key``: the SuperLink's certificate (``--ssl-certfile`` /
+  ``--ssl-keyfile``). Its subject alternative names must hold every name or IP address SuperNodes and
+  the CLI use to reach the SuperLink (TLS checks the host name); ``localhost`` and ``127.0.0.1`` are
+  always included, since the SuperLink's own SuperExec connects through them.
+* ``supernodes/<name>.key`` / ``supernodes/<name>.pub``: a SuperNode's EC P-384 key pair in OpenSSH
+  format. The private key goes to that SuperNode only (``--auth-supernode-private-key``); the public
+  key is registered with a SuperLink started with ``--enable-supernode-auth``
+  (``flwr supernode register supernodes/<name>.pub <connection>``). In 1.41 that registration, kept in
+  the SuperLink's database, is the list of allowed SuperNodes (the earlier ``--auth-list-public-keys``
+  CSV is refused by ``flower-superlink``); a SuperNode whose key is not registered is refused.
+
+Running it again keeps what exists (the CA, the server certificate, existing keys) and adds the
+SuperNode keys that are missing, so ``fedsuite certs DIR --supernode laptop`` adds one node to a
+federation. ``--force-server`` re-issues the server certificate (new host names) from the same CA.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+ALWAYS_HOSTS = ("localhost", "127.0.0.1")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class CertError(ValueError):
+    """Credentials cannot be made or read (bad name, unreadable or missing file)."""
+
+
+@dataclass
+class Credentials:
+    """Paths of one federation's credentials folder (what ``make_credentials`` wrote or found)."""
+
+    root: Path
+    created: list[Path] = field(default_factory=list)
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.root / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.root / "ca.key"
+
+    @property
+    def server_cert(self) -> Path:
+        return self.root / "server.pem"
+
+    @property
+    def server_key(self) -> Path:
+        return self.root / "server.key"
+
+    def supernode_key(self, name: str) -> Path:
+        return self.root / "supernodes" / f"{name}.key"
+
+    def supernode_pub(self, name: str) -> Path:
+        return self.root / "supernodes" / f"{name}.pub"
+
+    def supernode_names(self) -> list[str]:
+        folder = self.root / "supernodes"
+        return sorted(p.stem for p in folder.glob("*.pub")) if folder.is_dir() else []
+
+    def superlink_tls_args(self) -> list[str]:
+        """``flower-superlink`` options serving TLS with these files (each checked to exist)."""
+        require(self.ca_cert, self.server_cert, self.server_key)
+        return ["--ssl-ca-certfile", str(self.ca_cert), "--ssl-certfile", str(self.server_cert),
+                "--ssl-keyfile", str(self.server_key)]
+
+    def supernode_args(self, name: str | None) -> list[str]:
+        """``flower-supernode`` options verifying the SuperLink with the CA and, with ``name``,
+        authenticating with that SuperNode's private key (each file checked to exist)."""
+        require(self.ca_cert)
+        args = ["--root-certificates", str(self.ca_cert)]
+        if name is not None:
+            require(self.supernode_key(name))
+            args += ["--auth-supernode-private-key", str(self.supernode_key(name))]
+        return args
+
+
+def require(*paths: Path) -> None:
+    """Fail loudly, naming every missing file, before a Flower process is started without it."""
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise CertError(f"missing credential file(s): {', '.join(missing)} (make them with `fedsuite certs`)")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _write(path: Path, data: bytes, private: bool) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys([*ALWAYS_HOSTS, *hosts]):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            if not re.fullmatch(r"[A-Za-z0-9*][A-Za-z0-9.-]*", host):
+                raise CertError(f"--host {host!r} is neither an IP address nor a DNS name") from None
+            names.append(x509.DNSName(host))
+    return x509.SubjectAlternativeName(names)
+
+
+def _make_ca(creds: Credentials, days: int) -> None:
+    key = ec.generate_private_key(ec.SECP384R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedsuite federation CA")])
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(_now() - dt.timedelta(minutes=5)).not_valid_after(_now() + dt.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False,
+                                         encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA384()))
+    _write(creds.ca_key, _key_pem(key), private=True)
+    _write(creds.ca_cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
+    creds.created += [creds.ca_cert, creds.ca_key]
+
+
+def _load_ca(creds: Credentials) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    require(creds.ca_cert, creds.ca_key)
+    try:
+        cert = x509.load_pem_x509_certificate(creds.ca_cert.read_bytes())
+        key = serialization.load_pem_private_key(creds.ca_key.read_bytes(), password=None)
+    except ValueError as exc:
+        raise CertError(f"cannot read the CA in {creds.root}: {exc}") from None
+    return cert, key  # type: ignore[return-value]
+
+
+def _make_server(creds: Credentials, hosts: list[str], days: int) -> None:
+    ca_cert, ca_key = _load_ca(creds)
+    key = ec.generate_private_key(ec.SECP384R1())
+    first = hosts[0] if hosts else "localhost"
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, first)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(_now() - dt.timedelta(minutes=5)).not_valid_after(_now() + dt.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_san(hosts), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA384()))
+    _write(creds.server_key, _key_pem(key), private=True)
+    _write(creds.server_cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
+    creds.created += [creds.server_cert, creds.server_key]
+
+
+def make_supernode_key(creds: Credentials, name: str) -> None:
+    """An EC P-384 key pair in OpenSSH format, the kind ``flwr supernode register`` accepts."""
+    if not NAME_RE.match(name):
+        raise CertError(f"SuperNode name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+    key = ec.generate_private_key(ec.SECP384R1())
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    _write(creds.supernode_key(name), private, private=True)
+    _write(creds.supernode_pub(name), public + f" fedsuite-{name}\n".encode(), private=False)
+    creds.created += [creds.supernode_key(name), creds.supernode_pub(name)]
+
+
+def server_hosts(creds: Credentials) -> list[str]:
+    """The names and addresses the existing server certificate is valid for."""
+    cert = x509.load_pem_x509_certificate(creds.server_cert.read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return [str(v) for v in san.get_values_for_type(x509.DNSName)] + \
+        [str(v) for v in san.get_values_for_type(x509.IPAddress)]
+
+
+def make_credentials(root: Path, hosts: list[str] = (), supernodes: list[str] = (), days: int = 825,
+                     force_server: bool = False) -> Credentials:
+    """Create what is missing under ``root``: the CA, the server certificate for ``hosts`` (plus
+    localhost and 127.0.0.1), and a key pair per SuperNode name. Existing files are kept; a server
+    certificate that lacks a requested host is an error unless ``force_server`` re-issues it."""
+    creds = Credentials(Path(root).expanduser().resolve())
+    hosts = list(hosts)
+    _san(hosts)  # every host is an IP address or a DNS name, checked before anything is written
+    bad = [n for n in supernodes if not NAME_RE.match(n)]
+    if bad:
+        raise CertError(f"SuperNode name {bad[0]!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+    if creds.ca_cert.exists() != creds.ca_key.exists():
+        raise CertError(f"{creds.root} holds only one of ca.crt and ca.key; remove it or restore the other")
+    if not creds.ca_cert.exists():
+        _make_ca(creds, days)
+    if force_server or not creds.server_cert.exists() or not creds.server_key.exists():
+        _make_server(creds, hosts, days)
+    else:
+        lacking = [h for h in hosts if h not in server_hosts(creds)]
+        if lacking:
+            raise CertError(f"{creds.server_cert} is not valid for {', '.join(lacking)}; pass --force-server "
+                            "to re-issue it from the same CA (then restart the SuperLink)")
+    for name in supernodes:
+        if not creds.supernode_key(name).exists():
+            make_supernode_key(creds, name)
+    return creds
