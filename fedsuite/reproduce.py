@@ -299,6 +299,22 @@ def run_state(run_dir: Path) -> str:
     return "debris" if run_dir.exists() else "new"
 
 
+def why_incomplete(spec: RunSpec) -> str:
+    """One line for a run that did not complete: its cell, its state, and why (the failure that
+    ``summary.json`` records, else the last line of ``error.txt``)."""
+    state = run_state(spec.run_dir)
+    reason = ""
+    try:
+        reason = json.loads((spec.run_dir / "summary.json").read_text()).get("failure", {}).get("message", "")
+    except (OSError, ValueError):
+        pass
+    if not reason and (spec.run_dir / "error.txt").is_file():
+        lines = [ln for ln in (spec.run_dir / "error.txt").read_text().splitlines() if ln.strip()]
+        reason = lines[-1] if lines else ""
+    where = f", stopped after round {_rounds_done(spec.run_dir)}" if state in ("failed", "partial") else ""
+    return f"{spec.method} seed {spec.seed}: {state}{where}" + (f": {reason}" if reason else "")
+
+
 def missing_data(specs: Sequence[RunSpec]) -> list[str]:
     """One message per dataset the runs need that is not on disk (the loader's own message: the
     missing files and the expected layout). Loaders are called with downloads off."""
@@ -602,6 +618,11 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
         md += ["", "Orderings of the published table: " + ("; ".join(
             f"{target.methods[c.better][0]} > {target.methods[c.worse][0]}: {marks[c.holds]}" for c in d["claims"])
             or "none") + f". **Verdict: {d['verdict']}.**"]
+        incomplete = [why_incomplete(sp) for sp in specs
+                      if sp.row.setting == row.setting and run_state(sp.run_dir) != "completed"]
+        if incomplete:
+            md += ["", "Runs that did not complete (not in the numbers above):", "",
+                   *[f"- {line}" for line in incomplete]]
         if d["curves"]:
             png = folder / f"{row.name}.png"
             plot_groups(d["curves"], png, title=f"{row.label} ({scale} scale)")

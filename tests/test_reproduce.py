@@ -15,9 +15,11 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -381,3 +383,33 @@ def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
     assert "CPU scale: obtained numbers are not the paper's setting" in md
     cpu_rows = list(csv.DictReader((tmp_path / "cpu-report" / "report.csv").open()))
     assert [r["difference"] for r in cpu_rows] == ["n/a", "n/a"] and md.count("n/a (cpu scale)") == 2
+
+
+def test_report_names_each_run_that_did_not_complete_and_why(tmp_path):
+    """A failed run is left out of the numbers and listed under its row with the failure its
+    summary.json records; a run never started is listed as new."""
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(TINY.format(dataset="synthetic"))
+    target = reproduce.parse_tables(tables)["tiny"]
+    specs = {(s.method, s.seed): s for s in reproduce.plan(target, "paper", tmp_path / "out")}
+    for (method, seed), acc in {("fedavg", 0): 0.5, ("fedavg", 1): 0.6, ("fedprox", 0): 0.7}.items():
+        run = specs[method, seed].run_dir
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"round": r, "test_accuracy": acc if r else 0.1}) + "\n" for r in range(3)))
+        (run / "summary.json").write_text(json.dumps({"status": "completed"}))
+    failed = specs["fedprox", 1].run_dir
+    failed.mkdir(parents=True)
+    (failed / "metrics.jsonl").write_text(json.dumps({"round": 0, "test_accuracy": 0.1}) + "\n"
+                                          + json.dumps({"round": 1, "test_accuracy": 0.1}) + "\n")
+    (failed / "summary.json").write_text(json.dumps({"status": "failed", "failure": {
+        "round": 2, "message": "round 2: 4 of 4 client replies failed; first error: non-finite values"}}))
+    md = reproduce.write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
+    assert "Runs that did not complete (not in the numbers above):" in md
+    assert ("- fedprox seed 1: failed, stopped after round 1: round 2: 4 of 4 client replies failed; "
+            "first error: non-finite values") in md
+    assert "| FedProx | 51.00 ± 1.00 | 70.00 | 1/2 |" in md  # the completed seed only
+    shutil.rmtree(specs["fedavg", 1].run_dir)
+    md = reproduce.write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
+    assert "- fedavg seed 1: new" in md
