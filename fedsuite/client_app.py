@@ -31,7 +31,7 @@ from fedsuite.raycluster import node_label
 from fedsuite.seeding import seed_for
 from fedsuite.state import ClientState
 from fedsuite.training import LocalData, LocalTask, run_local_training
-from fedsuite.wire import ARRAYS, METRICS, STATISTICS, STATISTICS_QUERY, record_checksum, to_record
+from fedsuite.wire import ARRAYS, CHECKSUM_REQUEST, METRICS, STATISTICS, STATISTICS_QUERY, record_checksum, to_record
 
 app = ClientApp()
 
@@ -72,9 +72,10 @@ def train(msg: Message, context: Context) -> Message:
     content = RecordDict({ARRAYS: to_record(faults.corrupt(result.arrays))})
     for name, arrays in result.extras.items():
         content[name] = to_record(arrays)
-    # CRC-32 of the model as received: lets a server that sends per-client models verify them
-    received_crc = record_checksum(msg.content[ARRAYS])
-    content[METRICS] = MetricRecord({**result.metrics, "partition-id": pid, "received-checksum": received_crc})
+    metrics = {**result.metrics, "partition-id": pid}
+    if msg.content["config"].get(CHECKSUM_REQUEST):  # a server that sends per-client models verifies them
+        metrics["received-checksum"] = record_checksum(msg.content[ARRAYS])
+    content[METRICS] = MetricRecord(metrics)
     return Message(content, reply_to=msg)
 
 

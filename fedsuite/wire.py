@@ -4,13 +4,14 @@ and the validated reply a server rule works on.
 A training message (server → client) holds
 
 * ``"arrays"`` (:data:`ARRAYS`): the model the client starts from (state_dict order);
-* ``"config"`` (:data:`CONFIG`): ``server-round``, ``lr`` and per-round values of the method;
+* ``"config"`` (:data:`CONFIG`): ``server-round``, ``lr`` and per-round values of the method, and
+  :data:`CHECKSUM_REQUEST` where the server wants to verify what the client received;
 * extra ArrayRecords a method or plug-in adds (SCAFFOLD's ``"server-cv"``, the momentum direction
   :data:`MOMENTUM`, relaxed initialisation's ``"start"``, ...).
 
 A reply (client → server) holds ``"arrays"`` (what is aggregated), ``"metrics"`` (:data:`METRICS`:
-``num-examples``, ``train-loss``, ``partition-id``, ``received-checksum`` and the rule's own) and
-the rule's extra ArrayRecords.
+``num-examples``, ``train-loss``, ``partition-id``, ``received-checksum`` when the config asked for
+it, and the rule's own) and the rule's extra ArrayRecords.
 
 A statistics query (message type :data:`STATISTICS_QUERY`, server → client) holds ``"arrays"`` (the
 model w to describe) and ``"config"`` (``server-round``); the client trains nothing and replies with
@@ -36,6 +37,11 @@ CONFIG = "config"
 METRICS = "metrics"
 #: the server's momentum direction m^t (FedCM family), an extra ArrayRecord of the training message
 MOMENTUM = "momentum"
+#: a config key: when true, the ClientApp reports ``received-checksum`` (:func:`record_checksum` of the
+#: arrays it received). Server rules that send each client its own model ask for it
+#: (strategies/pool.py); others do not, and the client saves a CRC over the model (about 30 ms for
+#: ResNet-18-GN) per message
+CHECKSUM_REQUEST = "report-checksum"
 #: the message type of a statistics query (Flower routes it to the ClientApp's ``@app.query("statistics")``)
 STATISTICS_QUERY = "query.statistics"
 #: the ArrayRecord of a statistics reply

@@ -16,10 +16,11 @@ One round r (1-based, Flower's ``server_round``):
    w^glb = (1/K) Σ_i u_i, Indep's single slot, ...) and the next pool (``next_pool``:
    FedMR recombines, FedMut mutates, Indep keeps it).
 
-Wire check: the ClientApp reports ``received-checksum`` (CRC-32 of the received "arrays" record,
-``fedsuite.wire.record_checksum``); the server compares it with the checksum of what it sent to
-that client, logs every mismatch and writes ``checksum_mismatches`` and ``payload_checksums``
-(one per slot) into the round's metrics row.
+Wire check: every payload asks (``fedsuite.wire.CHECKSUM_REQUEST``) for ``received-checksum``, the
+CRC-32 of the "arrays" record the client received (``fedsuite.wire.record_checksum``); the server
+compares it with the checksum of what it sent to that client, counts a wrong or missing one as a
+mismatch, logs every mismatch and writes ``checksum_mismatches`` and ``payload_checksums`` (one per
+slot) into the round's metrics row.
 
 Server state (``state_dict``): the pool (and subclass extras). Random draws come from generators
 seeded by (seed, round, purpose), so a resumed run repeats exactly the draws of an uninterrupted one.
@@ -54,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedsuite.arrays import uniform_mean
 from fedsuite.seeding import round_rng
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.wire import ClientReply, NDArrays, record_checksum, to_record
+from fedsuite.wire import CHECKSUM_REQUEST, ClientReply, NDArrays, record_checksum, to_record
 
 log = logging.getLogger("fedsuite")
 
@@ -147,7 +148,7 @@ class PoolStrategy(FedSuiteStrategy):
             self._slot_records[id(model)] = (record, record_checksum(record))
         record, crc = self._slot_records[id(model)]
         self._sent[pid] = crc
-        return RecordDict({"arrays": record, "config": ConfigRecord({**dict(config), "slot": slot})})
+        return RecordDict({"arrays": record, "config": ConfigRecord({**dict(config), "slot": slot, CHECKSUM_REQUEST: True})})
 
     # --- aggregation --------------------------------------------------------------------------------
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
@@ -159,11 +160,11 @@ class PoolStrategy(FedSuiteStrategy):
             if slot is None:
                 log.warning("round %s: reply of client %s, which was not sent a model, ignored", server_round, reply.partition_id)
                 continue
-            received = reply.metrics.get("received-checksum")
-            if received is not None and reply.partition_id in self._sent and int(received) != self._sent[reply.partition_id]:
+            received = reply.metrics.get("received-checksum")  # asked for with every payload (CHECKSUM_REQUEST)
+            if reply.partition_id in self._sent and (received is None or int(received) != self._sent[reply.partition_id]):
                 mismatches += 1
-                log.warning("round %s: client %s trained from a model other than slot %s's (checksum %d != %d)",
-                            server_round, reply.partition_id, slot, int(received), self._sent[reply.partition_id])
+                log.warning("round %s: client %s trained from a model other than slot %s's (checksum %s != %d)",
+                            server_round, reply.partition_id, slot, received, self._sent[reply.partition_id])
             self.pool[slot] = reply.arrays
             filled.add(slot)
         failed = sorted(set(self.slot_of_pid.values()) - filled)

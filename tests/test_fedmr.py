@@ -19,7 +19,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedsuite.arrays import uniform_mean
 from fedsuite.config import build_config
 from fedsuite.strategy import ServerSetup
-from fedsuite.wire import record_checksum, to_ndarrays, to_record
+from fedsuite.wire import CHECKSUM_REQUEST, record_checksum, to_ndarrays, to_record
 from strategies.fedmr import FedMRStrategy, draw_permutations, make_units, recombine, segment_ids
 from strategies.fedmut import FedMutStrategy, mutate, mutation_beta, mutation_coefficients
 from strategies.indep import IndepAggrStrategy, IndepStrategy
@@ -412,12 +412,15 @@ def test_bytes_per_round_equal_fedavg():
 
 
 def test_checksum_mismatch_is_detected():
+    """Every payload asks for the client's checksum; a wrong one and a missing one are mismatches."""
     s = make_strategy(FedMRStrategy, "fedmr")
     msgs = configure(s, 1)
+    assert all(m.content["config"][CHECKSUM_REQUEST] is True for m in msgs)
     replies = [reply_to(m, fake_train(to_ndarrays(m.content["arrays"]), 0, 1), 10, checksum=(12345 if i == 0 else None))
                for i, m in enumerate(msgs)]
+    del replies[1].content["metrics"]["received-checksum"]  # a client that ignored the request
     s.aggregate_train(1, replies)
-    assert s.round_log.columns["checksum_mismatches"] == 1
+    assert s.round_log.columns["checksum_mismatches"] == 2
     assert len(set(s.round_log.columns["payload_checksums"])) == 1
 
 
