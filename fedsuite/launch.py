@@ -160,16 +160,7 @@ def process_tree(proc: subprocess.Popen, marker_env: tuple[str, str] | None = No
 def stop_tree(proc: subprocess.Popen, marker_env: tuple[str, str] | None = None, timeout: float = 10.0) -> None:
     """Stop ``proc`` and everything it started (:func:`process_tree`, collected before anything is
     killed): SIGTERM, then SIGKILL for what is still alive after ``timeout``."""
-    alive = process_tree(proc, marker_env)
-    for sig_fn in ("terminate", "kill"):
-        for p in alive:
-            try:
-                getattr(p, sig_fn)()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(alive, timeout=timeout if sig_fn == "terminate" else 5.0)
-        if not alive:
-            break
+    reaper.terminate_all(process_tree(proc, marker_env), timeout)
     proc.poll()
 
 

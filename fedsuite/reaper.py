@@ -63,6 +63,20 @@ def marked(key: str, value: str, exclude: tuple[int, ...] = ()) -> list[psutil.P
     return out
 
 
+def terminate_all(procs: list[psutil.Process], timeout: float) -> None:
+    """SIGTERM every process of ``procs`` at once, then SIGKILL those still alive after ``timeout``
+    seconds, and wait (5 s at most) for them to go."""
+    for sig_fn in ("terminate", "kill"):
+        for p in procs:
+            try:
+                getattr(p, sig_fn)()
+            except psutil.NoSuchProcess:
+                pass
+        _, procs = psutil.wait_procs(procs, timeout=timeout if sig_fn == "terminate" else 5.0)
+        if not procs:
+            return
+
+
 def sweep(key: str, value: str, exclude: tuple[int, ...] = (), settle: float = 2.0, limit: float = 60.0) -> int:
     """Stop every process marked ``key=value`` (SIGTERM, then SIGKILL after 5 s), repeating until no
     new one has appeared for ``settle`` seconds (Ray may still be starting workers). Returns how many."""
@@ -76,18 +90,7 @@ def sweep(key: str, value: str, exclude: tuple[int, ...] = (), settle: float = 2
                 break
             time.sleep(0.2)
             continue
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=5.0)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5.0)
+        terminate_all(procs, timeout=5.0)
         stopped.update(p.pid for p in procs)
         quiet_since = time.monotonic()
     return len(stopped)

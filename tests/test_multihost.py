@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedsuite import launch
+from fedsuite import launch, reaper
 from fedsuite.certs import make_credentials
 from fedsuite.config import build_config
 from fedsuite.results import read_metrics
@@ -118,18 +118,7 @@ def stop_all(procs: list[tuple[subprocess.Popen, Path | None]], timeout: float =
     processes carrying its FLWR_HOME), all at once: SIGTERM, then SIGKILL after ``timeout``."""
     alive = {p.pid: p for proc, home in procs
              for p in launch.process_tree(proc, ("FLWR_HOME", str(home)) if home else None)}
-    for p in alive.values():
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, left = psutil.wait_procs(list(alive.values()), timeout=timeout)
-    for p in left:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(left, timeout=5)
+    reaper.terminate_all(list(alive.values()), timeout)
     for proc, _ in procs:
         proc.poll()
 
