@@ -159,6 +159,18 @@ def simulate(tmp_path_factory, data_root, worker_ray_cluster):
     return run
 
 
+def deployment_app(tmp_path: Path, data_root: Path, **values: Any):
+    """A run for a Deployment Engine test: the FAST setup with 2 partitions, both sampled every round
+    (``values`` override), its run directory and its Flower app (``launch.write_app``).
+    Returns (cfg, run_dir, app_dir)."""
+    cfg = build_config(values={**FAST, "data_root": str(data_root), "num_clients": 2, "clients_per_round": 2,
+                               **values})
+    run_dir = (tmp_path / "run").resolve()
+    run_dir.mkdir()
+    launch.write_app(run_dir / "app", cfg, run_dir)
+    return cfg, run_dir, run_dir / "app"
+
+
 def assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray], exact: bool = True) -> None:
     assert list(a) == list(b)
     for k in a:

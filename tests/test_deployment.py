@@ -12,19 +12,13 @@ from pathlib import Path
 import psutil
 
 from fedsuite import launch
-from fedsuite.config import build_config
 from fedsuite.faults import FaultDraw
 from fedsuite.results import read_metrics
-from tests.conftest import FAST
+from tests.conftest import deployment_app
 
 
 def test_two_supernodes_train_two_rounds(tmp_path, data_root):
-    cfg = build_config(values={**FAST, "data_root": str(data_root), "num_clients": 2, "clients_per_round": 2,
-                               "rounds": 2})
-    run_dir = (tmp_path / "run").resolve()
-    run_dir.mkdir()
-    app_dir = run_dir / "app"
-    launch.write_app(app_dir, cfg, run_dir)
+    _, run_dir, app_dir = deployment_app(tmp_path, data_root, rounds=2)
     nodes: list[subprocess.Popen] = []
     with launch.private_superlink(run_dir, simulation=False) as (env, connection):
         address = (run_dir / ".flwr" / "config.toml").read_text().split('address = "')[1].split('"')[0]
@@ -93,16 +87,12 @@ def test_dead_restarted_and_hung_clients_on_the_deployment_engine(tmp_path, data
       its node stays connected and never answers in time, so ``round_timeout_s`` ends the round,
       partition 0 dropped for that reason (before the fix Flower's default waited 3600 s).
     """
-    cfg = build_config(values={**FAST, "data_root": str(data_root), "num_clients": 2, "clients_per_round": 2,
-                               "rounds": 6, "seed": 84, "round_timeout_s": 90.0, "min_replies": 1,
-                               "max_failed_fraction": 0.5, "faults": {"delay_s": 600.0, "delay_prob": 0.1}})
+    cfg, run_dir, app_dir = deployment_app(tmp_path, data_root, rounds=6, seed=84, round_timeout_s=90.0,
+                                           min_replies=1, max_failed_fraction=0.5,
+                                           faults={"delay_s": 600.0, "delay_prob": 0.1})
     stragglers = [(pid, r) for pid in range(2) for r in range(1, 7)
                   if FaultDraw.for_task(cfg.faults, cfg.seed, pid, r).delay_s > 0]
     assert stragglers == [(0, 6)]  # the seed was chosen for this
-    run_dir = (tmp_path / "run").resolve()
-    run_dir.mkdir()
-    app_dir = run_dir / "app"
-    launch.write_app(app_dir, cfg, run_dir)
     nodes: list[subprocess.Popen] = []
     events: dict[str, int] = {}
     with launch.private_superlink(run_dir, simulation=False) as (env, connection):

@@ -26,9 +26,8 @@ import pytest
 
 from fedsuite import launch, reaper
 from fedsuite.certs import make_credentials
-from fedsuite.config import build_config
 from fedsuite.results import read_metrics
-from tests.conftest import FAST
+from tests.conftest import deployment_app
 
 SUBNET = "10.15.0"
 LINK_IP = f"{SUBNET}.1"
@@ -139,12 +138,7 @@ def network():
 def test_federation_across_network_namespaces(tmp_path, data_root, network):
     net = network
     creds = make_credentials(tmp_path / "creds", hosts=[LINK_IP], supernodes=["node0", "node1", "rogue"])
-    cfg = build_config(values={**FAST, "data_root": str(data_root), "num_clients": 2, "clients_per_round": 2,
-                               "rounds": 2})
-    run_dir = (tmp_path / "run").resolve()
-    run_dir.mkdir()
-    app_dir = run_dir / "app"
-    launch.write_app(app_dir, cfg, run_dir)
+    _, run_dir, app_dir = deployment_app(tmp_path, data_root, rounds=2)
     address = f"{LINK_IP}:{PORT}"
     procs: list[tuple[subprocess.Popen, Path | None]] = []  # with the FLWR_HOME that marks its detached children
     homes = {name: tmp_path / f"home-{name}" for name in ("link", "node0", "node1", "rogue", "noca", "user", "user-noca")}
