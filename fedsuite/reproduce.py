@@ -78,6 +78,7 @@ class Row:
     target_accuracy: float | None = None
     cpu_target_accuracy: float | None = None
     note: str = ""
+    methods: list[str] | None = None  # the columns this row runs (None: every method of the target)
 
 
 @dataclass
@@ -149,7 +150,7 @@ def parse_tables(path: Path) -> dict[str, Target]:
                     method_set={m: _strings(v, f"{rw}.method_set.{m}") for m, v in r.get("method_set", {}).items()},
                     published={m: _published(v, f"{rw}.published.{m}") for m, v in r.get("published", {}).items()},
                     target_accuracy=r.get("target_accuracy"), cpu_target_accuracy=r.get("cpu_target_accuracy"),
-                    note=r.get("note", ""),
+                    note=r.get("note", ""), methods=r.get("methods"),
                 ))
             target = Target(
                 name=name, file=path, paper=data.get("paper", path.parent.name), title=t.get("title", name),
@@ -168,7 +169,7 @@ def parse_tables(path: Path) -> dict[str, Target]:
         if target.spread not in ("seeds", "pooled"):
             raise ReproduceError(f"{where}.spread: {target.spread!r}; allowed: seeds, pooled")
         unknown = {target.ours, *(m for p in target.compare for m in p)} - set(methods)
-        unknown |= {m for r in rows for m in (*r.published, *r.method_set) if m not in methods}
+        unknown |= {m for r in rows for m in (*r.published, *r.method_set, *(r.methods or ())) if m not in methods}
         if unknown:
             raise ReproduceError(f"{where}: methods {', '.join(sorted(unknown))} are not in its [methods]")
         if target.metric == "rounds" and any(r.target_accuracy is None for r in rows):
@@ -262,6 +263,8 @@ def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = Non
             continue
         folder = (out / target.paper_key / scale / row.setting).resolve()
         for method in picked_methods:
+            if row.methods is not None and method not in row.methods:
+                continue
             for seed in seed_list:
                 run_dir = folder / f"{method}-s{seed}"
                 if run_dir in specs:

@@ -91,7 +91,8 @@ def _published(targets, name: str) -> dict[str, dict[str, tuple[float, float | N
 def test_every_spec_table_is_a_target(targets):
     assert sorted(targets) == sorted([
         "fedmr-table1", "fedmrur-table2", "fedmrur-table3", "fedmrur-table6",
-        "fednlr-table1", "fednlr-table2", "fednlr-table3", "fedinit-table1", "fedinit-table2", "fedinit-table3"])
+        "fednlr-table1", "fednlr-table2", "fednlr-table3", "fedinit-table1", "fedinit-table2", "fedinit-table3",
+        "fedmr-study"])  # the one target that is not a paper table: issue 14's study (no published cells)
     # FedMR's spec: "This is the paper's only table"
     assert "only table" in (SPECS / "fedmr.md").read_text()
 
@@ -181,6 +182,26 @@ def test_every_cell_builds_a_config(targets, tmp_path):
     placed = fedmr[0].command(resume=True, placement=reproduce.placement_options(0.25, "127.0.0.1:6379"))
     assert placed[-5:] == ["--num-gpus", "0.25", "--ray-address", "127.0.0.1:6379", "--resume"]
     assert "--ray-address" not in fedmr[0].command(resume=False, placement=reproduce.placement_options(None, None))
+
+
+def test_a_row_runs_only_the_methods_it_names(targets, tmp_path):
+    """The study's FedMR-only rows (a FedMR option changes nothing for FedAvg) plan FedMR alone; the
+    others plan every method; a row naming an unknown method is refused, naming it."""
+    study = targets["fedmr-study"]
+    specs = reproduce.plan(study, "cpu", tmp_path)
+    by_row: dict[str, list[str]] = {}
+    for s in specs:
+        by_row.setdefault(s.row.name, []).append(s.method)
+    assert by_row["paper"] == ["fedavg", "fedmr"] and by_row["segments"] == ["fedmr"]
+    assert by_row["two-stage"] == ["fedmr"] and by_row["authors-setting"] == ["fedmr"]
+    authors = next(s for s in specs if s.row.name == "authors-setting")
+    assert authors.rounds == 120 and "local_epochs=5" in authors.overrides and "momentum=0.5" in authors.overrides
+    assert all(s.rounds == 200 for s in specs if s.row.name != "authors-setting")
+    bad = tmp_path / "tables.toml"
+    bad.write_text('[targets.t]\nours = "a"\n[targets.t.methods]\na = {}\n'
+                   '[[targets.t.rows]]\nname = "r"\nmethods = ["a", "nope"]\n')
+    with pytest.raises(reproduce.ReproduceError, match="nope"):
+        reproduce.parse_tables(bad)
 
 
 # ------------------------------------------------------------------------------------------------
