@@ -298,20 +298,54 @@ def federation_config(cfg: BaseRunConfig, num_supernodes: int | None = None) -> 
 
 
 def simulate(cfg: BaseRunConfig, run_dir: Path,
-             on_progress: Callable[[list[dict[str, Any]]], None] | None = None) -> RunOutcome:
-    """Run ``cfg`` on Flower's Simulation Engine; results land in ``run_dir``."""
+             on_progress: Callable[[list[dict[str, Any]]], None] | None = None,
+             superlink: tuple[dict[str, str], str] | None = None) -> RunOutcome:
+    """Run ``cfg`` on Flower's Simulation Engine; results land in ``run_dir``.
+
+    ``superlink``: the ``(env, connection)`` of a simulation SuperLink that is already running
+    (:func:`private_superlink`, entered once for many runs; its Ray cluster must be ``cfg``'s) to
+    submit to, one run at a time, instead of starting one for this run: that saves a SuperLink and a
+    SuperExec start per run (~4 s of CPU, ~2 s of wall time). The run's own Flower process
+    (flwr-simulation) is stopped when the run has ended, as it is with a private SuperLink."""
     run_dir = run_dir.resolve()
     check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
     run_dir.mkdir(parents=True, exist_ok=True)
     app_dir = run_dir / "app"
     write_app(app_dir, cfg, run_dir)
     (run_dir / "summary.json").unlink(missing_ok=True)  # a resumed run rewrites it when it ends
+    if superlink is not None:
+        env, connection = superlink
+        if env.get("RAY_ADDRESS") != cfg.ray_address:
+            raise LaunchError(f"the SuperLink's runs use the Ray cluster {env.get('RAY_ADDRESS')!r}, "
+                              f"this run asks for {cfg.ray_address!r}")
+        try:
+            return _submit_and_follow(cfg, run_dir, app_dir, env, connection, on_progress)
+        finally:
+            reaper.terminate_all(simulation_processes(env["FLWR_HOME"]), STOP_GRACE_S)
     with private_superlink(run_dir, ray_address=cfg.ray_address) as (env, connection):
-        run_id = submit(app_dir, env, connection, federation_config(cfg))
-        (run_dir / "flower-run-id").write_text(f"{run_id}\n")
-        follow(run_id, env, connection, run_dir, on_progress, cfg.stall_timeout_s)
-        status, details = final_status(run_id, env, connection, run_dir)
+        return _submit_and_follow(cfg, run_dir, app_dir, env, connection, on_progress)
+
+
+def _submit_and_follow(cfg: BaseRunConfig, run_dir: Path, app_dir: Path, env: dict[str, str], connection: str,
+                       on_progress: Callable[[list[dict[str, Any]]], None] | None) -> RunOutcome:
+    run_id = submit(app_dir, env, connection, federation_config(cfg))
+    (run_dir / "flower-run-id").write_text(f"{run_id}\n")
+    follow(run_id, env, connection, run_dir, on_progress, cfg.stall_timeout_s)
+    status, details = final_status(run_id, env, connection, run_dir)
     return RunOutcome(run_dir, status, details)
+
+
+def simulation_processes(flwr_home: str) -> list[psutil.Process]:
+    """The flwr-simulation processes (a run's ServerApp and Simulation Engine) started by the
+    SuperLink whose ``FLWR_HOME`` is ``flwr_home``."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if any(a.endswith("flwr-simulation") for a in p.cmdline()[:2]) and p.environ().get("FLWR_HOME") == flwr_home:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
 
 
 def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> None:
