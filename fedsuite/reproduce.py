@@ -1,9 +1,9 @@
 """``fedsuite reproduce``: a paper's table as one resumable, parallel queue of runs, and its report.
 
 A *target* is one table of a paper, read from ``experiments/<paper>/tables.toml`` (or a file given
-with ``--tables``): its grid (rows = settings, columns = methods), the config each cell runs (a
-``RunConfig`` TOML plus ``--set``-style overrides, see :func:`cell_overrides`) and the published
-numbers. ``fedsuite reproduce TARGET`` plans one ``fedsuite simulate`` run per (row, method, seed)
+with ``--tables``): its grid (rows = settings, columns = methods; a row with ``methods = [...]``
+runs only those), the config each cell runs (a ``RunConfig`` TOML plus ``--set``-style overrides,
+see :func:`cell_overrides`) and the published numbers (optional: a study has none). ``fedsuite reproduce TARGET`` plans one ``fedsuite simulate`` run per (row, method, seed)
 under ``--out``, checks that every dataset the runs need is on disk, then works through the queue
 with ``--jobs`` simulations at once:
 
