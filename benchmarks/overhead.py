@@ -7,7 +7,8 @@ per-client seeds and batch order as fedsuite, trains the cohort one client after
 process (torch using all cores): ``harness.plain_fedavg``, no Flower, no Ray, no serialisation.
 fedsuite runs as users run it: ``fedsuite simulate`` as a child process (``harness.timed_cli_run``).
 
-    python benchmarks/overhead.py [--rounds 12] [--dataset fmnist|synthetic]
+    python benchmarks/overhead.py [--rounds 12] [--dataset fmnist|synthetic] [--num-cpus 2]
+                                  [--ray-address HOST:PORT]
 
 prints seconds per round (median over rounds 3..R, so start-up is excluded) for each, the ratio, and
 fedsuite's start-up: from the command's start to the round-0 evaluation (the first round begins).
@@ -35,6 +36,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--dataset", choices=["fmnist", "synthetic"], default=None)
     ap.add_argument("--num-cpus", type=int, default=1, help="CPU cores per simulated client")
+    ap.add_argument("--ray-address", default=None,
+                    help="run the clients on this running Ray cluster (`ray start --head`) instead of a "
+                         "private Ray started by the run: the start-up without Ray's own start")
     args = ap.parse_args()
     dataset = args.dataset or ("fmnist" if (SHARED / "FashionMNIST" / "raw").is_dir() else "synthetic")
     work = Path(tempfile.mkdtemp(prefix="fedsuite-bench-"))
@@ -46,6 +50,8 @@ def main() -> None:
         "rounds": args.rounds, "partitioner": "dirichlet", "alpha": 0.5, "seed": 0, "data_root": str(work),
         "num_cpus": args.num_cpus, "device": "cpu",
     }
+    if args.ray_address:
+        values["ray_address"] = args.ray_address
     print(f"dataset={dataset} model={values['model']} clients=100 K=10 rounds={args.rounds}", flush=True)
 
     run = timed_cli_run(values, work / "runs" / "bench")
