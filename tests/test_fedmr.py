@@ -741,15 +741,17 @@ def test_pool_diagnostics_columns():
 
 
 def test_fedmr_warns_at_its_failure_setting_only():
-    """Recombination from round 1 on a label-skewed partition (the paper's CNN setting) gets a
-    run-start warning naming the risk and the setting that trains; R1 > 0 or IID gets none, nor do
-    methods that declare no warnings."""
+    """The setting issue 14's study saw fail (momentum above 0.5 on a label-skewed partition, with or
+    without an aggregation stage) gets a run-start warning naming the risk and the setting that
+    trains; momentum 0.5 or IID gets none, nor do methods that declare no warnings."""
     def risks(**values):
         cfg = build_config(values={**FAST, "strategy": "fedmr", **values})
         return cfg.method.risks(cfg)
 
-    (warning,) = risks()
-    assert "first_stage_rounds=0" in warning and "--set fedmr.first_stage_rounds=50 --set momentum=0.5" in warning
-    assert risks(**{"fedmr.first_stage_rounds": 50}) == [] and risks(partitioner="iid") == []
+    (warning,) = risks(momentum=0.9)
+    assert "momentum 0.9" in warning and "--set momentum=0.5" in warning
+    assert len(risks(momentum=0.9, **{"fedmr.first_stage_rounds": 40})) == 1  # decays after the switch
+    assert risks(momentum=0.5) == [] and risks(momentum=0.0) == []
+    assert risks(momentum=0.9, partitioner="iid") == []
     cfg = build_config(values={**FAST, "strategy": "fedavg"})
     assert cfg.method.risks(cfg) == []
