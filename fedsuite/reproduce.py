@@ -314,6 +314,8 @@ def why_incomplete(spec: RunSpec) -> str:
     if not reason and (spec.run_dir / "error.txt").is_file():
         lines = [ln for ln in (spec.run_dir / "error.txt").read_text().splitlines() if ln.strip()]
         reason = lines[-1] if lines else ""
+    if state == "new":
+        return f"{spec.method} seed {spec.seed}: not run"
     where = f", stopped after round {_rounds_done(spec.run_dir)}" if state in ("failed", "partial") else ""
     return f"{spec.method} seed {spec.seed}: {state}{where}" + (f": {reason}" if reason else "")
 

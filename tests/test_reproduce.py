@@ -408,7 +408,7 @@ def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
 
 def test_report_names_each_run_that_did_not_complete_and_why(tmp_path):
     """A failed run is left out of the numbers and listed under its row with the failure its
-    summary.json records; a run never started is listed as new."""
+    summary.json records; a run never started is listed as not run."""
     tables = tmp_path / "tiny" / "tables.toml"
     tables.parent.mkdir()
     tables.write_text(TINY.format(dataset="synthetic"))
@@ -433,4 +433,4 @@ def test_report_names_each_run_that_did_not_complete_and_why(tmp_path):
     assert "| FedProx | 51.00 ± 1.00 | 70.00 | 1/2 |" in md  # the completed seed only
     shutil.rmtree(specs["fedavg", 1].run_dir)
     md = reproduce.write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
-    assert "- fedavg seed 1: new" in md
+    assert "- fedavg seed 1: not run" in md
