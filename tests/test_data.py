@@ -8,7 +8,6 @@ import os
 import pickle
 import shutil
 import struct
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -95,13 +94,10 @@ def save_img(path: Path, arr: np.ndarray) -> None:
 # synthetic
 
 
-def test_synthetic_deterministic_shapes_and_fast():
-    t0 = time.perf_counter()
+def test_synthetic_deterministic_and_shaped():
     a = DATASETS["synthetic"](None, seed=3)
-    elapsed = time.perf_counter() - t0
     b = DATASETS["synthetic"](None, seed=3)
     c = DATASETS["synthetic"](None, seed=4)
-    assert elapsed < 1.0
     assert a.x_train.dtype == torch.float32 and a.x_train.shape[1] == 60 and a.input_shape == (60,)
     assert a.y_train.dtype == torch.int64 and a.num_classes == 10
     assert a.x_train.shape[0] == a.y_train.shape[0] == len(a.groups)
