@@ -307,6 +307,9 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     submit to, one run at a time, instead of starting one for this run: that saves a SuperLink and a
     SuperExec start per run (~4 s of CPU, ~2 s of wall time). The run's own Flower process
     (flwr-simulation) is stopped when the run has ended, as it is with a private SuperLink."""
+    if superlink is not None and superlink[0].get("RAY_ADDRESS") != cfg.ray_address:
+        raise LaunchError(f"the SuperLink's runs use the Ray cluster {superlink[0].get('RAY_ADDRESS')!r}, "
+                          f"this run asks for {cfg.ray_address!r}")
     run_dir = run_dir.resolve()
     check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -315,9 +318,6 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     (run_dir / "summary.json").unlink(missing_ok=True)  # a resumed run rewrites it when it ends
     if superlink is not None:
         env, connection = superlink
-        if env.get("RAY_ADDRESS") != cfg.ray_address:
-            raise LaunchError(f"the SuperLink's runs use the Ray cluster {env.get('RAY_ADDRESS')!r}, "
-                              f"this run asks for {cfg.ray_address!r}")
         try:
             return _submit_and_follow(cfg, run_dir, app_dir, env, connection, on_progress)
         finally:
