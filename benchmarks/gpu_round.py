@@ -110,7 +110,7 @@ def main() -> None:
         if model not in plain:
             print(f"{name}: plain FedAvg loop ({model}) ...", flush=True)
             cfg = build_config(values={**values, "strategy": "fedavg"})
-            plain[model] = statistics.median(plain_fedavg(cfg, args.rounds, device)[1:])
+            plain[model] = statistics.median(plain_fedavg(cfg, args.rounds, device).round_s[1:])
         fed = statistics.median(run["round_s"][1:])
         target = METHODS[name][2]
         results.append({"method": name, "model": model, "fedsuite_s_per_round": round(fed, 3),

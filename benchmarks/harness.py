@@ -27,6 +27,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -77,8 +78,17 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def plain_fedavg(cfg, rounds: int, device: torch.device, log: bool = True) -> list[float]:
-    """Run ``rounds`` rounds of plain FedAvg for ``cfg``; returns the seconds of each round."""
+@dataclass
+class PlainRun:
+    round_s: list[float]  # wall seconds of each round (training, aggregation, evaluation)
+    accuracy: list[float]  # test accuracy after each round
+    state: dict[str, np.ndarray]  # the global model after the last round
+
+
+def plain_fedavg(cfg, rounds: int, device: torch.device, log: bool = True) -> PlainRun:
+    """Run ``rounds`` rounds of plain FedAvg for ``cfg``: each round's seconds and test accuracy, and
+    the final global model (``tests/test_core.py`` checks that a fedsuite simulation ends with this
+    very model, bit for bit)."""
     bundle = runtime.load_bundle(cfg)
     initial = models.initial_arrays(cfg, bundle)
     sampler = FedSuiteStrategy(ServerSetup(cfg=cfg, node_to_pid={p: p for p in range(cfg.num_clients)},
@@ -88,7 +98,7 @@ def plain_fedavg(cfg, rounds: int, device: torch.device, log: bool = True) -> li
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     augment = bundle.augment if cfg.augment is None else ("crop-flip" if cfg.augment else "none")
     x_test, y_test = bundle.x_test.to(device), bundle.y_test.to(device)
-    times = []
+    times, accuracies = [], []
     for rnd in range(1, rounds + 1):
         sync(device)
         t0 = time.perf_counter()
@@ -124,6 +134,7 @@ def plain_fedavg(cfg, rounds: int, device: torch.device, log: bool = True) -> li
         acc = evaluate(model, x_test, y_test, bundle, cfg.eval_batch_size)["accuracy"]
         sync(device)
         times.append(time.perf_counter() - t0)
+        accuracies.append(acc)
         if log:
             print(f"  plain round {rnd}: {times[-1]:.3f}s acc {acc:.4f}", flush=True)
-    return times
+    return PlainRun(times, accuracies, {k: v.cpu().numpy() for k, v in global_state.items()})

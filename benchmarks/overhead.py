@@ -56,7 +56,7 @@ def main() -> None:
 
     run = timed_cli_run(values, work / "runs" / "bench")
     fed = run["round_s"]
-    plain = plain_fedavg(build_config(values=values), args.rounds, torch.device("cpu"))
+    plain = plain_fedavg(build_config(values=values), args.rounds, torch.device("cpu")).round_s
 
     fed_med, plain_med = statistics.median(fed[2:]), statistics.median(plain[2:])
     result = {

@@ -33,7 +33,7 @@ from fedsuite.models import initial_arrays, make_model
 from fedsuite.results import RunRecorder, write_json
 from fedsuite.state import prune_committed
 from fedsuite.strategy import RoundFailure, ServerSetup
-from fedsuite.training import arrays_evaluator
+from fedsuite.training import arrays_evaluator, available_cores
 from fedsuite.wire import to_ndarrays, to_record
 
 log = logging.getLogger("fedsuite")
@@ -79,8 +79,12 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     node_to_pid = handshake(grid, cfg.num_clients)
     timing["handshake_s"] = time.perf_counter() - t0 - timing["data_s"]
     initial = initial_arrays(cfg, bundle)
+    # central evaluation uses every core: the cohort is idle while the server evaluates (training and
+    # the server's own training steps, FedGen's and CCVR's, keep cfg.num_cpus threads: the same
+    # arithmetic on any machine)
     evaluate_arrays = arrays_evaluator(make_model(cfg, bundle).to(device), bundle.x_test.to(device),
-                                       bundle.y_test.to(device), bundle, cfg.eval_batch_size)
+                                       bundle.y_test.to(device), bundle, cfg.eval_batch_size,
+                                       num_threads=available_cores())
     setup = ServerSetup(
         cfg=cfg, node_to_pid=node_to_pid, initial=initial, run_dir=run_dir,
         build_model=lambda: make_model(cfg, bundle), evaluate=evaluate_arrays,

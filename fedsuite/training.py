@@ -21,6 +21,7 @@ use them. Batching, augmentation, device placement and metrics are written here 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -211,14 +212,30 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bundle, b
     return {"accuracy": int(correct) / max(n, 1), "loss": loss if math.isfinite(loss) else float("nan")}
 
 
-def arrays_evaluator(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bundle, batch_size: int
-                     ) -> Callable[[dict[str, Any]], dict[str, float]]:
+def arrays_evaluator(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bundle, batch_size: int,
+                     num_threads: int | None = None) -> Callable[[dict[str, Any]], dict[str, float]]:
     """``evaluate(arrays)``: load ``arrays`` (a state_dict as numpy arrays) into ``model`` and return
     :func:`evaluate`'s accuracy and loss on (x, y). The ServerApp's central evaluation of the global
-    model and of the pool diagnostics (``strategies/pool.py``) both go through it."""
+    model and of the pool diagnostics (``strategies/pool.py``) both go through it.
+
+    ``num_threads``: torch's intra-op threads while evaluating (the caller's setting is restored
+    after). The ServerApp passes :func:`available_cores`: a synchronous round's clients are idle
+    while the server evaluates, and on a CPU the central evaluation of 10,000 test images is about
+    half of a small model's round (1.9 s on one thread, 1.05 s on two, Fashion-MNIST ``cnn``)."""
 
     def evaluate_arrays(arrays: dict[str, Any]) -> dict[str, float]:
         model.load_state_dict({k: torch.tensor(v) for k, v in arrays.items()})
-        return evaluate(model, x, y, bundle, batch_size)
+        before = torch.get_num_threads()
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        try:
+            return evaluate(model, x, y, bundle, batch_size)
+        finally:
+            torch.set_num_threads(before)
 
     return evaluate_arrays
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, e.g. a container's or ``taskset``'s)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

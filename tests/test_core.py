@@ -147,6 +147,30 @@ def test_same_seed_gives_identical_metrics(simulate):
     assert_same_arrays(a.arrays, b.arrays)
 
 
+def test_simulation_trains_the_plain_pytorch_loops_model_bit_for_bit(simulate, data_root):
+    """Flower's Simulation Engine (Ray actors, serialisation, the strategy's validated float64 mean,
+    central evaluation on every core) ends with the very model of FedAvg written directly in PyTorch
+    (``benchmarks/harness.py::plain_fedavg``: the same cohorts, seeds and SGD steps, one client after
+    another in this process), and every round's test accuracy is the same."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from harness import plain_fedavg
+
+    res = simulate(strategy="fedavg", rounds=3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the actors' arithmetic (num_cpus = 1)
+    try:
+        plain = plain_fedavg(build_config(values={**FAST, "data_root": str(data_root), "strategy": "fedavg",
+                                                  "rounds": 3}), 3, torch.device("cpu"), log=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert_same_arrays(res.arrays, plain.state)
+    assert [r["test_accuracy"] for r in res.rows[1:]] == plain.accuracy
+
+
 def test_divergent_clients_fail_the_run_loudly(simulate):
     """A learning rate of 1e30 makes every client's model non-finite: every reply is rejected, never
     averaged, and a round with no accepted reply fails the run with the clients and the reason."""
