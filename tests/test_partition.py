@@ -144,6 +144,22 @@ def test_disk_cache_hit_returns_identical_arrays(tmp_path, monkeypatch):
         partition_indices(other, "dirichlet", 10, seed=3, alpha=0.5, cache_dir=tmp_path)
 
 
+def test_a_cache_hit_does_not_import_flwr_datasets(tmp_path):
+    """Every Ray actor and the CLI read the cached partition; importing flwr_datasets (1.3-2.3 s) is
+    paid only by the process that computes it."""
+    import subprocess
+    import sys
+
+    partition_indices(LABELS, "dirichlet", 10, seed=3, alpha=0.5, cache_dir=tmp_path)
+    np.save(tmp_path / "labels.npy", LABELS)
+    code = ("import sys, numpy as np; from fedsuite.data import partition_indices; "
+            f"p = partition_indices(np.load({str(tmp_path / 'labels.npy')!r}), 'dirichlet', 10, seed=3, alpha=0.5, "
+            f"cache_dir={str(tmp_path)!r}); print(len(p), 'flwr_datasets' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["10", "False"]
+    assert len(list(tmp_path.glob("*.npz"))) == 1  # the hit: no second cache file
+
+
 def test_validation_messages():
     with pytest.raises(ValueError, match="larger than the number of training samples"):
         partition_indices(LABELS[:5], "iid", 6, seed=0)

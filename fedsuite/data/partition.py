@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import io
 import json
 import os
@@ -257,6 +258,16 @@ def _to_numpy(a: Any) -> np.ndarray:
     return np.asarray(a)
 
 
+def _flwr_datasets_version() -> str:
+    """flwr-datasets' version from its package metadata: importing the package to read
+    ``__version__`` costs 1.3-2.3 s, paid by every process that reads a cached partition (each Ray
+    actor, the CLI's data check) although a cache hit never calls a partitioner."""
+    try:
+        return importlib.metadata.version("flwr-datasets")
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
 def partition_indices(
     data: Any,
     scheme: str,
@@ -349,11 +360,9 @@ def partition_indices(
 
     cache_file = None
     if cache_dir is not None:
-        import flwr_datasets
-
         h = hashlib.sha256()
         h.update(json.dumps(
-            {"v": _CACHE_VERSION, "flwr_datasets": getattr(flwr_datasets, "__version__", "?"),
+            {"v": _CACHE_VERSION, "flwr_datasets": _flwr_datasets_version(),
              "scheme": scheme, "num_clients": int(num_clients), "seed": int(seed), "params": used},
             sort_keys=True,
         ).encode())
