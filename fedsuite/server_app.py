@@ -79,12 +79,9 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     node_to_pid = handshake(grid, cfg.num_clients)
     timing["handshake_s"] = time.perf_counter() - t0 - timing["data_s"]
     initial = initial_arrays(cfg, bundle)
-    # central evaluation uses every core: the cohort is idle while the server evaluates (training and
-    # the server's own training steps, FedGen's and CCVR's, keep cfg.num_cpus threads: the same
-    # arithmetic on any machine)
     evaluate_arrays = arrays_evaluator(make_model(cfg, bundle).to(device), bundle.x_test.to(device),
                                        bundle.y_test.to(device), bundle, cfg.eval_batch_size,
-                                       num_threads=available_cores())
+                                       num_threads=evaluation_threads(cfg))
     setup = ServerSetup(
         cfg=cfg, node_to_pid=node_to_pid, initial=initial, run_dir=run_dir,
         build_model=lambda: make_model(cfg, bundle), evaluate=evaluate_arrays,
@@ -143,6 +140,16 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining, evaluate_fn=after_round,
                    timeout=cfg.round_timeout_s,
                    train_config=ConfigRecord({}))
+
+
+def evaluation_threads(cfg) -> int:
+    """torch threads for central evaluation. A synchronous round's clients are idle while the server
+    evaluates, so the server may use the cores they hold. A private Ray holds the whole machine, and a
+    deployment's server has its own, so this returns every core (``available_cores``). On a Ray cluster
+    that other runs share (``ray_address``) their clients may be busy meanwhile, so this returns the
+    run's ``num_cpus``. Oversubscribed OpenMP threads spin at every barrier. Training and the server's
+    own training steps (FedGen, CCVR) keep ``num_cpus`` threads: the same arithmetic on any machine."""
+    return max(1, cfg.num_cpus) if cfg.ray_address else available_cores()
 
 
 def save_checkpoint(path: Path, server_round: int, arrays: ArrayRecord, strategy, row: dict | None = None) -> None:

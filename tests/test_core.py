@@ -171,6 +171,16 @@ def test_simulation_trains_the_plain_pytorch_loops_model_bit_for_bit(simulate, d
     assert [r["test_accuracy"] for r in res.rows[1:]] == plain.accuracy
 
 
+def test_central_evaluation_uses_the_cores_the_run_holds():
+    from fedsuite.server_app import evaluation_threads
+    from fedsuite.training import available_cores
+
+    private = build_config(values={**FAST, "num_cpus": 1})
+    shared = build_config(values={**FAST, "num_cpus": 1, "ray_address": "127.0.0.1:6379"})
+    assert evaluation_threads(private) == available_cores() >= 1  # a private Ray holds the whole machine
+    assert evaluation_threads(shared) == 1  # a shared cluster's other runs may be training meanwhile
+
+
 def test_divergent_clients_fail_the_run_loudly(simulate):
     """A learning rate of 1e30 makes every client's model non-finite: every reply is rejected, never
     averaged, and a round with no accepted reply fails the run with the clients and the reason."""
