@@ -33,7 +33,7 @@ from fedsuite.models import initial_arrays, make_model
 from fedsuite.results import RunRecorder, write_json
 from fedsuite.state import prune_committed
 from fedsuite.strategy import RoundFailure, ServerSetup
-from fedsuite.training import arrays_evaluator, available_cores
+from fedsuite.training import arrays_evaluator
 from fedsuite.wire import to_ndarrays, to_record
 
 log = logging.getLogger("fedsuite")
@@ -140,6 +140,11 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining, evaluate_fn=after_round,
                    timeout=cfg.round_timeout_s,
                    train_config=ConfigRecord({}))
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, e.g. a container's or ``taskset``'s)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def evaluation_threads(cfg) -> int:

@@ -21,7 +21,6 @@ use them. Batching, augmentation, device placement and metrics are written here 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -234,8 +233,3 @@ def arrays_evaluator(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, b
             torch.set_num_threads(before)
 
     return evaluate_arrays
-
-
-def available_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask, e.g. a container's or ``taskset``'s)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -149,7 +149,7 @@ def test_same_seed_gives_identical_metrics(simulate):
 
 def test_simulation_trains_the_plain_pytorch_loops_model_bit_for_bit(simulate, data_root):
     """Flower's Simulation Engine (Ray actors, serialisation, the strategy's validated float64 mean,
-    central evaluation on every core) ends with the very model of FedAvg written directly in PyTorch
+    central evaluation) ends with the very model of FedAvg written directly in PyTorch
     (``benchmarks/harness.py::plain_fedavg``: the same cohorts, seeds and SGD steps, one client after
     another in this process), and every round's test accuracy is the same."""
     import sys
@@ -172,8 +172,7 @@ def test_simulation_trains_the_plain_pytorch_loops_model_bit_for_bit(simulate, d
 
 
 def test_central_evaluation_uses_the_cores_the_run_holds():
-    from fedsuite.server_app import evaluation_threads
-    from fedsuite.training import available_cores
+    from fedsuite.server_app import available_cores, evaluation_threads
 
     private = build_config(values={**FAST, "num_cpus": 1})
     shared = build_config(values={**FAST, "num_cpus": 1, "ray_address": "127.0.0.1:6379"})
