@@ -1,8 +1,8 @@
 """What the speed benchmarks share: fedsuite run as users run it, timed, and the plain PyTorch
 FedAvg loop every benchmark compares it with.
 
-:func:`timed_cli_run` runs ``fedsuite simulate`` as a child process (the CLI, its private SuperLink,
-Flower's simulation, Ray) and reports the start-up (command start to the round-0 evaluation, i.e.
+:func:`timed_cli_run` runs ``fedsuite simulate`` as a child process (the CLI, the run's simulation
+process with Flower's Simulation Engine, Ray) and reports the start-up (command start to the round-0 evaluation, i.e.
 everything before round 1 begins) and the seconds of each round from ``metrics.jsonl``.
 
 :func:`plain_fedavg` is FedAvg written directly in PyTorch.
@@ -43,9 +43,9 @@ def timed_cli_run(config: dict, run_dir: Path, timeout_s: float = 3600.0) -> dic
     """``fedsuite simulate --config <config as TOML>`` into ``run_dir``; returns ``startup_s`` (command
     start to the round-0 row), ``total_s``, ``round_s`` (each round's ``wall_seconds``), the rows and
     the start-up's parts: seconds from the command's start until the CLI had written the run's app
-    (``cli_done_s``), until ``flwr run`` had submitted it (``submitted_s``: the SuperLink's boot and
-    ``flwr run``) and until the ServerApp started (``serverapp_start_s``: SuperExec and
-    ``flwr-simulation``), then ``summary.json``'s own parts (data, handshake = Ray and the actors).
+    (``cli_done_s``: imports, the data check) and until the ServerApp started (``serverapp_start_s``:
+    the simulation process's start and imports), then ``summary.json``'s own parts (data, handshake =
+    Ray's start and the actors' start and imports, setup).
     Raises if the run does not complete."""
     import tomli_w
 
@@ -73,7 +73,6 @@ def timed_cli_run(config: dict, run_dir: Path, timeout_s: float = 3600.0) -> dic
     timing = summary.get("timing", {})
     parts = {
         "cli_done_s": (run_dir / "app" / "pyproject.toml").stat().st_mtime - wall0,
-        "submitted_s": (run_dir / "flower-run-id").stat().st_mtime - wall0,
         **({"serverapp_start_s": timing["serverapp_start"] - wall0} if "serverapp_start" in timing else {}),
         **{k: v for k, v in timing.items() if k.endswith("_s")},
     }

@@ -32,9 +32,11 @@ DEPLOYMENT_MAX_FAILED_FRACTION = 0.5
 
 
 def on_simulation_engine() -> bool:
-    """Whether this process is Flower's simulation process (``flwr-simulation``: it runs the
-    ServerApp and the Ray-backed virtual clients); the Deployment Engine runs ``flwr-serverapp``."""
-    return Path(sys.argv[0]).name == "flwr-simulation"
+    """Whether this process runs the ServerApp beside Flower's Simulation Engine (the Ray-backed
+    virtual clients): fedsuite's simulation process (``fedsuite.simulation``), or Flower's own
+    ``flwr-simulation`` under ``flwr run``. The Deployment Engine runs ``flwr-serverapp``."""
+    started_as = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
+    return started_as == "fedsuite.simulation" or Path(sys.argv[0]).name == "flwr-simulation"
 
 
 class FaultsConfig(BaseModel):

@@ -1,16 +1,22 @@
-"""Drive Flower's supported path for one run: a private SuperLink plus ``flwr run``.
+"""Start and watch a run's processes: a simulation (``fedsuite simulate``) or a submission to a
+SuperLink (the Deployment Engine).
 
-``fedsuite simulate`` does, per run (see ../shared/notes/flower-1.41-note.md §2, §5):
+A simulation, per run:
 
 1. writes a thin Flower app (a ``pyproject.toml`` whose ``[tool.flwr.app.config]`` is the resolved
    config) into ``<run>/app``; the components are the installed ``fedsuite`` apps;
-2. starts ``flower-superlink --simulation`` in its own process group, with ``FLWR_HOME`` in the run
-   directory, a free loopback port, runtime dependency installation disabled and telemetry off;
-3. submits with ``flwr run <app> fedsuite --federation-config ...`` (Ray CPU/GPU shares per
-   client from the config), follows ``flwr log --stream`` into ``<run>/flower.log`` and draws a
-   progress bar from ``metrics.jsonl``;
-4. reads the run's final status with ``flwr list`` (``flwr run``'s exit code hides a failed
-   ServerApp), and stops every process it started, by process group.
+2. starts ``python -m fedsuite.simulation <run>/app`` in its own session: Flower's Simulation
+   Engine with the ServerApp and the Ray-backed ClientApps (``fedsuite.simulation``), its output in
+   ``<run>/flower.log``; a private Ray lives in a temporary directory of the run, or the run joins
+   ``cfg.ray_address``; every process of the run carries ``FLWR_HOME=<run>/.flwr`` (the reaper's
+   mark, ``fedsuite.reaper``);
+3. draws progress from ``metrics.jsonl`` (with a stall watchdog) until ``summary.json`` appears or
+   the process ends; the outcome is ``summary.json``'s status, else the process's exit code;
+4. stops every process of the run, by that mark.
+
+On the Deployment Engine the ServerApp runs under a SuperLink: :func:`private_superlink` (a
+loopback SuperLink for tests), :func:`submit` (``flwr run``), :func:`follow` (``flwr log``) and
+:func:`final_status` (``flwr list``: ``flwr run``'s exit code hides a failed ServerApp).
 """
 
 from __future__ import annotations
@@ -177,27 +183,19 @@ def wait_for_port(port: int, proc: subprocess.Popen, log_path: Path, timeout: fl
 
 
 @contextmanager
-def private_superlink(run_dir: Path, simulation: bool = True,
-                      ray_address: str | None = None) -> Iterator[tuple[dict[str, str], str]]:
-    """Start a SuperLink owned by this process; yield (env for flwr commands, connection name).
-
-    Without ``ray_address`` the simulation starts a private Ray whose session directory lives in a
-    short temporary directory of this run (Ray's socket paths must fit 107 bytes), discarded at the
-    end; Ray's logs of a run that did not complete are kept in ``<run>/ray-logs``."""
+def private_superlink(run_dir: Path) -> Iterator[tuple[dict[str, str], str]]:
+    """Start a Deployment-Engine SuperLink owned by this process on a free loopback port; yield (env
+    for ``flwr`` commands, connection name). It is stopped, with everything carrying its
+    ``FLWR_HOME``, on exit, and by the reaper if this process dies."""
     flwr_home = run_dir / ".flwr"
     port = free_port()
     address = f"127.0.0.1:{port}"
     write_connection(flwr_home, address)
-    ray_tmpdir = Path(tempfile.mkdtemp(prefix="fsray-")) if simulation and not ray_address else None
-    env = flower_env(flwr_home, ray_address, ray_tmpdir)
+    env = flower_env(flwr_home)
     log_path = run_dir / "superlink.log"
     cmd = [bin_path("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
            "--disable-runtime-dependency-installation", "--database", str(flwr_home / "state.db")]
-    if simulation:
-        cmd.append("--simulation")
-    # a run must not outlive this process: the SuperLink dies with it (PDEATHSIG) and a watcher in
-    # its own session stops everything carrying our FLWR_HOME if this process is killed
-    watcher = reaper.start(flwr_home, run_dir / "reaper.log", remove=ray_tmpdir)
+    watcher = reaper.start(flwr_home, run_dir / "reaper.log")
     try:
         with log_path.open("ab") as log_file:
             proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=log_file, stderr=subprocess.STDOUT,
@@ -210,16 +208,11 @@ def private_superlink(run_dir: Path, simulation: bool = True,
             stop_tree(proc, ("FLWR_HOME", str(flwr_home)), timeout=STOP_GRACE_S)
     finally:
         reaper.stop(watcher)
-        if ray_tmpdir is not None:
-            reaper.discard_ray_tmpdir(ray_tmpdir, run_dir)
 
 
-def submit(app_dir: Path, env: dict[str, str], connection: str, federation_config: str | None,
-           wrap: Sequence[str] = ()) -> int:
-    """``flwr run``; ``wrap`` prefixes every ``flwr`` command (e.g. ``ip netns exec NS``)."""
+def submit(app_dir: Path, env: dict[str, str], connection: str, wrap: Sequence[str] = ()) -> int:
+    """``flwr run`` to a SuperLink; ``wrap`` prefixes every ``flwr`` command (e.g. ``ip netns exec NS``)."""
     cmd = [*wrap, bin_path("flwr"), "run", str(app_dir), connection, "--format", "json"]
-    if federation_config:
-        cmd += ["--federation-config", federation_config]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=app_dir)
     try:
         data = json.loads(out.stdout)
@@ -245,107 +238,122 @@ class StallError(LaunchError):
     """The watchdog fired: no progress for ``stall_timeout_s`` seconds."""
 
 
-def follow(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
-           on_progress: Callable[[list[dict[str, Any]]], None] | None = None,
-           stall_timeout_s: float = 0.0, wrap: Sequence[str] = ()) -> None:
-    """Stream the run's logs into flower.log and report metrics as they land, until the run ends.
-
-    The run has ended when the ServerApp has written ``summary.json`` (it does so last, also on
-    failure) or when Flower's log stream closes. Flower's own teardown (Ray shutdown, ~3-5 s) is
-    not waited for: the caller stops the whole process tree.
+def watch(run_dir: Path, running: Callable[[], bool],
+          on_progress: Callable[[list[dict[str, Any]]], None] | None = None, stall_timeout_s: float = 0.0) -> None:
+    """Report metrics as they land until the run has ended: ``summary.json`` exists (the ServerApp
+    writes it last, also on failure) or ``running()`` turns false.
 
     Watchdog: progress is a new line in ``metrics.jsonl`` (round 0 = start-up done, then one per
-    round); with ``stall_timeout_s > 0``, that long without progress raises :class:`StallError`.
-    """
+    round); with ``stall_timeout_s > 0``, that long without progress raises :class:`StallError`
+    (written to ``error.txt`` too)."""
     summary = run_dir / "summary.json"
-    with (run_dir / "flower.log").open("ab") as log_file:
-        proc = subprocess.Popen([*wrap, bin_path("flwr"), "log", str(run_id), connection, "--stream"], env=env,
-                                stdout=log_file, stderr=subprocess.STDOUT, cwd=run_dir, start_new_session=True,
-                                preexec_fn=reaper.die_with_parent())
     seen = -1
     last_progress = time.monotonic()
-    try:
-        while proc.poll() is None and not summary.exists():
-            rows = read_metrics(run_dir, tolerant=True)
-            if len(rows) != seen:
-                seen, last_progress = len(rows), time.monotonic()
-                if on_progress is not None:
-                    on_progress(rows)
-            elif stall_timeout_s > 0 and time.monotonic() - last_progress > stall_timeout_s:
-                done = [r["round"] for r in rows if r.get("round", 0) > 0]
-                where = (f"after round {done[-1]}" if done else
-                         "during start-up (no round-0 evaluation yet)" if not rows else "in round 1")
-                message = (f"no progress for {stall_timeout_s:g} s (stall_timeout_s) {where}; the run was "
-                           f"stopped. Logs: {run_dir / 'flower.log'}")
-                err = run_dir / "error.txt"
-                if not err.exists():
-                    err.write_text(f"StallError: {message}\n")
-                raise StallError(message)
-            time.sleep(0.25)
-        if summary.exists():
-            time.sleep(0.5)  # let the last log lines reach flower.log
-    finally:
-        stop_tree(proc, timeout=STOP_GRACE_S)
+    while running() and not summary.exists():
+        rows = read_metrics(run_dir, tolerant=True)
+        if len(rows) != seen:
+            seen, last_progress = len(rows), time.monotonic()
+            if on_progress is not None:
+                on_progress(rows)
+        elif stall_timeout_s > 0 and time.monotonic() - last_progress > stall_timeout_s:
+            done = [r["round"] for r in rows if r.get("round", 0) > 0]
+            where = (f"after round {done[-1]}" if done else
+                     "during start-up (no round-0 evaluation yet)" if not rows else "in round 1")
+            message = (f"no progress for {stall_timeout_s:g} s (stall_timeout_s) {where}; the run was "
+                       f"stopped. Logs: {run_dir / 'flower.log'}")
+            err = run_dir / "error.txt"
+            if not err.exists():
+                err.write_text(f"StallError: {message}\n")
+            raise StallError(message)
+        time.sleep(0.25)
     if on_progress is not None:
         on_progress(read_metrics(run_dir, tolerant=True))
 
 
-def federation_config(cfg: BaseRunConfig, num_supernodes: int | None = None) -> str:
-    n = num_supernodes or cfg.num_clients
-    return (f"num-supernodes={n} client-resources-num-cpus={cfg.num_cpus} "
-            f"client-resources-num-gpus={float(cfg.num_gpus)} init-args-logging-level='ERROR' "
-            f"init-args-log-to-driver=false")
+def follow(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
+           on_progress: Callable[[list[dict[str, Any]]], None] | None = None,
+           stall_timeout_s: float = 0.0, wrap: Sequence[str] = ()) -> None:
+    """Stream a SuperLink run's logs (``flwr log --stream``) into flower.log and :func:`watch` it
+    until it ends. Flower's own teardown is not waited for: the caller stops the processes."""
+    with (run_dir / "flower.log").open("ab") as log_file:
+        proc = subprocess.Popen([*wrap, bin_path("flwr"), "log", str(run_id), connection, "--stream"], env=env,
+                                stdout=log_file, stderr=subprocess.STDOUT, cwd=run_dir, start_new_session=True,
+                                preexec_fn=reaper.die_with_parent())
+    try:
+        watch(run_dir, lambda: proc.poll() is None, on_progress, stall_timeout_s)
+        if (run_dir / "summary.json").exists():
+            time.sleep(0.5)  # let the last log lines reach flower.log
+    finally:
+        stop_tree(proc, timeout=STOP_GRACE_S)
 
 
 def simulate(cfg: BaseRunConfig, run_dir: Path,
-             on_progress: Callable[[list[dict[str, Any]]], None] | None = None,
-             superlink: tuple[dict[str, str], str] | None = None) -> RunOutcome:
-    """Run ``cfg`` on Flower's Simulation Engine; results land in ``run_dir``.
-
-    ``superlink``: the ``(env, connection)`` of a simulation SuperLink that is already running
-    (:func:`private_superlink`, entered once for many runs; its Ray cluster must be ``cfg``'s) to
-    submit to, one run at a time, instead of starting one for this run: that saves a SuperLink and a
-    SuperExec start per run (~4 s of CPU, ~2 s of wall time). The run's own Flower process
-    (flwr-simulation) is stopped when the run has ended, as it is with a private SuperLink."""
-    if superlink is not None and superlink[0].get("RAY_ADDRESS") != cfg.ray_address:
-        raise LaunchError(f"the SuperLink's runs use the Ray cluster {superlink[0].get('RAY_ADDRESS')!r}, "
-                          f"this run asks for {cfg.ray_address!r}")
+             on_progress: Callable[[list[dict[str, Any]]], None] | None = None) -> RunOutcome:
+    """Run ``cfg`` on Flower's Simulation Engine (``fedsuite.simulation``); results land in
+    ``run_dir``. The clients run on a private Ray, or on the cluster ``cfg.ray_address`` names."""
     run_dir = run_dir.resolve()
     check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
     run_dir.mkdir(parents=True, exist_ok=True)
     app_dir = run_dir / "app"
     write_app(app_dir, cfg, run_dir)
     (run_dir / "summary.json").unlink(missing_ok=True)  # a resumed run rewrites it when it ends
-    if superlink is not None:
-        env, connection = superlink
+    flwr_home = run_dir / ".flwr"  # Flower's home for the run, and the mark of its processes
+    flwr_home.mkdir(exist_ok=True)
+    # a private Ray keeps its session in a short temporary directory of this run (Ray's socket paths
+    # must fit 107 bytes), discarded at the end; its logs are kept in <run>/ray-logs unless completed
+    ray_tmpdir = None if cfg.ray_address else Path(tempfile.mkdtemp(prefix="fsray-"))
+    env = flower_env(flwr_home, cfg.ray_address, ray_tmpdir)
+    # a run must not outlive this process: the simulation dies with it (PDEATHSIG) and a watcher in
+    # its own session stops everything carrying our FLWR_HOME if this process is killed
+    watcher = reaper.start(flwr_home, run_dir / "reaper.log", remove=ray_tmpdir)
+    try:
+        with (run_dir / "flower.log").open("ab") as log_file:
+            proc = subprocess.Popen([sys.executable, "-m", "fedsuite.simulation", str(app_dir)], cwd=run_dir,
+                                    env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, preexec_fn=reaper.die_with_parent())
         try:
-            return _submit_and_follow(cfg, run_dir, app_dir, env, connection, on_progress)
+            watch(run_dir, lambda: proc.poll() is None, on_progress, cfg.stall_timeout_s)
+            outcome = RunOutcome(run_dir, *simulation_status(proc, run_dir))
+            # the run has ended and its results are on disk: the simulation process gets no teardown
+            # (Ray's shutdown takes seconds, and Ray's SIGTERM handler writes a stack dump to the log)
+            proc.kill()
+            return outcome
         finally:
-            reaper.terminate_all(simulation_processes(env["FLWR_HOME"]), STOP_GRACE_S)
-    with private_superlink(run_dir, ray_address=cfg.ray_address) as (env, connection):
-        return _submit_and_follow(cfg, run_dir, app_dir, env, connection, on_progress)
+            stop_tree(proc, ("FLWR_HOME", str(flwr_home)), timeout=STOP_GRACE_S)
+    finally:
+        reaper.stop(watcher)
+        if ray_tmpdir is not None:
+            reaper.discard_ray_tmpdir(ray_tmpdir, run_dir)
 
 
-def _submit_and_follow(cfg: BaseRunConfig, run_dir: Path, app_dir: Path, env: dict[str, str], connection: str,
-                       on_progress: Callable[[list[dict[str, Any]]], None] | None) -> RunOutcome:
-    run_id = submit(app_dir, env, connection, federation_config(cfg))
-    (run_dir / "flower-run-id").write_text(f"{run_id}\n")
-    follow(run_id, env, connection, run_dir, on_progress, cfg.stall_timeout_s)
-    status, details = final_status(run_id, env, connection, run_dir)
-    return RunOutcome(run_dir, status, details)
+def summary_status(run_dir: Path) -> tuple[str, str] | None:
+    """The outcome the ServerApp recorded in ``summary.json`` (Flower's status names), or None
+    before it has written one."""
+    summary = run_dir / "summary.json"
+    if not summary.exists():
+        return None
+    ours = json.loads(summary.read_text())
+    if ours.get("status") == "completed":
+        return "finished:completed", ""
+    if "failure" in ours:  # stopped on failed client replies
+        return "finished:failed", ours["failure"]["message"]
+    return "finished:failed", last_line(run_dir / "error.txt")
 
 
-def simulation_processes(flwr_home: str) -> list[psutil.Process]:
-    """The flwr-simulation processes (a run's ServerApp and Simulation Engine) started by the
-    SuperLink whose ``FLWR_HOME`` is ``flwr_home``."""
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if any(a.endswith("flwr-simulation") for a in p.cmdline()[:2]) and p.environ().get("FLWR_HOME") == flwr_home:
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
+def simulation_status(proc: subprocess.Popen, run_dir: Path) -> tuple[str, str]:
+    """A simulation's outcome: ``summary.json``'s, else (the process ended before the ServerApp
+    wrote it: an engine or start-up error) failed, with the process's exit code."""
+    recorded = summary_status(run_dir)
+    if recorded is not None:
+        return recorded
+    code = proc.wait()
+    return "finished:failed", (f"the simulation process exited with code {code} before the ServerApp "
+                               f"recorded an outcome; see {run_dir / 'flower.log'}")
+
+
+def last_line(path: Path) -> str:
+    lines = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
+    return lines[-1] if lines else ""
 
 
 def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> None:
@@ -365,15 +373,11 @@ def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> None:
 
 def final_status(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
                  wrap: Sequence[str] = ()) -> tuple[str, str]:
-    """The run's outcome: the ServerApp's own ``summary.json`` status when it wrote one (it writes it
-    after its last round, so Flower's teardown need not be waited for), else Flower's status."""
-    summary = run_dir / "summary.json"
-    if summary.exists():
-        ours = json.loads(summary.read_text())
-        if ours.get("status") == "completed":
-            return "finished:completed", ""
-        if ours.get("status") == "failed" and "failure" in ours:  # stopped on failed client replies
-            return "finished:failed", ours["failure"]["message"]
+    """A SuperLink run's outcome: the ServerApp's own ``summary.json`` status when it wrote one (it
+    writes it after its last round, so Flower's teardown need not be waited for), else Flower's."""
+    recorded = summary_status(run_dir)
+    if recorded is not None:
+        return recorded
     deadline = time.monotonic() + 60
     while True:
         status, details = run_status(run_id, env, connection, run_dir, wrap)

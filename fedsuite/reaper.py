@@ -1,15 +1,16 @@
 """A run must not outlive its CLI: the parent-death half of ``fedsuite simulate``'s process hygiene.
 
-``fedsuite simulate`` starts a private ``flower-superlink``; Flower detaches ``flower-superexec``
-into a new session, which starts ``flwr-simulation`` and Ray. Killing only the CLI's process group
-(Ctrl-C in some shells, a job scheduler's kill) used to leave all of them running. Two mechanisms:
+``fedsuite simulate`` starts the run's simulation process (``fedsuite.simulation``) in a session of
+its own, and it starts Ray, whose daemons detach further (a test's deployment SuperLink likewise).
+Killing only the CLI's process group (Ctrl-C in some shells, a job scheduler's kill) would leave
+them running. Two mechanisms:
 
 * :func:`die_with_parent` (a ``preexec_fn``): the processes the CLI starts itself get
   ``PR_SET_PDEATHSIG`` (Linux), so the kernel signals them when the CLI dies;
 * :func:`start` launches this module as a small watcher in its own session (so a process-group
   kill does not reach it). It polls the CLI's PID; once the CLI is gone it stops every process
-  whose environment carries the run's private ``FLWR_HOME`` (SuperLink, SuperExec, the
-  simulation, Ray's daemons and workers), discards the private Ray's temporary directory
+  whose environment carries the run's private ``FLWR_HOME`` (the simulation process, Ray's
+  daemons and workers; a SuperLink and its children), discards the private Ray's temporary directory
   (:func:`discard_ray_tmpdir`), then exits. After a normal run the CLI stops it.
 
 This module imports only the standard library and psutil, so the watcher starts fast and small.

@@ -1,5 +1,6 @@
-"""Shared fixtures. ``simulate`` runs a REAL Flower simulation (private SuperLink, ``flwr run``,
-Ray-backed virtual clients) through ``fedsuite.launch`` and returns its run directory's contents.
+"""Shared fixtures. ``simulate`` runs a REAL Flower simulation (Flower's Simulation Engine with the
+ServerApp and Ray-backed virtual clients, in its own process) through ``fedsuite.launch`` and
+returns its run directory's contents.
 
 A simulation costs ~20-30 s of fixed start-up on 2 cores, so results are cached per test session
 by config: tests that compare the same runs (e.g. "X with its knob at 0 equals FedAvg") share them.
@@ -125,21 +126,10 @@ def worker_ray_cluster(tmp_path_factory, worker_id):
 
 
 @pytest.fixture(scope="session")
-def worker_superlink(tmp_path_factory, worker_ray_cluster):
-    """One simulation SuperLink (and its SuperExec) per xdist worker, on the worker's Ray cluster:
-    the ``simulate`` fixture's CPU runs are submitted to it one after another
-    (``launch.simulate(..., superlink=...)``) instead of each starting its own, which saves ~4 s of
-    CPU a run. The product's per-run SuperLink stays covered by every CLI-driven test."""
-    with launch.private_superlink(tmp_path_factory.mktemp("superlink"), ray_address=worker_ray_cluster) as link:
-        yield link
-
-
-@pytest.fixture(scope="session")
-def simulate(tmp_path_factory, data_root, worker_ray_cluster, worker_superlink):
+def simulate(tmp_path_factory, data_root, worker_ray_cluster):
     """simulate(**overrides) -> SimResult; overrides are RunConfig keys (dotted for sections).
     ``expect_failure=True``: the run must end failed (the result holds what it left behind).
-    CPU runs go to this worker's SuperLink and Ray cluster (``worker_superlink``) unless
-    ``ray_address`` is given."""
+    CPU runs join this worker's Ray cluster (``worker_ray_cluster``) unless ``ray_address`` is given."""
     cache: dict[str, SimResult] = {}
     base = tmp_path_factory.mktemp("runs")
 
@@ -151,8 +141,7 @@ def simulate(tmp_path_factory, data_root, worker_ray_cluster, worker_superlink):
         on_cpu = not values.get("num_gpus") and values.get("device", "cpu") == "cpu"  # the node has no GPU
         cfg = build_config(values={"ray_address": worker_ray_cluster, **values} if on_cpu else values)
         run_dir = base / f"run{len(cache):03d}"
-        shared = on_cpu and cfg.ray_address == worker_ray_cluster
-        outcome = launch.simulate(cfg, run_dir, superlink=worker_superlink if shared else None)
+        outcome = launch.simulate(cfg, run_dir)
         error = (run_dir / "error.txt").read_text() if (run_dir / "error.txt").exists() else outcome.details
         if expect_failure:
             assert not outcome.ok, f"simulation was expected to fail but ended {outcome.status}"

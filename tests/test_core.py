@@ -279,7 +279,7 @@ def test_every_method_sends_the_same_round_after_a_resume(tmp_path):
 
 
 def test_simulation_grid_checks_for_replies_every_10_ms():
-    """The ServerApp tunes Flower's in-memory grid (built here as ``flwr-simulation`` builds it): the
+    """The ServerApp tunes Flower's in-memory grid (built here as Flower's simulation engine builds it): the
     attribute it sets is the one ``send_and_receive`` sleeps on, so a Flower change cannot make the
     tuning a silent no-op."""
     import importlib
@@ -296,15 +296,3 @@ def test_simulation_grid_checks_for_replies_every_10_ms():
     assert "time.sleep(self.pull_interval)" in inspect.getsource(InMemoryGrid.send_and_receive)
     tune_grid(grid)
     assert grid.pull_interval == SIMULATION_PULL_INTERVAL_S == 0.01
-
-
-def test_a_shared_superlink_refuses_a_run_for_another_ray_cluster(tmp_path, data_root):
-    """``launch.simulate(superlink=...)`` submits to a running SuperLink whose runs join one Ray
-    cluster; a run that asks for another is refused before anything is written."""
-    from fedsuite import launch
-
-    cfg = build_config(values={"data_root": str(data_root), "ray_address": "127.0.0.1:1"})
-    link = ({"RAY_ADDRESS": "127.0.0.1:2", "FLWR_HOME": str(tmp_path / ".flwr")}, launch.CONNECTION)
-    with pytest.raises(launch.LaunchError, match="127.0.0.1:2"):
-        launch.simulate(cfg, tmp_path / "run", superlink=link)
-    assert not (tmp_path / "run").exists()

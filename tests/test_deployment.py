@@ -20,7 +20,7 @@ from tests.conftest import deployment_app
 def test_two_supernodes_train_two_rounds(tmp_path, data_root):
     _, run_dir, app_dir = deployment_app(tmp_path, data_root, rounds=2)
     nodes: list[subprocess.Popen] = []
-    with launch.private_superlink(run_dir, simulation=False) as (env, connection):
+    with launch.private_superlink(run_dir) as (env, connection):
         address = (run_dir / ".flwr" / "config.toml").read_text().split('address = "')[1].split('"')[0]
         nodes += [start_supernode(run_dir, env, address, pid, 2) for pid in range(2)]
         run_to_completion(app_dir, env, connection, run_dir, nodes)
@@ -39,7 +39,7 @@ def run_to_completion(app_dir: Path, env: dict[str, str], connection, run_dir: P
     """Submit the app, follow it to its end, stop every SuperNode in ``nodes`` by PID (also those
     ``on_progress`` appends), and assert the run completed."""
     try:
-        run_id = launch.submit(app_dir, env, connection, federation_config=None)
+        run_id = launch.submit(app_dir, env, connection)
         launch.follow(run_id, env, connection, run_dir, on_progress=on_progress)
         status, details = launch.final_status(run_id, env, connection, run_dir)
     finally:
@@ -95,7 +95,7 @@ def test_dead_restarted_and_hung_clients_on_the_deployment_engine(tmp_path, data
     assert stragglers == [(0, 6)]  # the seed was chosen for this
     nodes: list[subprocess.Popen] = []
     events: dict[str, int] = {}
-    with launch.private_superlink(run_dir, simulation=False) as (env, connection):
+    with launch.private_superlink(run_dir) as (env, connection):
         address = (run_dir / ".flwr" / "config.toml").read_text().split('address = "')[1].split('"')[0]
         nodes += [start_supernode(run_dir, env, address, pid, 2) for pid in range(2)]
 

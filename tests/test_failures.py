@@ -131,3 +131,32 @@ def test_failures_below_the_bound_are_counted_and_never_averaged(simulate):
     assert res.summary["status"] == "completed" and res.summary["failed_replies"] == total
     assert res.summary["rounds_with_failures"] == sum(1 for v in expected.values() if v)
     assert all(np.isfinite(a).all() for a in res.arrays.values() if np.issubdtype(a.dtype, np.floating))
+
+
+def test_a_simulation_process_that_dies_before_the_serverapp_records_anything_fails_the_run(tmp_path, monkeypatch):
+    """The run's outcome does not depend on the ServerApp getting to write ``summary.json``: a
+    simulation process that ends early (here its app's config is made invalid after the launcher
+    wrote it, so the process raises before Ray starts) is a failed run naming the exit code."""
+    from fedsuite import launch
+
+    cfg = build_config(values={**FAST, "data_root": str(tmp_path / "data")})
+    run_dir = (tmp_path / "run").resolve()
+    write_app = launch.write_app
+
+    def write_broken_app(app_dir, cfg, run_dir):
+        write_app(app_dir, cfg, run_dir)
+        toml = app_dir / "pyproject.toml"
+        toml.write_text(toml.read_text().replace('strategy = "fedavg"', 'strategy = "no-such-method"'))
+
+    monkeypatch.setattr(launch, "write_app", write_broken_app)
+    outcome = launch.simulate(cfg, run_dir)
+    assert not outcome.ok and outcome.status == "finished:failed"
+    assert "exited with code 1 before the ServerApp recorded an outcome" in outcome.details
+    assert "no-such-method" in (run_dir / "flower.log").read_text()  # the reason, in the run's log
+    assert not (run_dir / "summary.json").exists()
+
+
+def test_the_simulation_process_refuses_a_missing_app_folder(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fedsuite.simulation", str(tmp_path / "none")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "usage: python -m fedsuite.simulation APP_DIR" in proc.stderr

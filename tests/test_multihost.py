@@ -191,7 +191,7 @@ def test_federation_across_network_namespaces(tmp_path, data_root, network):
         procs.append((cli_noca, None))
 
         wrap = net.wrap("user")
-        run_id = launch.submit(app_dir, env["user"], "fed", federation_config=None, wrap=wrap)
+        run_id = launch.submit(app_dir, env["user"], "fed", wrap=wrap)
         rogue_code, noca_code = wait_exit(rogue, 60), wait_exit(noca, 60)
         cli_noca_out, _ = cli_noca.communicate(timeout=60)
         # a refused SuperNode leaves its detached SuperExec retrying: stop it now, by its FLWR_HOME

@@ -111,7 +111,7 @@ def test_offline_default_starts_repeatedly(tmp_path, strategy):
 
 
 def test_watchdog_fails_a_run_without_progress_and_stops_it(tmp_path):
-    # start-up takes seconds (SuperExec, Ray, actors): with a 1 s watchdog the run stalls "during start-up"
+    # start-up takes seconds (Ray, actors): with a 1 s watchdog the run stalls "during start-up"
     out = tmp_path / "runs"
     proc = subprocess.run([str(FEDSUITE), "simulate", "--num-clients", "4", "--clients-per-round", "2",
                            "--rounds", "1", "--output-dir", str(out), "--run-name", "stall",
@@ -164,11 +164,11 @@ def test_killing_the_cli_process_group_stops_the_whole_run(tmp_path):
             assert cli.poll() is None, "the run ended before it could be killed"
             assert time.monotonic() < deadline, "the run did not reach round 1"
             time.sleep(0.5)
-        names = {" ".join(p.cmdline()[:2]) for p in _marked(flwr_home)}
+        names = {" ".join(p.cmdline()[:3]) for p in _marked(flwr_home)}
         ray_tmpdirs = {p.environ().get("RAY_TMPDIR") for p in _marked(flwr_home)} - {None}
         assert len(ray_tmpdirs) == 1, ray_tmpdirs  # the private Ray lives in one directory of this run
-        assert any("flower-superlink" in n for n in names), names
-        assert any("flower-superexec" in n for n in names), names
+        assert any("fedsuite.simulation" in n for n in names), names  # the ServerApp and Flower's engine
+        assert any("raylet" in n or "gcs_server" in n for n in names), names  # the private Ray's daemons
         os.killpg(cli.pid, signal.SIGKILL)  # what a job scheduler does: the CLI gets no say
         cli.wait(timeout=10)
         survivors = _wait_gone(flwr_home, 60)

@@ -1,0 +1,94 @@
+"""The simulation process of one run: Flower's Simulation Engine and the ServerApp, in one process.
+
+``python -m fedsuite.simulation APP_DIR`` is what ``fedsuite simulate`` starts (``fedsuite.launch``)
+for a run whose thin Flower app (``launch.write_app``) is ``APP_DIR``. It does what Flower's own
+``flwr-simulation`` does once the SuperLink has handed it a run: it reads the app's config, then
+calls Flower's Simulation Engine (``flwr.simulation.run_simulation._run_simulation``, the function
+``flwr-simulation`` calls), which starts the ServerApp in a thread and the ClientApps as Ray actors
+(a private Ray, or the cluster named by ``RAY_ADDRESS``). Same engine, same apps, same contexts
+(``context.run_config`` is the app's config, ``context.node_config`` holds ``partition-id``).
+
+What it leaves out is the control plane a simulation does not need: a SuperLink, SuperExec,
+``flwr run``, ``flwr log`` and ``flwr list`` (five processes and about 5 s of start-up on 2 cores,
+``benchmarks/README.md``). The run's outcome is the ServerApp's ``summary.json`` and this process's
+exit code (0 completed; 1 the ServerApp or the engine raised, traceback in ``error.txt`` and on
+stderr); its log is its stdout, which the launcher writes to ``<run>/flower.log``.
+
+The Deployment Engine (real SuperNodes) keeps Flower's SuperLink path: ``flwr run`` against it.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+#: Flower's run id for a simulation that no SuperLink registered (any positive 64-bit value works;
+#: node ids are drawn at random per run by the engine)
+RUN_ID = 1
+
+
+def backend_config(cfg) -> dict:
+    """Flower's Ray backend settings for ``cfg``: one ClientApp actor per ``num_cpus`` cores (and
+    ``num_gpus`` GPU share), Ray quiet (errors only, client prints not forwarded)."""
+    return {
+        "client_resources": {"num_cpus": int(cfg.num_cpus), "num_gpus": float(cfg.num_gpus)},
+        "init_args": {"logging_level": "ERROR", "log_to_driver": False},
+    }
+
+
+def run(app_dir: Path) -> None:
+    """Run the app in ``app_dir`` on Flower's Simulation Engine; returns when the ServerApp has ended,
+    raises what the ServerApp or the engine raised."""
+    from flwr.app import Context, RecordDict
+    from flwr.common.config import get_fused_config_from_dir
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supercore.telemetry import EventType
+
+    from fedsuite.runtime import split_run_config
+
+    run_config = get_fused_config_from_dir(app_dir, {})
+    cfg, _ = split_run_config(dict(run_config))
+    flower_run = Run.create_empty(run_id=RUN_ID)
+    flower_run.primary_task_id = 1
+    flower_run.federation_id = NOOP_FEDERATION_ID
+    # the identity the ServerApp's messages are sent under: the SuperLink's node, as in flwr-simulation
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, RUN_ID, SUPERLINK_NODE_ID
+    context = Context(run_id=RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
+                      run_config=run_config)
+    _run_simulation(
+        num_supernodes=cfg.num_clients, exit_event=EventType.FLWR_SIMULATION_RUN_LEAVE,
+        server_app_attr="fedsuite.server_app:app", client_app_attr="fedsuite.client_app:app",
+        backend_config=backend_config(cfg), app_dir=str(app_dir), run=flower_run,
+        server_app_context=context, is_app=True,
+    )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or not Path(argv[0]).is_dir():
+        print("usage: python -m fedsuite.simulation APP_DIR (a run's app folder, fedsuite.launch.write_app)",
+              file=sys.stderr)
+        return 2
+    try:
+        run(Path(argv[0]).resolve())
+    except BaseException:  # the ServerApp wrote error.txt and summary.json (failed) where it could
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # the run's results are on disk: leave without Ray's orderly shutdown (seconds on 2 cores); the
+    # launcher stops the private Ray's daemons, and a shared cluster ends this driver's actors itself
+    import os
+
+    os._exit(code)
