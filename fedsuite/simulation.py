@@ -19,7 +19,9 @@ The Deployment Engine (real SuperNodes) keeps Flower's SuperLink path: ``flwr ru
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -28,18 +30,52 @@ from pathlib import Path
 RUN_ID = 1
 
 
+#: ``ray.init`` arguments: Ray quiet (errors only, client prints not forwarded), no dashboard
+RAY_INIT_ARGS = {"logging_level": "ERROR", "log_to_driver": False, "include_dashboard": False}
+
+
 def backend_config(cfg) -> dict:
     """Flower's Ray backend settings for ``cfg``: one ClientApp actor per ``num_cpus`` cores (and
-    ``num_gpus`` GPU share), Ray quiet (errors only, client prints not forwarded)."""
+    ``num_gpus`` GPU share)."""
     return {
         "client_resources": {"num_cpus": int(cfg.num_cpus), "num_gpus": float(cfg.num_gpus)},
-        "init_args": {"logging_level": "ERROR", "log_to_driver": False},
+        "init_args": dict(RAY_INIT_ARGS),
     }
+
+
+def start_ray() -> None:
+    """Start a private Ray (or join the cluster ``RAY_ADDRESS`` names) as Flower's ``RayBackend``
+    would, with the same arguments; the backend then finds Ray initialised and uses it. Called
+    first, so Ray's start (about 2.5 s on 2 cores, most of it waiting for its daemons) overlaps this
+    process's imports instead of following them."""
+    import ray
+
+    # as RayBackend.init_ray: actors import what this driver can (the fedsuite on PYTHONPATH)
+    pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    os.environ["PYTHONPATH"] = pythonpath
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **RAY_INIT_ARGS)
+
+
+def import_apps() -> None:
+    """Import what the run needs (Flower's engine, the ServerApp, the ClientApp): in a thread, while
+    the main thread starts Ray. An import that fails here fails again, loudly, where it is used."""
+    try:
+        import flwr.simulation.run_simulation  # noqa: F401
+
+        import fedsuite.client_app  # noqa: F401
+        import fedsuite.server_app  # noqa: F401
+    except Exception:  # re-raised by the same import in run()
+        pass
 
 
 def run(app_dir: Path) -> None:
     """Run the app in ``app_dir`` on Flower's Simulation Engine; returns when the ServerApp has ended,
     raises what the ServerApp or the engine raised."""
+    importer = threading.Thread(target=import_apps, name="import-apps", daemon=True)
+    importer.start()
+    start_ray()
+    importer.join()
+
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir
     from flwr.common.constant import SUPERLINK_NODE_ID
@@ -89,6 +125,4 @@ if __name__ == "__main__":
     sys.stderr.flush()
     # the run's results are on disk: leave without Ray's orderly shutdown (seconds on 2 cores); the
     # launcher stops the private Ray's daemons, and a shared cluster ends this driver's actors itself
-    import os
-
     os._exit(code)

@@ -296,3 +296,20 @@ def test_simulation_grid_checks_for_replies_every_10_ms():
     assert "time.sleep(self.pull_interval)" in inspect.getsource(InMemoryGrid.send_and_receive)
     tune_grid(grid)
     assert grid.pull_interval == SIMULATION_PULL_INTERVAL_S == 0.01
+
+
+def test_the_simulation_process_starts_ray_as_flowers_backend_would():
+    """``fedsuite.simulation.start_ray`` starts Ray before Flower's ``RayBackend`` is built, with the
+    backend's own arguments, so Ray's start overlaps the process's imports. That is only a head start
+    if the backend then uses the running Ray instead of starting another: a Flower change that drops
+    the check, or a backend config whose init arguments differ from ours, fails here."""
+    import inspect
+
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    from fedsuite.simulation import RAY_INIT_ARGS, backend_config
+
+    assert "if not ray.is_initialized():" in inspect.getsource(RayBackend.init_ray)
+    cfg = build_config(values={"num_cpus": 2, "num_gpus": 0.5})
+    assert backend_config(cfg) == {"client_resources": {"num_cpus": 2, "num_gpus": 0.5},
+                                   "init_args": RAY_INIT_ARGS}
