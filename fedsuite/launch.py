@@ -46,8 +46,8 @@ CONNECTION = "fedsuite"
 
 #: SIGTERM-to-SIGKILL grace when a run's processes are stopped. Everything a run produces is on disk
 #: before its processes are stopped (checkpoint and rows written atomically, summary.json last), so
-#: nothing is lost by not waiting for Flower's own teardown (flwr-simulation shutting Ray down took
-#: 4.5 s of every run's wall time on 2 cores).
+#: nothing is lost by not waiting for Flower's own teardown (shutting Ray down took 4.5 s of every
+#: run's wall time on 2 cores).
 STOP_GRACE_S = 1.0
 
 
@@ -87,14 +87,15 @@ def flower_env(flwr_home: Path, ray_address: str | None = None, ray_tmpdir: Path
         "RAY_DEDUP_LOGS": "0",
         "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": str(2 * 1024**3),
         "PYTHONUNBUFFERED": "1",
-        # numpy's OpenBLAS single-threaded in Flower's processes: flwr-simulation runs the ServerApp
-        # thread while Ray forks its daemons, and OpenBLAS's at-fork handler can then leave a
+        # numpy's OpenBLAS single-threaded in Flower's processes: the simulation process runs the
+        # ServerApp thread while Ray forks its daemons, and OpenBLAS's at-fork handler can then leave a
         # threaded BLAS call in another thread spinning forever (issue 16, item 1)
         "OPENBLAS_NUM_THREADS": "1",
     })
     # deterministic cuBLAS (torch.use_deterministic_algorithms needs it on CUDA); no effect on CPU
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    # Flower starts flower-superexec / flwr-simulation by name: put this environment's scripts first
+    # Flower's processes start others by name (flower-superexec, flwr-serverapp; Ray its workers):
+    # put this environment's scripts first
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     # the subprocesses must import this very fedsuite (a checkout or an installed package)
     root = str(Path(__file__).resolve().parent.parent)
@@ -143,8 +144,8 @@ def write_connection(flwr_home: Path, address: str, root_certificates: Path | No
 
 def process_tree(proc: subprocess.Popen, marker_env: tuple[str, str] | None = None) -> list[psutil.Process]:
     """``proc``, its descendants and any process whose environment carries ``marker_env`` (our
-    private ``FLWR_HOME``: SuperExec, which Flower detaches into a new session, and Ray daemons
-    re-parented to init)."""
+    private ``FLWR_HOME``: Ray daemons re-parented to init, and a SuperLink's SuperExec, which Flower
+    detaches into a new session)."""
     procs: dict[int, psutil.Process] = {}
     try:
         root = psutil.Process(proc.pid)

@@ -1,9 +1,9 @@
 """Running a simulation's virtual clients on an existing Ray cluster (``ray_address``).
 
-Flower's Simulation Engine calls ``ray.init()`` in its simulation process; with ``RAY_ADDRESS`` set
+The run's simulation process (``fedsuite.simulation``) calls ``ray.init()``; with ``RAY_ADDRESS`` set
 in that process's environment (``fedsuite.launch.flower_env``), Ray connects to the cluster there
 instead of starting a private one, and the ClientApp actors are placed on the cluster's nodes. The
-ServerApp and the SuperLink stay on the machine that runs ``fedsuite simulate``.
+ServerApp stays on the machine that runs ``fedsuite simulate``.
 
 Before a run starts, :func:`check_cluster` connects once from the command line and turns Ray's and
 Flower's late, long errors into one line each:

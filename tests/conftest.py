@@ -2,7 +2,7 @@
 ServerApp and Ray-backed virtual clients, in its own process) through ``fedsuite.launch`` and
 returns its run directory's contents.
 
-A simulation costs ~20-30 s of fixed start-up on 2 cores, so results are cached per test session
+A simulation costs ~10 s of fixed start-up on 2 cores (~20 CPU-seconds), so results are cached per test session
 by config: tests that compare the same runs (e.g. "X with its knob at 0 equals FedAvg") share them.
 Use ``FAST`` settings unless a test needs more.
 """

@@ -1,11 +1,11 @@
-"""Every registered method runs end to end: a real Flower simulation (private SuperLink, Ray
-clients) of at least 2 rounds with its default knobs, for each name in ``fedsuite.registry.methods()``,
+"""Every registered method runs end to end: a real Flower simulation (Flower's Simulation Engine,
+Ray clients) of at least 2 rounds with its default knobs, for each name in ``fedsuite.registry.methods()``,
 so a new method is covered the moment it registers (with ``E2E``, minimal settings). Each run must
 complete (the ``simulate`` fixture also fails a run with any failed or dropped client reply) and write
 one metrics.jsonl line per round plus round 0, with a finite test accuracy in every line, and a
 checkpoint of the last round.
 
-A simulation costs ~20-30 s of start-up, so a method whose own test file already runs it with its
+A simulation costs ~10 s of start-up, so a method whose own test file already runs it with its
 default knobs for >= 2 rounds reuses that run: the same overrides (imported from that file where it
 defines them) in that file's xdist group, whose worker's session cache then holds one simulation for
 both tests (``SHARED``). Sharing is an optimisation only: if a file changes its config, the run here

@@ -1,8 +1,9 @@
 """``--resume`` is exact (issue 16 items 2-4).
 
 * A run of a method with per-client state (SCAFFOLD, FedDyn, FedInit in client-state mode), killed
-  with SIGKILL (the whole process tree: CLI, SuperLink, ServerApp, and the private Ray of the
-  FedInit run; the others run on the xdist worker's Ray node, whose job the kill ends) at a seeded
+  with SIGKILL (the whole process tree: CLI, the simulation process with the ServerApp, and the
+  private Ray of the FedInit run; the others run on the xdist worker's Ray node, whose job the kill
+  ends) at a seeded
   point in the middle of a round, then continued with ``fedsuite simulate --resume``, ends with the same metrics
   (all but wall-clock) and the same global model and client state, bit for bit, as the run that was
   never interrupted.
