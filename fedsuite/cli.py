@@ -123,12 +123,9 @@ def simulate(
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     if not outcome.ok:
-        err = run_dir / "error.txt"
-        if "failure" in summary:
-            detail = summary["failure"]["message"]
-        else:
-            detail = err.read_text().strip().splitlines()[-1] if err.is_file() else outcome.details
-            detail = flower_log_reason(run_dir) or detail
+        # outcome.details: the failed replies' message, error.txt's last line, or the process's exit
+        # code; a failure Flower logged is more telling than the last two
+        detail = outcome.details if "failure" in summary else (flower_log_reason(run_dir) or outcome.details)
         fail(f"run {outcome.status}: {detail} (logs: {run_dir / 'flower.log'})", code=1)
     acc = summary.get("final_accuracy")
     failed = summary.get("failed_replies", 0)

@@ -136,7 +136,8 @@ def test_failures_below_the_bound_are_counted_and_never_averaged(simulate):
 def test_a_simulation_process_that_dies_before_the_serverapp_records_anything_fails_the_run(tmp_path, monkeypatch):
     """The run's outcome does not depend on the ServerApp getting to write ``summary.json``: a
     simulation process that ends early (here its app's config is made invalid after the launcher
-    wrote it, so the process raises before Ray starts) is a failed run naming the exit code."""
+    wrote it, so the process raises once Ray has started, before the ServerApp runs) is a failed
+    run naming the exit code."""
     from fedsuite import launch
 
     cfg = build_config(values={**FAST, "data_root": str(tmp_path / "data")})
