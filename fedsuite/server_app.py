@@ -1,9 +1,11 @@
 """fedsuite's Flower ServerApp (Message API). The same app runs in simulation and deployment.
 
-1. read the config from the run config, load the dataset (test split for central evaluation);
-2. handshake: one QUERY to every node maps Flower node ids to partition ids (the strategy re-maps
-   before every round, so a SuperNode that reconnects under a new node id gets work again);
-3. build w^0 from the seed and the method's strategy (its ``ServerSetup.evaluate`` is this app's
+1. read the config from the run config; send the handshake (``Handshake``: one QUERY to every node,
+   which maps Flower node ids to partition ids; the strategy re-maps before every round, so a
+   SuperNode that reconnects under a new node id gets work again);
+2. while the clients start and answer, load the dataset (test split for central evaluation), build
+   w^0 from the seed and the central evaluator; then collect the handshake's replies;
+3. build the method's strategy (its ``ServerSetup.evaluate`` is this app's
    central evaluation, ``fedsuite.training.arrays_evaluator``); log the method's warnings for this
    config (``MethodSpec.risks``); resume from ``checkpoint.pt`` if present;
 4. ``strategy.start`` runs the rounds; after each round the global model is evaluated centrally
@@ -73,15 +75,18 @@ def main(grid: Grid, context: Context) -> None:
 
 def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> None:
     t0 = time.perf_counter()
+    # the queries go out first: the clients start (Ray actors import torch and the ClientApp) while
+    # this process loads the data and builds the model
+    handshake = Handshake(grid, cfg.num_clients)
     bundle = runtime.load_bundle(cfg)
     device = runtime.device_for(cfg)
-    timing["data_s"] = time.perf_counter() - t0
-    node_to_pid = handshake(grid, cfg.num_clients)
-    timing["handshake_s"] = time.perf_counter() - t0 - timing["data_s"]
     initial = initial_arrays(cfg, bundle)
     evaluate_arrays = arrays_evaluator(make_model(cfg, bundle).to(device), bundle.x_test.to(device),
                                        bundle.y_test.to(device), bundle, cfg.eval_batch_size,
                                        num_threads=evaluation_threads(cfg))
+    timing["data_s"] = time.perf_counter() - t0
+    node_to_pid = handshake.partition_ids()
+    timing["handshake_s"] = time.perf_counter() - t0 - timing["data_s"]  # the wait beyond data_s
     setup = ServerSetup(
         cfg=cfg, node_to_pid=node_to_pid, initial=initial, run_dir=run_dir,
         build_model=lambda: make_model(cfg, bundle), evaluate=evaluate_arrays,
@@ -107,7 +112,7 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     def after_round(offset_round: int, global_arrays: ArrayRecord) -> MetricRecord | None:
         server_round = start_round + offset_round
         test = {}
-        if offset_round == 0 or cfg.evaluates(server_round):
+        if (offset_round == 0 and start_round == 0) or (offset_round > 0 and cfg.evaluates(server_round)):
             test = evaluate_arrays(to_ndarrays(strategy.evaluation_arrays(global_arrays)))
         now = time.perf_counter()
         if offset_round == 0:
@@ -171,21 +176,41 @@ def tune_grid(grid: Grid) -> None:
         grid.pull_interval = SIMULATION_PULL_INTERVAL_S
 
 
-def handshake(grid: Grid, expected: int) -> dict[int, int]:
-    """Ask every node for its partition id; wait until ``expected`` nodes have connected."""
-    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
-    while len(list(grid.get_node_ids())) < expected:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(list(grid.get_node_ids()))} of {expected} nodes connected")
-        time.sleep(0.5)
-    nodes = sorted(grid.get_node_ids())
-    messages = [Message(RecordDict({}), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
-    mapping = {}
-    for reply in grid.send_and_receive(messages, timeout=HANDSHAKE_TIMEOUT_S):
-        if reply.has_error():
-            raise RuntimeError(f"handshake failed on node {reply.metadata.src_node_id}: {reply.error.reason}")
-        mapping[reply.metadata.src_node_id] = int(reply.content["info"]["partition-id"])
-    pids = sorted(mapping.values())
-    if len(set(pids)) != len(pids):
-        raise RuntimeError(f"two nodes claim the same partition id: {pids}")
-    return mapping
+class Handshake:
+    """One QUERY to every node, answered with its partition id: Flower node id -> partition id.
+
+    Construction waits until ``expected`` nodes have connected and sends the queries;
+    ``partition_ids()`` collects the replies. What the ServerApp does in between overlaps the
+    clients' start."""
+
+    def __init__(self, grid: Grid, expected: int) -> None:
+        self.grid, self.deadline = grid, time.monotonic() + HANDSHAKE_TIMEOUT_S
+        while len(list(grid.get_node_ids())) < expected:
+            if time.monotonic() > self.deadline:
+                raise RuntimeError(f"only {len(list(grid.get_node_ids()))} of {expected} nodes connected")
+            time.sleep(0.5)
+        queries = [Message(RecordDict({}), dst_node_id=n, message_type=MessageType.QUERY)
+                   for n in sorted(grid.get_node_ids())]
+        self.pending = set(grid.push_messages(queries))
+
+    def partition_ids(self) -> dict[int, int]:
+        """Wait for every reply (until ``HANDSHAKE_TIMEOUT_S`` after the start); raise on an error
+        reply, a missing reply or two nodes that claim the same partition."""
+        mapping = {}
+        while self.pending:
+            if time.monotonic() > self.deadline:
+                raise RuntimeError(f"{len(self.pending)} nodes did not answer the handshake within "
+                                   f"{HANDSHAKE_TIMEOUT_S:.0f} s")
+            replies = list(self.grid.pull_messages(self.pending))
+            for reply in replies:
+                if reply.has_error():
+                    raise RuntimeError(f"handshake failed on node {reply.metadata.src_node_id}: "
+                                       f"{reply.error.reason}")
+                mapping[reply.metadata.src_node_id] = int(reply.content["info"]["partition-id"])
+                self.pending.discard(reply.metadata.reply_to_message_id)
+            if self.pending:  # the grid's own pace, as its send_and_receive (HttpGrid: every 3 s)
+                time.sleep(getattr(self.grid, "pull_interval", 3.0))
+        pids = sorted(mapping.values())
+        if len(set(pids)) != len(pids):
+            raise RuntimeError(f"two nodes claim the same partition id: {pids}")
+        return mapping

@@ -278,6 +278,59 @@ def test_every_method_sends_the_same_round_after_a_resume(tmp_path):
         assert all(conf["server-round"] == 4 for _, conf, _ in sent[0]), name
 
 
+PRESTARTED_WORKER_PROBE = """
+import os, sys, time
+import psutil, ray
+from fedsuite.simulation import start_ray
+
+start_ray()
+driver_path = list(sys.path)
+
+def idle_workers():
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and p.cmdline()[:1] == ["ray::IDLE"]}
+
+deadline = time.monotonic() + 60
+while not idle_workers() and time.monotonic() < deadline:
+    time.sleep(0.1)
+prestarted = idle_workers()
+
+@ray.remote(num_cpus=1)
+class Probe:
+    def where(self):
+        return os.getpid(), list(sys.path)
+
+pid, actor_path = ray.get(Probe.remote().where.remote())
+assert prestarted, "Ray prestarted no worker for the driver"
+assert pid in prestarted, f"the actor ran in a new worker {pid}, not one of the prestarted {sorted(prestarted)}"
+missing = [p for p in driver_path if p and p not in actor_path]
+assert not missing, f"the actor cannot import what the driver can: {missing}"
+print("ok")
+"""
+
+
+def test_a_private_rays_actors_run_in_the_workers_it_prestarted():
+    """A private Ray (``fedsuite.simulation.start_ray`` without ``RAY_ADDRESS``) prestarts workers
+    as the driver connects; the ClientApp actors must take those, not leave them idle and wait for
+    new ones (a job ``runtime_env`` does that: 0.6 s later and 0.3 CPU-s per idle worker on 2
+    cores), and must still import what the driver can (``PYTHONPATH``, as Flower's RayBackend)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    ray_tmp = tempfile.mkdtemp(prefix="fsray-")  # short: Ray's socket paths must fit 107 bytes
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_TMPDIR"] = ray_tmp
+    try:
+        probe = subprocess.run([sys.executable, "-c", PRESTARTED_WORKER_PROBE], env=env, cwd=ray_tmp,
+                               capture_output=True, text=True, timeout=240)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert probe.returncode == 0 and probe.stdout.strip().endswith("ok"), probe.stdout + probe.stderr[-3000:]
+
+
 def test_simulation_grid_checks_for_replies_every_10_ms():
     """The ServerApp tunes Flower's in-memory grid (built here as Flower's simulation engine builds it): the
     attribute it sets is the one ``send_and_receive`` sleeps on, so a Flower change cannot make the
