@@ -44,8 +44,9 @@ def timed_cli_run(config: dict, run_dir: Path, timeout_s: float = 3600.0) -> dic
     start to the round-0 row), ``total_s``, ``round_s`` (each round's ``wall_seconds``), the rows and
     the start-up's parts: seconds from the command's start until the CLI had written the run's app
     (``cli_done_s``: imports, the data check) and until the ServerApp started (``serverapp_start_s``:
-    the simulation process's start and imports), then ``summary.json``'s own parts (data, handshake =
-    Ray's start and the actors' start and imports, setup).
+    the simulation process's start, imports and Ray's start), then ``summary.json``'s own parts (data =
+    loading it and building w^0 and the evaluator while the actors start; handshake = the wait for the
+    actors' replies beyond that; setup).
     Raises if the run does not complete."""
     import tomli_w
 
