@@ -297,7 +297,7 @@ def test_fedprox_loss_and_gradient_include_the_proximal_term_to_the_start_point(
     task.model.zero_grad(set_to_none=True)
     loss = FedProxClient().loss(task, x, y)
     numel = sum(p.numel() for p in task.params)
-    assert float(loss.detach()) == pytest.approx(float(ce) + 0.25 * 0.01 * numel, rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(float(ce.detach()) + 0.25 * 0.01 * numel, rel=1e-5)
     loss.backward()
     for n, p in _trainable(task).items():
         torch.testing.assert_close(p.grad, ce_grads[n] + 0.5 * 0.1, rtol=1e-4, atol=1e-6)
