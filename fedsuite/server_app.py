@@ -200,7 +200,7 @@ class Handshake:
         while self.pending:
             if time.monotonic() > self.deadline:
                 raise RuntimeError(f"{len(self.pending)} nodes did not answer the handshake within "
-                                   f"{HANDSHAKE_TIMEOUT_S:.0f} s")
+                                   f"{HANDSHAKE_TIMEOUT_S:g} s")
             replies = list(self.grid.pull_messages(self.pending))
             for reply in replies:
                 if reply.has_error():

@@ -278,6 +278,44 @@ def test_every_method_sends_the_same_round_after_a_resume(tmp_path):
         assert all(conf["server-round"] == 4 for _, conf, _ in sent[0]), name
 
 
+def test_a_node_that_never_answers_the_handshake_fails_the_run(monkeypatch):
+    """The ServerApp's handshake on Flower's in-memory grid with three registered nodes and no engine
+    to answer (built as Flower's simulation builds them): past ``HANDSHAKE_TIMEOUT_S`` it raises,
+    naming how many nodes are missing, instead of going on with a partial node -> partition map."""
+    import importlib
+
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.superlink.grid import InMemoryGrid
+
+    import fedsuite.server_app as server_app
+
+    flower_sim = importlib.import_module("flwr.simulation.run_simulation")
+    vce = importlib.import_module("flwr.server.superlink.fleet.vce.vce_api")
+    factory = flower_sim.LinkStateFactory(flower_sim.FLWR_IN_MEMORY_DB_NAME, flower_sim.NoOpFederationManager(),
+                                          flower_sim.ObjectStoreFactory())
+    run = Run.create_empty(run_id=1)
+    run.primary_task_id, run.federation_id = 1, NOOP_FEDERATION_ID
+    state = factory.state()
+    state.run_ids[1] = flower_sim.RunRecord(run=run)
+    state.task_store[1] = flower_sim.Task(task_id=1, run_id=1)
+    # the identity the ServerApp sends under, as fedsuite.simulation sets it (restored afterwards)
+    for field, value in (("_task_id", 1), ("_run_id", 1), ("_node_id", SUPERLINK_NODE_ID)):
+        monkeypatch.setattr(TaskIdentity, field, value)
+    vce._register_nodes(3, factory)
+    grid = InMemoryGrid(state_factory=factory)
+    grid.set_run(run)
+    server_app.tune_grid(grid)
+    monkeypatch.setattr(server_app, "HANDSHAKE_TIMEOUT_S", 0.5)
+
+    handshake = server_app.Handshake(grid, 3)
+    assert len(handshake.pending) == 3
+    with pytest.raises(RuntimeError, match="3 nodes did not answer the handshake within 0.5 s"):
+        handshake.partition_ids()
+
+
 PRESTARTED_WORKER_PROBE = """
 import os, sys, time
 import psutil, ray
