@@ -63,6 +63,17 @@ def start_ray() -> None:
     ray.init(**runtime_env, **RAY_INIT_ARGS)
 
 
+def use_light_actor() -> None:
+    """Make Flower's Ray backend host the ClientApps in ``fedsuite.ray_actor.ClientAppActor``, the same
+    actor as Flower's without the import of ``flwr.simulation`` in every worker (about 1 CPU-s per
+    actor, see that module). The backend looks the class up in its module when it builds the pool."""
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+
+    from fedsuite.ray_actor import ClientAppActor
+
+    raybackend.ClientAppActor = ClientAppActor
+
+
 def import_apps() -> None:
     """Import what the run needs (Flower's engine, the ServerApp, the ClientApp): in a thread, while
     the main thread starts Ray. An import that fails here fails again, loudly, where it is used."""
@@ -94,6 +105,7 @@ def run(app_dir: Path) -> None:
 
     from fedsuite.runtime import split_run_config
 
+    use_light_actor()
     run_config = get_fused_config_from_dir(app_dir, {})
     cfg, _ = split_run_config(dict(run_config))
     flower_run = Run.create_empty(run_id=RUN_ID)

@@ -319,9 +319,14 @@ def test_a_node_that_never_answers_the_handshake_fails_the_run(monkeypatch):
 PRESTARTED_WORKER_PROBE = """
 import os, sys, time
 import psutil, ray
-from fedsuite.simulation import start_ray
+from flwr.app import Context, Message, RecordDict
+from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+from flwr.supercore.task_identity import TaskIdentity
+from fedsuite.simulation import backend_config, start_ray, use_light_actor
+from fedsuite.config import build_config
 
 start_ray()
+use_light_actor()
 driver_path = list(sys.path)
 
 def idle_workers():
@@ -333,25 +338,35 @@ while not idle_workers() and time.monotonic() < deadline:
     time.sleep(0.1)
 prestarted = idle_workers()
 
-@ray.remote(num_cpus=1)
-class Probe:
-    def where(self):
-        return os.getpid(), list(sys.path)
+def app_fn():  # stands in for the ClientApp: its reply says where it ran and what that worker imported
+    return lambda message, context: (os.getpid(), list(sys.path), sorted(sys.modules))
 
-pid, actor_path = ray.get(Probe.remote().where.remote())
+# Flower's backend, built as its simulation engine builds it, on the running Ray; a message sent
+# under the identity fedsuite.simulation gives the ServerApp
+TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+backend = RayBackend(backend_config(build_config(values={"num_cpus": 1})))
+backend.build(app_fn)
+(pid, actor_path, modules), _ = backend.process_message(
+    Message(RecordDict(), dst_node_id=7, message_type="query"),
+    Context(run_id=1, node_id=7, node_config={"partition-id": 3}, state=RecordDict(), run_config={}))
 assert prestarted, "Ray prestarted no worker for the driver"
 assert pid in prestarted, f"the actor ran in a new worker {pid}, not one of the prestarted {sorted(prestarted)}"
 missing = [p for p in driver_path if p and p not in actor_path]
 assert not missing, f"the actor cannot import what the driver can: {missing}"
+heavy = [m for m in modules if m.split(".")[0] in ("sqlalchemy", "alembic") or m.startswith("flwr.simulation")]
+assert not heavy, f"the actor's worker imported Flower's simulation package and its SQL state: {heavy[:8]}"
 print("ok")
 """
 
 
-def test_a_private_rays_actors_run_in_the_workers_it_prestarted():
+def test_the_clientapp_actors_start_in_the_workers_ray_prestarted_and_import_only_what_clients_need():
     """A private Ray (``fedsuite.simulation.start_ray`` without ``RAY_ADDRESS``) prestarts workers
     as the driver connects; the ClientApp actors must take those, not leave them idle and wait for
     new ones (a job ``runtime_env`` does that: 0.6 s later and 0.3 CPU-s per idle worker on 2
-    cores), and must still import what the driver can (``PYTHONPATH``, as Flower's RayBackend)."""
+    cores), and must still import what the driver can (``PYTHONPATH``, as Flower's RayBackend).
+    The actor Flower's backend builds after ``use_light_actor`` is ``fedsuite.ray_actor``'s: it
+    passes the app's reply through, and its worker never imports ``flwr.simulation`` (whose
+    ``__init__`` pulls in SQLAlchemy and Alembic, about 1 CPU-s per actor)."""
     import os
     import shutil
     import subprocess
@@ -367,6 +382,40 @@ def test_a_private_rays_actors_run_in_the_workers_it_prestarted():
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert probe.returncode == 0 and probe.stdout.strip().endswith("ok"), probe.stdout + probe.stderr[-3000:]
+
+
+def test_fedsuites_clientapp_actor_runs_a_clientapp_as_flowers_does():
+    """``fedsuite.ray_actor.ClientAppActor`` stands in for Flower's in the Ray backend: on the same
+    call, both return the same triple, wrap an app's error in the same ``ClientAppException`` and
+    let a ``LoadClientAppError`` through (the engine tells the two apart)."""
+    from flwr.clientapp.client_app import ClientAppException, LoadClientAppError
+    from flwr.simulation.ray_transport.ray_actor import ClientAppActor as FlowerActor
+
+    from fedsuite.ray_actor import ClientAppActor
+
+    ours, flowers = ClientAppActor.__ray_actor_class__(), FlowerActor.__ray_actor_class__()
+
+    def replying():
+        return lambda message, context: ("reply to", message, context)
+
+    def failing():
+        def app(message, context):
+            raise ValueError(f"no partition {context}")
+        return app
+
+    def unloadable():
+        raise LoadClientAppError("no such app")
+
+    assert ours.run(replying, "msg", "3", "ctx") == flowers.run(replying, "msg", "3", "ctx") == (
+        "3", ("reply to", "msg", "ctx"), "ctx")
+    raised = []
+    for actor in (ours, flowers):
+        with pytest.raises(ClientAppException) as info:
+            actor.run(failing, "msg", "3", "ctx")
+        raised.append((str(info.value), type(info.value.__cause__)))
+        with pytest.raises(LoadClientAppError, match="no such app"):
+            actor.run(unloadable, "msg", "3", "ctx")
+    assert raised[0] == raised[1] and raised[0][1] is ValueError and "no partition ctx" in raised[0][0]
 
 
 def test_simulation_grid_checks_for_replies_every_10_ms():
