@@ -53,14 +53,37 @@ def start_ray() -> None:
     ``PYTHONPATH``). A private Ray's raylet is this process's child and its workers inherit
     ``os.environ``, so no job ``runtime_env`` is needed: with one, Ray leaves the workers it
     prestarts for the job idle and starts new ones for the actors (0.6 s later, and 0.3 CPU-s
-    each wasted on 2 cores). A cluster's workers on other machines get the path by ``runtime_env``."""
+    each wasted on 2 cores). A cluster's workers on other machines get the path by ``runtime_env``.
+
+    A private Ray starts without its API server (:func:`without_api_server`)."""
     import ray
 
     pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
     os.environ["PYTHONPATH"] = pythonpath
     joins_cluster = bool(os.environ.get("RAY_ADDRESS"))
     runtime_env = {"runtime_env": {"env_vars": {"PYTHONPATH": pythonpath}}} if joins_cluster else {}
+    if not joins_cluster:
+        without_api_server()
     ray.init(**runtime_env, **RAY_INIT_ARGS)
+
+
+def without_api_server() -> None:
+    """Make this process's private Ray start without its API server.
+
+    With ``include_dashboard=False`` Ray still starts its dashboard process as an "API server" that
+    loads only the usage-statistics module (ray-project/ray#26042), and ``ray.init`` waits until
+    that process has published its address: 0.5-1.4 s of every start on 2 cores (``benchmarks/
+    README.md``), and 0.6 CPU-s. Nothing in a simulation uses it (job submission, the state API and
+    usage statistics are its only clients), so the node's ``start_api_server`` step is skipped; Ray
+    treats that as an API server that failed to start, which it tolerates when the dashboard was
+    not asked for. A cluster joined with ``RAY_ADDRESS`` is left as it was started."""
+    from ray._private.node import Node
+
+    Node.start_api_server = skip_api_server
+
+
+def skip_api_server(node, *, include_dashboard, raise_on_failure) -> None:
+    """``ray._private.node.Node.start_api_server`` for a simulation's private Ray: starts nothing."""
 
 
 def use_light_actor() -> None:

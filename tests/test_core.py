@@ -337,6 +337,7 @@ deadline = time.monotonic() + 60
 while not idle_workers() and time.monotonic() < deadline:
     time.sleep(0.1)
 prestarted = idle_workers()
+ray_processes = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
 
 def app_fn():  # stands in for the ClientApp: its reply says where it ran and what that worker imported
     return lambda message, context: (os.getpid(), list(sys.path), sorted(sys.modules))
@@ -355,6 +356,8 @@ missing = [p for p in driver_path if p and p not in actor_path]
 assert not missing, f"the actor cannot import what the driver can: {missing}"
 heavy = [m for m in modules if m.split(".")[0] in ("sqlalchemy", "alembic") or m.startswith("flwr.simulation")]
 assert not heavy, f"the actor's worker imported Flower's simulation package and its SQL state: {heavy[:8]}"
+api_server = [c for c in ray_processes if "dashboard/dashboard.py" in c]
+assert any("raylet" in c for c in ray_processes) and not api_server, f"Ray started its API server: {api_server}"
 print("ok")
 """
 
@@ -366,7 +369,8 @@ def test_the_clientapp_actors_start_in_the_workers_ray_prestarted_and_import_onl
     cores), and must still import what the driver can (``PYTHONPATH``, as Flower's RayBackend).
     The actor Flower's backend builds after ``use_light_actor`` is ``fedsuite.ray_actor``'s: it
     passes the app's reply through, and its worker never imports ``flwr.simulation`` (whose
-    ``__init__`` pulls in SQLAlchemy and Alembic, about 1 CPU-s per actor)."""
+    ``__init__`` pulls in SQLAlchemy and Alembic, about 1 CPU-s per actor). And the private Ray runs
+    without the API server ``ray.init`` would otherwise start and wait for."""
     import os
     import shutil
     import subprocess
