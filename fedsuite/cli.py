@@ -1,7 +1,8 @@
 """The ``fedsuite`` command: simulate, list, partition, report, reproduce, certs.
 
-User errors (bad config, unknown names, missing data) print one line and exit with code 2, before
-any run directory is created.
+User errors (bad config, unknown names, missing data) print one line and exit with code 2, and
+leave no run directory behind (the data check runs while the simulation process starts, see
+``launch.simulate``; a run it refuses is removed with everything it started).
 """
 
 from __future__ import annotations
@@ -81,14 +82,8 @@ def simulate(
         if resume:  # the run's record is the base; the command line may change only RESUME_MUTABLE
             cfg = resume_config(cfg, config, set_, values)
         check_hardware(cfg)
-        bundle = runtime.load_bundle(cfg)  # fail early on missing data, before any directory exists
-        runtime.client_indices(cfg, bundle, 0)
     except ConfigError as exc:
         fail(str(exc))
-    except Exception as exc:  # data errors from loaders and partitioners are user errors too
-        if exc.__class__.__name__ in ("DatasetError", "ValueError"):
-            fail(str(exc))
-        raise
 
     # a SIGTERM (e.g. from `timeout` or a job scheduler) must still stop the processes we start
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -97,29 +92,51 @@ def simulate(
         fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
     check_writable_folder(run_dir.parent, "output_dir")
 
-    console.print(f"[bold]fedsuite[/] {cfg.strategy} on {cfg.dataset} ({cfg.partitioner}), "
-                  f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds -> {run_dir}")
-    for risk in cfg.method.risks(cfg):
-        console.print(f"[yellow]warning:[/] {risk}")
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
-        task = progress.add_task("starting Flower", total=cfg.rounds)
-
-        def on_progress(rows: list[dict[str, Any]]) -> None:
-            done = [r for r in rows if r["round"] > 0]
-            accs = [r["test_accuracy"] for r in rows if r.get("test_accuracy") is not None]
-            desc = f"round {done[-1]['round']}/{cfg.rounds}" if done else "starting Flower"
-            if accs:
-                desc += f"  acc {100 * accs[-1]:.2f}%"
-            failed = sum(r.get("failed", 0) or 0 for r in done)
-            if failed:
-                desc += f"  [yellow]{failed} failed replies[/]"
-            progress.update(task, completed=done[-1]["round"] if done else 0, description=desc)
-
+    def check_data() -> None:
+        """Missing data or an impossible partition: one line, exit 2. Runs while the simulation
+        process starts Ray (``launch.simulate``'s ``before_start``), which then leaves nothing behind."""
         try:
-            outcome = launch.simulate(cfg, run_dir, on_progress)
-        except launch.LaunchError as exc:
-            fail(str(exc), code=1)
+            bundle = runtime.load_bundle(cfg)
+            runtime.client_indices(cfg, bundle, 0)  # a first run computes and caches the partition here
+        except Exception as exc:  # data errors from loaders and partitioners are user errors
+            if exc.__class__.__name__ in ("DatasetError", "ValueError"):
+                raise DataCheckError(str(exc)) from None
+            raise
+
+    progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, transient=False)
+    task = progress.add_task("starting Flower", total=cfg.rounds, start=False, visible=False)
+
+    def announce() -> None:
+        """The data check passed: say what runs, and show the progress bar."""
+        console.print(f"[bold]fedsuite[/] {cfg.strategy} on {cfg.dataset} ({cfg.partitioner}), "
+                      f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds -> {run_dir}")
+        for risk in cfg.method.risks(cfg):
+            console.print(f"[yellow]warning:[/] {risk}")
+        progress.start()
+        progress.start_task(task)
+        progress.update(task, visible=True)
+
+    def on_progress(rows: list[dict[str, Any]]) -> None:
+        done = [r for r in rows if r["round"] > 0]
+        accs = [r["test_accuracy"] for r in rows if r.get("test_accuracy") is not None]
+        desc = f"round {done[-1]['round']}/{cfg.rounds}" if done else "starting Flower"
+        if accs:
+            desc += f"  acc {100 * accs[-1]:.2f}%"
+        failed = sum(r.get("failed", 0) or 0 for r in done)
+        if failed:
+            desc += f"  [yellow]{failed} failed replies[/]"
+        progress.update(task, completed=done[-1]["round"] if done else 0, description=desc)
+
+    try:
+        # the data check runs while the simulation process starts Ray, which waits for it
+        outcome = launch.simulate(cfg, run_dir, on_progress, before_start=lambda: (check_data(), announce()))
+    except DataCheckError as exc:
+        fail(str(exc))
+    except launch.LaunchError as exc:
+        fail(str(exc), code=1)
+    finally:
+        progress.stop()
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     if not outcome.ok:
@@ -131,6 +148,10 @@ def simulate(
     failed = summary.get("failed_replies", 0)
     note = f" ({failed} failed client replies in {summary.get('rounds_with_failures')} rounds)" if failed else ""
     console.print(f"done: final accuracy {100 * acc:.2f}%{note}" if acc is not None else f"done{note}", f"-> {run_dir}")
+
+
+class DataCheckError(Exception):
+    """The run's data is missing or cannot be partitioned as configured (a user error, exit 2)."""
 
 
 def resume_config(given, config: Optional[Path], set_: list[str], values: dict[str, Any]):

@@ -289,15 +289,24 @@ def follow(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
 
 
 def simulate(cfg: BaseRunConfig, run_dir: Path,
-             on_progress: Callable[[list[dict[str, Any]]], None] | None = None) -> RunOutcome:
+             on_progress: Callable[[list[dict[str, Any]]], None] | None = None,
+             before_start: Callable[[], None] | None = None) -> RunOutcome:
     """Run ``cfg`` on Flower's Simulation Engine (``fedsuite.simulation``); results land in
-    ``run_dir``. The clients run on a private Ray, or on the cluster ``cfg.ray_address`` names."""
+    ``run_dir``. The clients run on a private Ray, or on the cluster ``cfg.ray_address`` names.
+
+    ``before_start`` (the CLI's data check) runs while the simulation process starts Ray and imports
+    its apps, which then wait for it (``--await-start``): a first run's partition (about 2 s on 2
+    cores) no longer precedes Ray's start. If it raises, the process and its Ray are stopped, the
+    folders this call created are removed, and the exception propagates: nothing is left behind."""
     run_dir = run_dir.resolve()
     check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
+    created = run_dir
+    while not created.parent.exists():  # the outermost folder this call creates, removed if called off
+        created = created.parent
+    created = None if created.exists() else created
     run_dir.mkdir(parents=True, exist_ok=True)
     app_dir = run_dir / "app"
     write_app(app_dir, cfg, run_dir)
-    (run_dir / "summary.json").unlink(missing_ok=True)  # a resumed run rewrites it when it ends
     flwr_home = run_dir / ".flwr"  # Flower's home for the run, and the mark of its processes
     flwr_home.mkdir(exist_ok=True)
     # a private Ray keeps its session in a short temporary directory of this run (Ray's socket paths
@@ -307,12 +316,23 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     # a run must not outlive this process: the simulation dies with it (PDEATHSIG) and a watcher in
     # its own session stops everything carrying our FLWR_HOME if this process is killed
     watcher = reaper.start(flwr_home, run_dir / "reaper.log", remove=ray_tmpdir)
+    started = False
     try:
         with (run_dir / "flower.log").open("ab") as log_file:
-            proc = subprocess.Popen([sys.executable, "-m", "fedsuite.simulation", str(app_dir)], cwd=run_dir,
-                                    env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, preexec_fn=reaper.die_with_parent())
+            proc = subprocess.Popen([sys.executable, "-m", "fedsuite.simulation", str(app_dir), "--await-start"],
+                                    cwd=run_dir, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.PIPE, start_new_session=True,
+                                    preexec_fn=reaper.die_with_parent())
         try:
+            if before_start is not None:
+                before_start()
+            (run_dir / "summary.json").unlink(missing_ok=True)  # a resumed run rewrites it when it ends
+            try:
+                proc.stdin.write(b"start\n")
+                proc.stdin.close()
+            except BrokenPipeError:  # the process has already ended: its exit code says how
+                pass
+            started = True
             watch(run_dir, lambda: proc.poll() is None, on_progress, cfg.stall_timeout_s)
             outcome = RunOutcome(run_dir, *simulation_status(proc, run_dir))
             # the run has ended and its results are on disk: the simulation process gets no teardown
@@ -321,10 +341,19 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
             return outcome
         finally:
             stop_tree(proc, ("FLWR_HOME", str(flwr_home)), timeout=STOP_GRACE_S)
+            if not started:  # stopped mid-start: Ray's raylet may have started its agents meanwhile
+                reaper.sweep("FLWR_HOME", str(flwr_home), settle=0.5)
+            if not proc.stdin.closed:
+                proc.stdin.close()
     finally:
         reaper.stop(watcher)
         if ray_tmpdir is not None:
-            reaper.discard_ray_tmpdir(ray_tmpdir, run_dir)
+            if started:
+                reaper.discard_ray_tmpdir(ray_tmpdir, run_dir)
+            else:  # called off before it began: Ray's logs explain nothing the caller does not know
+                shutil.rmtree(ray_tmpdir, ignore_errors=True)
+        if not started and created is not None:
+            shutil.rmtree(created, ignore_errors=True)
 
 
 def summary_status(run_dir: Path) -> tuple[str, str] | None:

@@ -12,7 +12,12 @@ What it leaves out is the control plane a simulation does not need: a SuperLink,
 ``flwr run``, ``flwr log`` and ``flwr list`` (five processes and about 5 s of start-up on 2 cores,
 ``benchmarks/README.md``). The run's outcome is the ServerApp's ``summary.json`` and this process's
 exit code (0 completed; 1 the ServerApp or the engine raised, traceback in ``error.txt`` and on
-stderr); its log is its stdout, which the launcher writes to ``<run>/flower.log``.
+stderr; 3 called off before it began); its log is its stdout, which the launcher writes to
+``<run>/flower.log``.
+
+The launcher passes ``--await-start``: the process starts Ray and imports its apps, then waits for
+a ``start`` line on stdin, while the launcher checks the run's data (``launch.simulate``'s
+``before_start``); without the line it ends with code 3 and nothing has run.
 
 The Deployment Engine (real SuperNodes) keeps Flower's SuperLink path: ``flwr run`` against it.
 """
@@ -109,13 +114,17 @@ def import_apps() -> None:
         pass
 
 
-def run(app_dir: Path) -> None:
+def run(app_dir: Path, await_start: bool = False) -> None:
     """Run the app in ``app_dir`` on Flower's Simulation Engine; returns when the ServerApp has ended,
-    raises what the ServerApp or the engine raised."""
+    raises what the ServerApp or the engine raised. With ``await_start``, Ray is started and the apps
+    imported first, then the run waits for the launcher's ``start`` line on stdin (the launcher
+    checks the data meanwhile); any other line, or none, ends the process before the run begins."""
     importer = threading.Thread(target=import_apps, name="import-apps", daemon=True)
     importer.start()
     start_ray()
     importer.join()
+    if await_start and sys.stdin.readline().strip() != "start":
+        raise CalledOff("the launcher called the run off before it began")
 
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir
@@ -146,13 +155,21 @@ def run(app_dir: Path) -> None:
     )
 
 
+class CalledOff(Exception):
+    """The launcher ended the run before it began (``--await-start``): nothing ran, nothing to report."""
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not Path(argv[0]).is_dir():
-        print("usage: python -m fedsuite.simulation APP_DIR (a run's app folder, fedsuite.launch.write_app)",
-              file=sys.stderr)
+    await_start = "--await-start" in argv
+    args = [a for a in argv if a != "--await-start"]
+    if len(args) != 1 or not Path(args[0]).is_dir():
+        print("usage: python -m fedsuite.simulation APP_DIR [--await-start] (a run's app folder, "
+              "fedsuite.launch.write_app; --await-start: begin on a 'start' line on stdin)", file=sys.stderr)
         return 2
     try:
-        run(Path(argv[0]).resolve())
+        run(Path(args[0]).resolve(), await_start)
+    except CalledOff:
+        return 3
     except BaseException:  # the ServerApp wrote error.txt and summary.json (failed) where it could
         traceback.print_exc()
         sys.stdout.flush()

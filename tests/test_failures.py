@@ -10,6 +10,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,6 +156,74 @@ def test_a_simulation_process_that_dies_before_the_serverapp_records_anything_fa
     assert "exited with code 1 before the ServerApp recorded an outcome" in outcome.details
     assert "no-such-method" in (run_dir / "flower.log").read_text()  # the reason, in the run's log
     assert not (run_dir / "summary.json").exists()
+
+
+def test_a_data_check_that_fails_while_ray_starts_leaves_nothing_behind(tmp_path):
+    """``launch.simulate``'s ``before_start`` (the CLI's data check) runs while the simulation
+    process starts its private Ray, and the run waits for it: here the check sees Ray's raylet
+    running and the ServerApp not yet begun, then fails. The failure reaches the caller, and every
+    process of the run, the folders the call created and Ray's temporary directory are gone."""
+    import contextlib
+    import time
+
+    import psutil
+
+    from fedsuite import launch, reaper
+
+    cfg = build_config(values={**FAST, "data_root": str(tmp_path / "data")})
+    run_dir = (tmp_path / "runs" / "r").resolve()
+    marker = str(run_dir / ".flwr")
+    seen: dict[str, object] = {}
+
+    def marked(name: str) -> list[psutil.Process]:  # the run's processes whose command names ``name``
+        found = []
+        for p in reaper.marked("FLWR_HOME", marker):
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+                if name in " ".join(p.cmdline()):
+                    found.append(p)
+        return found
+
+    def failing_check() -> None:
+        deadline = time.monotonic() + 120
+        while not marked("raylet") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        raylets = marked("raylet")
+        seen["ray_tmpdir"] = raylets[0].environ().get("RAY_TMPDIR") if raylets else None
+        seen["serverapp_began"] = (run_dir / "config.json").exists()  # the ServerApp's first write
+        raise ValueError("the data is not there")
+
+    with pytest.raises(ValueError, match="the data is not there"):
+        launch.simulate(cfg, run_dir, before_start=failing_check)
+    assert seen["ray_tmpdir"], "Ray did not start while the data was being checked"
+    assert seen["serverapp_began"] is False
+    assert not (tmp_path / "runs").exists()
+    assert not marked(""), "processes of the called-off run are still alive"
+    assert not Path(str(seen["ray_tmpdir"])).exists()
+
+
+def test_a_simulation_process_told_not_to_start_runs_nothing(tmp_path):
+    """``--await-start`` with no ``start`` line (stdin at its end: the launcher called the run off)
+    ends the process with code 3 once Ray has started, before the ServerApp writes anything."""
+    import shutil
+    import tempfile
+
+    from fedsuite import launch
+
+    cfg = build_config(values={**FAST, "data_root": str(tmp_path / "data")})
+    run_dir = (tmp_path / "run").resolve()
+    launch.write_app(run_dir / "app", cfg, run_dir)
+    ray_tmpdir = Path(tempfile.mkdtemp(prefix="fsray-"))  # short: Ray's socket paths must fit 107 bytes
+    try:
+        proc = subprocess.run([sys.executable, "-m", "fedsuite.simulation", str(run_dir / "app"), "--await-start"],
+                              env=launch.flower_env(run_dir / ".flwr", None, ray_tmpdir), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=240)
+        ray_started = (ray_tmpdir / "ray" / "session_latest").exists()
+    finally:
+        launch.reaper.sweep("FLWR_HOME", str(run_dir / ".flwr"), settle=0.5)
+        shutil.rmtree(ray_tmpdir, ignore_errors=True)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert ray_started
+    assert sorted(p.name for p in run_dir.iterdir()) == ["app"]  # no config.json, metrics or summary
 
 
 def test_the_simulation_process_refuses_a_missing_app_folder(tmp_path):
