@@ -93,8 +93,7 @@ def simulate(
     check_writable_folder(run_dir.parent, "output_dir")
 
     def check_data() -> None:
-        """Missing data or an impossible partition: one line, exit 2. Runs while the simulation
-        process starts Ray (``launch.simulate``'s ``before_start``), which then leaves nothing behind."""
+        """Missing data or an impossible partition: one line, exit 2, and nothing left behind."""
         try:
             bundle = runtime.load_bundle(cfg)
             runtime.client_indices(cfg, bundle, 0)  # a first run computes and caches the partition here
@@ -107,8 +106,10 @@ def simulate(
                         TimeElapsedColumn(), console=console, transient=False)
     task = progress.add_task("starting Flower", total=cfg.rounds, start=False, visible=False)
 
-    def announce() -> None:
-        """The data check passed: say what runs, and show the progress bar."""
+    def begin() -> None:
+        """Check the data (``launch.simulate``'s ``before_start``: while the simulation process starts
+        Ray), then say what runs and show the progress bar."""
+        check_data()
         console.print(f"[bold]fedsuite[/] {cfg.strategy} on {cfg.dataset} ({cfg.partitioner}), "
                       f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds -> {run_dir}")
         for risk in cfg.method.risks(cfg):
@@ -129,8 +130,7 @@ def simulate(
         progress.update(task, completed=done[-1]["round"] if done else 0, description=desc)
 
     try:
-        # the data check runs while the simulation process starts Ray, which waits for it
-        outcome = launch.simulate(cfg, run_dir, on_progress, before_start=lambda: (check_data(), announce()))
+        outcome = launch.simulate(cfg, run_dir, on_progress, before_start=begin)
     except DataCheckError as exc:
         fail(str(exc))
     except launch.LaunchError as exc:
