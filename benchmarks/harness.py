@@ -43,10 +43,10 @@ def timed_cli_run(config: dict, run_dir: Path, timeout_s: float = 3600.0) -> dic
     """``fedsuite simulate --config <config as TOML>`` into ``run_dir``; returns ``startup_s`` (command
     start to the round-0 row), ``total_s``, ``round_s`` (each round's ``wall_seconds``), the rows and
     the start-up's parts: seconds from the command's start until the CLI had written the run's app
-    and started the simulation process (``cli_done_s``: imports and the config; the data check runs
-    after it, while that process starts Ray) and until the ServerApp started (``serverapp_start_s``:
-    the simulation process's imports and Ray's start, and the data check), then ``summary.json``'s
-    own parts (data = loading it and building w^0 and the evaluator while the actors start;
+    (``cli_done_s``: its imports and the config, while the simulation process it started first does
+    its own imports; the data check runs after it, while that process starts Ray) and until the
+    ServerApp started (``serverapp_start_s``: Ray's start and the data check), then
+    ``summary.json``'s own parts (data = loading it and building w^0 and the evaluator while the actors start;
     handshake = the wait for the actors' replies beyond that; setup).
     Raises if the run does not complete."""
     import tomli_w

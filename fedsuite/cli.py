@@ -18,8 +18,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedsuite import registry
-from fedsuite.config import ConfigError, build_config
+# fedsuite.config and the registry (torch, pydantic, every method) are imported where a command
+# needs them: `fedsuite simulate` first starts its simulation process, whose imports then run on
+# the second core while this process does its own (fedsuite.launch.start_simulation_process).
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated-learning research suite on Flower.")
 console = Console()
@@ -64,90 +65,95 @@ def simulate(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run the clients on this Ray cluster (auto, host:port, ray://...)"),
 ) -> None:
     """Run one federated simulation on Flower's Simulation Engine."""
-    from fedsuite import launch, runtime
+    from fedsuite import launch
 
-    values = _common_values(
-        strategy=strategy, dataset=dataset, partitioner=partitioner, alpha=alpha,
-        classes_per_client=classes_per_client, num_clients=num_clients, clients_per_round=clients_per_round,
-        fraction=fraction, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, model=model,
-        seed=seed, output_dir=output_dir, run_name=run_name, num_cpus=num_cpus, num_gpus=num_gpus,
-        eval_every=eval_every, ray_address=ray_address,
-    )
-    if relaxed_init is not None:
-        values["relaxed_init.beta"] = relaxed_init
-    if neuron_lr is not None:
-        values["neuron_lr.preset"] = neuron_lr
-    try:
-        cfg = build_config(config, set_, values)
-        if resume:  # the run's record is the base; the command line may change only RESUME_MUTABLE
-            cfg = resume_config(cfg, config, set_, values)
-        check_hardware(cfg)
-    except ConfigError as exc:
-        fail(str(exc))
+    # started first: its imports use the second core while this process builds the config
+    with launch.simulation_process() as process:
+        from fedsuite import runtime
+        from fedsuite.config import ConfigError, build_config
 
-    # a SIGTERM (e.g. from `timeout` or a job scheduler) must still stop the processes we start
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    run_dir = runtime.default_run_dir(cfg)
-    if run_dir.exists() and not resume:
-        fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
-    check_writable_folder(run_dir.parent, "output_dir")
-
-    def check_data() -> None:
-        """Missing data or an impossible partition: one line, exit 2, and nothing left behind."""
+        values = _common_values(
+            strategy=strategy, dataset=dataset, partitioner=partitioner, alpha=alpha,
+            classes_per_client=classes_per_client, num_clients=num_clients, clients_per_round=clients_per_round,
+            fraction=fraction, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, model=model,
+            seed=seed, output_dir=output_dir, run_name=run_name, num_cpus=num_cpus, num_gpus=num_gpus,
+            eval_every=eval_every, ray_address=ray_address,
+        )
+        if relaxed_init is not None:
+            values["relaxed_init.beta"] = relaxed_init
+        if neuron_lr is not None:
+            values["neuron_lr.preset"] = neuron_lr
         try:
-            bundle = runtime.load_bundle(cfg)
-            runtime.client_indices(cfg, bundle, 0)  # a first run computes and caches the partition here
-        except Exception as exc:  # data errors from loaders and partitioners are user errors
-            if exc.__class__.__name__ in ("DatasetError", "ValueError"):
-                raise DataCheckError(str(exc)) from None
-            raise
+            cfg = build_config(config, set_, values)
+            if resume:  # the run's record is the base; the command line may change only RESUME_MUTABLE
+                cfg = resume_config(cfg, config, set_, values)
+            check_hardware(cfg)
+        except ConfigError as exc:
+            fail(str(exc))
 
-    progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console, transient=False)
-    task = progress.add_task("starting Flower", total=cfg.rounds, start=False, visible=False)
+        # a SIGTERM (e.g. from `timeout` or a job scheduler) must still stop the processes we start
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        run_dir = runtime.default_run_dir(cfg)
+        if run_dir.exists() and not resume:
+            fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
+        check_writable_folder(run_dir.parent, "output_dir")
 
-    def begin() -> None:
-        """Check the data (``launch.simulate``'s ``before_start``: while the simulation process starts
-        Ray), then say what runs and show the progress bar."""
-        check_data()
-        console.print(f"[bold]fedsuite[/] {cfg.strategy} on {cfg.dataset} ({cfg.partitioner}), "
-                      f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds -> {run_dir}")
-        for risk in cfg.method.risks(cfg):
-            console.print(f"[yellow]warning:[/] {risk}")
-        progress.start()
-        progress.start_task(task)
-        progress.update(task, visible=True)
+        def check_data() -> None:
+            """Missing data or an impossible partition: one line, exit 2, and nothing left behind."""
+            try:
+                bundle = runtime.load_bundle(cfg)
+                runtime.client_indices(cfg, bundle, 0)  # a first run computes and caches the partition here
+            except Exception as exc:  # data errors from loaders and partitioners are user errors
+                if exc.__class__.__name__ in ("DatasetError", "ValueError"):
+                    raise DataCheckError(str(exc)) from None
+                raise
 
-    def on_progress(rows: list[dict[str, Any]]) -> None:
-        done = [r for r in rows if r["round"] > 0]
-        accs = [r["test_accuracy"] for r in rows if r.get("test_accuracy") is not None]
-        desc = f"round {done[-1]['round']}/{cfg.rounds}" if done else "starting Flower"
-        if accs:
-            desc += f"  acc {100 * accs[-1]:.2f}%"
-        failed = sum(r.get("failed", 0) or 0 for r in done)
-        if failed:
-            desc += f"  [yellow]{failed} failed replies[/]"
-        progress.update(task, completed=done[-1]["round"] if done else 0, description=desc)
+        progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=console, transient=False)
+        task = progress.add_task("starting Flower", total=cfg.rounds, start=False, visible=False)
 
-    try:
-        outcome = launch.simulate(cfg, run_dir, on_progress, before_start=begin)
-    except DataCheckError as exc:
-        fail(str(exc))
-    except launch.LaunchError as exc:
-        fail(str(exc), code=1)
-    finally:
-        progress.stop()
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    if not outcome.ok:
-        # outcome.details: the failed replies' message, error.txt's last line, or the process's exit
-        # code; a failure Flower logged is more telling than the last two
-        detail = outcome.details if "failure" in summary else (flower_log_reason(run_dir) or outcome.details)
-        fail(f"run {outcome.status}: {detail} (logs: {run_dir / 'flower.log'})", code=1)
-    acc = summary.get("final_accuracy")
-    failed = summary.get("failed_replies", 0)
-    note = f" ({failed} failed client replies in {summary.get('rounds_with_failures')} rounds)" if failed else ""
-    console.print(f"done: final accuracy {100 * acc:.2f}%{note}" if acc is not None else f"done{note}", f"-> {run_dir}")
+        def begin() -> None:
+            """Check the data (``launch.simulate``'s ``before_start``: while the simulation process starts
+            Ray), then say what runs and show the progress bar."""
+            check_data()
+            console.print(f"[bold]fedsuite[/] {cfg.strategy} on {cfg.dataset} ({cfg.partitioner}), "
+                          f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds -> {run_dir}")
+            for risk in cfg.method.risks(cfg):
+                console.print(f"[yellow]warning:[/] {risk}")
+            progress.start()
+            progress.start_task(task)
+            progress.update(task, visible=True)
+
+        def on_progress(rows: list[dict[str, Any]]) -> None:
+            done = [r for r in rows if r["round"] > 0]
+            accs = [r["test_accuracy"] for r in rows if r.get("test_accuracy") is not None]
+            desc = f"round {done[-1]['round']}/{cfg.rounds}" if done else "starting Flower"
+            if accs:
+                desc += f"  acc {100 * accs[-1]:.2f}%"
+            failed = sum(r.get("failed", 0) or 0 for r in done)
+            if failed:
+                desc += f"  [yellow]{failed} failed replies[/]"
+            progress.update(task, completed=done[-1]["round"] if done else 0, description=desc)
+
+        try:
+            outcome = launch.simulate(cfg, run_dir, on_progress, before_start=begin, process=process)
+        except DataCheckError as exc:
+            fail(str(exc))
+        except launch.LaunchError as exc:
+            fail(str(exc), code=1)
+        finally:
+            progress.stop()
+        summary_path = run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        if not outcome.ok:
+            # outcome.details: the failed replies' message, error.txt's last line, or the process's exit
+            # code; a failure Flower logged is more telling than the last two
+            detail = outcome.details if "failure" in summary else (flower_log_reason(run_dir) or outcome.details)
+            fail(f"run {outcome.status}: {detail} (logs: {run_dir / 'flower.log'})", code=1)
+        acc = summary.get("final_accuracy")
+        failed = summary.get("failed_replies", 0)
+        note = f" ({failed} failed client replies in {summary.get('rounds_with_failures')} rounds)" if failed else ""
+        console.print(f"done: final accuracy {100 * acc:.2f}%{note}" if acc is not None else f"done{note}", f"-> {run_dir}")
 
 
 class DataCheckError(Exception):
@@ -161,7 +167,7 @@ def resume_config(given, config: Optional[Path], set_: list[str], values: dict[s
     import torch
 
     from fedsuite import runtime
-    from fedsuite.config import check_resume, validate
+    from fedsuite.config import ConfigError, build_config, check_resume, validate
 
     if given.run_name is None:
         raise ConfigError("--resume needs the run's --run-name (and --output-dir, if not the default)")
@@ -188,6 +194,8 @@ def resume_config(given, config: Optional[Path], set_: list[str], values: dict[s
 def check_hardware(cfg) -> None:
     """GPUs asked for (``num_gpus`` > 0 or ``device=cuda``) must be visible here; else one line, exit 2,
     instead of Ray failing late ("ActorPool is empty") or training silently on the CPU."""
+    from fedsuite.config import ConfigError
+
     if cfg.ray_address:  # the clients run on the cluster's nodes: ask the cluster (fedsuite.raycluster)
         from fedsuite.raycluster import ClusterError, check_cluster
 
@@ -245,6 +253,8 @@ def list_(
     markdown: bool = typer.Option(False, "--markdown", help="print Markdown tables (used for README.md)"),
 ) -> None:
     """List the registered strategies, datasets, partitioners and models."""
+    from fedsuite import registry
+
     tables = {
         "strategies": {n: m.summary for n, m in registry.methods().items()},
         "datasets": {n: (f.__doc__ or "").strip().splitlines()[0] if f.__doc__ else "" for n, f in registry.datasets().items()},
@@ -282,6 +292,7 @@ def partition(
     import numpy as np
 
     from fedsuite import runtime
+    from fedsuite.config import ConfigError, build_config
     from fedsuite.data import label_histogram
     from fedsuite.results import plot_partition
 

@@ -3,16 +3,21 @@ SuperLink (the Deployment Engine).
 
 A simulation, per run:
 
-1. writes a thin Flower app (a ``pyproject.toml`` whose ``[tool.flwr.app.config]`` is the resolved
+1. a simulation process is started in its own session, before the run is named
+   (:func:`start_simulation_process`: the CLI does so at its first line, and the process imports
+   torch, Flower's engine and the apps meanwhile);
+2. writes a thin Flower app (a ``pyproject.toml`` whose ``[tool.flwr.app.config]`` is the resolved
    config) into ``<run>/app``; the components are the installed ``fedsuite`` apps;
-2. starts ``python -m fedsuite.simulation <run>/app`` in its own session: Flower's Simulation
-   Engine with the ServerApp and the Ray-backed ClientApps (``fedsuite.simulation``), its output in
-   ``<run>/flower.log``; a private Ray lives in a temporary directory of the run, or the run joins
-   ``cfg.ray_address``; every process of the run carries ``FLWR_HOME=<run>/.flwr`` (the reaper's
-   mark, ``fedsuite.reaper``);
-3. draws progress from ``metrics.jsonl`` (with a stall watchdog) until ``summary.json`` appears or
+3. names the run to the process on its stdin (:func:`simulate`): the app, the log
+   ``<run>/flower.log`` and the run's environment, whose ``FLWR_HOME=<run>/.flwr`` every process it
+   starts then carries (the reaper's mark, ``fedsuite.reaper``; the simulation process itself dies
+   with the launcher, PDEATHSIG); it starts Ray (a private Ray in a
+   temporary directory of the run, or ``cfg.ray_address``'s cluster) while the caller checks the
+   data, then gets ``start``: Flower's Simulation Engine with the ServerApp and the Ray-backed
+   ClientApps (``fedsuite.simulation``);
+4. draws progress from ``metrics.jsonl`` (with a stall watchdog) until ``summary.json`` appears or
    the process ends; the outcome is ``summary.json``'s status, else the process's exit code;
-4. stops every process of the run, by that mark.
+5. stops every process of the run, by that mark.
 
 On the Deployment Engine the ServerApp runs under a SuperLink: :func:`private_superlink` (a
 loopback SuperLink for tests), :func:`submit` (``flwr run``), :func:`follow` (``flwr log``) and
@@ -32,15 +37,19 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import psutil
 import tomli_w
 
 from fedsuite import reaper
-from fedsuite.config import BaseRunConfig, to_run_config
-from fedsuite.results import read_metrics
-from fedsuite.runtime import RUN_DIR_KEY
+
+if TYPE_CHECKING:
+    from fedsuite.config import BaseRunConfig
+
+# This module imports torch, pydantic and the registry only where a function needs them (via
+# fedsuite.config): the CLI imports it first, to start a simulation process before its own imports
+# (start_simulation_process).
 
 CONNECTION = "fedsuite"
 
@@ -67,19 +76,29 @@ class RunOutcome:
 
 
 def flower_env(flwr_home: Path, ray_address: str | None = None, ray_tmpdir: Path | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    """The environment of a run's Flower processes: :func:`process_env` and :func:`run_env`."""
+    return {**process_env(), **run_env(flwr_home, ray_address, ray_tmpdir)}
+
+
+def run_env(flwr_home: Path, ray_address: str | None = None, ray_tmpdir: Path | None = None) -> dict[str, str]:
+    """What ties a process to one run: ``FLWR_HOME`` (Flower's home for the run, and the mark by which
+    the run's processes are found and stopped), the Ray cluster it joins, its private Ray's folder."""
+    env = {"FLWR_HOME": str(flwr_home)}
     # Flower's simulation process calls ray.init(), which joins the cluster named by RAY_ADDRESS:
     # set exactly when the run asks for one (fedsuite.raycluster), never inherited from the shell
-    env.pop("RAY_ADDRESS", None)
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
     # a private Ray keeps its session (sockets, logs) under RAY_TMPDIR/ray instead of the shared
     # /tmp/ray: removed with the run's processes, and a plain ray.init() elsewhere never finds it
-    env.pop("RAY_TMPDIR", None)
     if ray_tmpdir is not None:
         env["RAY_TMPDIR"] = str(ray_tmpdir)
+    return env
+
+
+def process_env() -> dict[str, str]:
+    """This process's environment as a run's Flower processes need it, before any run is named."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR", "FLWR_HOME")}
     env.update({
-        "FLWR_HOME": str(flwr_home),
         "FLWR_TELEMETRY_ENABLED": "0",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -117,6 +136,9 @@ def bin_path(name: str) -> str:
 
 def write_app(app_dir: Path, cfg: BaseRunConfig, run_dir: Path) -> None:
     """A Flower app directory holding only a pyproject.toml that points at the fedsuite apps."""
+    from fedsuite.config import to_run_config
+    from fedsuite.runtime import RUN_DIR_KEY
+
     app_dir.mkdir(parents=True, exist_ok=True)
     flat = {**to_run_config(cfg), RUN_DIR_KEY: str(run_dir)}
     lines = [
@@ -247,6 +269,8 @@ def watch(run_dir: Path, running: Callable[[], bool],
     Watchdog: progress is a new line in ``metrics.jsonl`` (round 0 = start-up done, then one per
     round); with ``stall_timeout_s > 0``, that long without progress raises :class:`StallError`
     (written to ``error.txt`` too)."""
+    from fedsuite.results import read_metrics
+
     summary = run_dir / "summary.json"
     seen = -1
     last_progress = time.monotonic()
@@ -288,16 +312,50 @@ def follow(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
         stop_tree(proc, timeout=STOP_GRACE_S)
 
 
+def start_simulation_process() -> subprocess.Popen:
+    """Start a run's simulation process before the run is named (``python -m fedsuite.simulation
+    --await-start EARLY_LOG``): it imports torch, Flower's engine and the apps while the caller
+    builds the config, then waits for :func:`simulate` to name the run. The CLI starts it at its
+    first line, so those imports use the second core while its own imports use the first. It dies
+    with the process that started it; its output goes to a temporary file until the run is named
+    and is then moved to the run's ``flower.log``."""
+    fd, early_log = tempfile.mkstemp(prefix="fedsuite-simulation-", suffix=".log")
+    try:
+        return subprocess.Popen([sys.executable, "-m", "fedsuite.simulation", "--await-start", early_log],
+                                env=process_env(), stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
+                                start_new_session=True, preexec_fn=reaper.die_with_parent())
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def simulation_process() -> Iterator[subprocess.Popen]:
+    """:func:`start_simulation_process`, ended on leaving if no run took it (its stdin closed: it
+    leaves at once; killed if still there), e.g. when the config it waited for was refused."""
+    proc = start_simulation_process()
+    try:
+        yield proc
+    finally:
+        if not proc.stdin.closed:
+            proc.stdin.close()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
 def simulate(cfg: BaseRunConfig, run_dir: Path,
              on_progress: Callable[[list[dict[str, Any]]], None] | None = None,
-             before_start: Callable[[], None] | None = None) -> RunOutcome:
+             before_start: Callable[[], None] | None = None,
+             process: subprocess.Popen | None = None) -> RunOutcome:
     """Run ``cfg`` on Flower's Simulation Engine (``fedsuite.simulation``); results land in
     ``run_dir``. The clients run on a private Ray, or on the cluster ``cfg.ray_address`` names.
 
-    ``before_start`` (the CLI's data check) runs while the simulation process starts Ray and imports
-    its apps, which then wait for it (``--await-start``): a first run's partition (about 2 s on 2
-    cores) no longer precedes Ray's start. If it raises, the process and its Ray are stopped, the
-    folders this call created are removed, and the exception propagates: nothing is left behind."""
+    ``process``: a simulation process from :func:`start_simulation_process` (started at once if
+    none). It is told the run (its app, log and environment: it starts Ray), then ``before_start``
+    (the CLI's data check) runs while Ray starts, then it is told to begin: a first run's partition
+    (about 2 s on 2 cores) no longer precedes Ray's start. If ``before_start`` raises, the process
+    and its Ray are stopped, the folders this call created are removed, and the exception
+    propagates: nothing is left behind."""
     run_dir = run_dir.resolve()
     check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
     created = run_dir
@@ -312,26 +370,20 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     # a private Ray keeps its session in a short temporary directory of this run (Ray's socket paths
     # must fit 107 bytes), discarded at the end; its logs are kept in <run>/ray-logs unless completed
     ray_tmpdir = None if cfg.ray_address else Path(tempfile.mkdtemp(prefix="fsray-"))
-    env = flower_env(flwr_home, cfg.ray_address, ray_tmpdir)
     # a run must not outlive this process: the simulation dies with it (PDEATHSIG) and a watcher in
     # its own session stops everything carrying our FLWR_HOME if this process is killed
     watcher = reaper.start(flwr_home, run_dir / "reaper.log", remove=ray_tmpdir)
+    proc = process if process is not None else start_simulation_process()
     started = False
     try:
-        with (run_dir / "flower.log").open("ab") as log_file:
-            proc = subprocess.Popen([sys.executable, "-m", "fedsuite.simulation", str(app_dir), "--await-start"],
-                                    cwd=run_dir, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.PIPE, start_new_session=True,
-                                    preexec_fn=reaper.die_with_parent())
         try:
+            tell(proc, json.dumps({"app": str(app_dir), "log": str(run_dir / "flower.log"),
+                                   "env": run_env(flwr_home, cfg.ray_address, ray_tmpdir)}))
             if before_start is not None:
                 before_start()
             (run_dir / "summary.json").unlink(missing_ok=True)  # a resumed run rewrites it when it ends
-            try:
-                proc.stdin.write(b"start\n")
-                proc.stdin.close()
-            except BrokenPipeError:  # the process has already ended: its exit code says how
-                pass
+            tell(proc, "start")
+            proc.stdin.close()
             started = True
             watch(run_dir, lambda: proc.poll() is None, on_progress, cfg.stall_timeout_s)
             outcome = RunOutcome(run_dir, *simulation_status(proc, run_dir))
@@ -354,6 +406,16 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
                 shutil.rmtree(ray_tmpdir, ignore_errors=True)
         if not started and created is not None:
             shutil.rmtree(created, ignore_errors=True)
+
+
+def tell(proc: subprocess.Popen, line: str) -> None:
+    """One line to a simulation process waiting on its stdin; a process that has already ended is
+    not an error here (its exit code and log say how it ended)."""
+    try:
+        proc.stdin.write(line.encode() + b"\n")
+        proc.stdin.flush()
+    except BrokenPipeError:
+        pass
 
 
 def summary_status(run_dir: Path) -> tuple[str, str] | None:

@@ -1,7 +1,8 @@
 """The simulation process of one run: Flower's Simulation Engine and the ServerApp, in one process.
 
-``python -m fedsuite.simulation APP_DIR`` is what ``fedsuite simulate`` starts (``fedsuite.launch``)
-for a run whose thin Flower app (``launch.write_app``) is ``APP_DIR``. It does what Flower's own
+``fedsuite simulate`` starts it (``fedsuite.launch``) for a run whose thin Flower app
+(``launch.write_app``) it names on stdin; ``python -m fedsuite.simulation APP_DIR`` runs such an
+app folder directly. It does what Flower's own
 ``flwr-simulation`` does once the SuperLink has handed it a run: it reads the app's config, then
 calls Flower's Simulation Engine (``flwr.simulation.run_simulation._run_simulation``, the function
 ``flwr-simulation`` calls), which starts the ServerApp in a thread and the ClientApps as Ray actors
@@ -15,15 +16,18 @@ exit code (0 completed; 1 the ServerApp or the engine raised, traceback in ``err
 stderr; 3 called off before it began); its log is its stdout, which the launcher writes to
 ``<run>/flower.log``.
 
-The launcher passes ``--await-start``: the process starts Ray and imports its apps, then waits for
-a ``start`` line on stdin, while the launcher checks the run's data (``launch.simulate``'s
-``before_start``); without the line it ends with code 3 and nothing has run.
+The launcher starts it as ``python -m fedsuite.simulation --await-start EARLY_LOG`` before the run
+is named (``launch.start_simulation_process``: the CLI does so at its first line, so the imports
+here use the second core while the CLI imports and builds the config), then names the run on
+stdin, checks its data while Ray starts, and sends ``start`` (:func:`run`); without those lines the
+process ends with code 3 and nothing has run.
 
 The Deployment Engine (real SuperNodes) keeps Flower's SuperLink path: ``flwr run`` against it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -114,16 +118,23 @@ def import_apps() -> None:
         pass
 
 
-def run(app_dir: Path, await_start: bool = False) -> None:
+def run(app_dir: Path | None, early_log: Path | None = None) -> None:
     """Run the app in ``app_dir`` on Flower's Simulation Engine; returns when the ServerApp has ended,
-    raises what the ServerApp or the engine raised. With ``await_start``, Ray is started and the apps
-    imported first, then the run waits for the launcher's ``start`` line on stdin (the launcher
-    checks the data meanwhile); any other line, or none, ends the process before the run begins."""
+    raises what the ServerApp or the engine raised.
+
+    Started by the launcher (``app_dir`` None, ``early_log`` the file its output goes to until then;
+    ``launch.start_simulation_process``), the process imports the apps at once, then reads the run
+    from stdin: a JSON line naming the app folder, the run's log and its environment
+    (``launch.run_env``); it moves its output to that log, starts Ray, and waits for a ``start``
+    line (the launcher checks the data meanwhile). Without either line it ends before anything ran
+    (:class:`CalledOff`)."""
     importer = threading.Thread(target=import_apps, name="import-apps", daemon=True)
     importer.start()
+    if app_dir is None:
+        app_dir = take_run(early_log)
     start_ray()
     importer.join()
-    if await_start and sys.stdin.readline().strip() != "start":
+    if early_log is not None and sys.stdin.readline().strip() != "start":
         raise CalledOff("the launcher called the run off before it began")
 
     from flwr.app import Context, RecordDict
@@ -156,18 +167,46 @@ def run(app_dir: Path, await_start: bool = False) -> None:
 
 
 class CalledOff(Exception):
-    """The launcher ended the run before it began (``--await-start``): nothing ran, nothing to report."""
+    """The launcher ended the run before it began: nothing ran, nothing to report."""
+
+
+def take_run(early_log: Path) -> Path:
+    """Read the run the launcher names (one JSON line on stdin: ``app``, ``log``, ``env``), take its
+    environment (its ``FLWR_HOME`` marks the Ray processes started next as the run's), move this
+    process's output to the run's log (what it wrote before, kept in ``early_log``'s file, first),
+    and work in the run's folder; returns the app folder."""
+    line = sys.stdin.readline()
+    if not line.strip():
+        raise CalledOff("the launcher ended before it named a run")
+    run = json.loads(line)
+    os.environ.update(run["env"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    size = os.fstat(1).st_size
+    earlier = os.pread(1, size, 0) if size else b""
+    log = os.open(run["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(log, earlier)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    app_dir = Path(run["app"])
+    os.chdir(app_dir.parent)
+    return app_dir
 
 
 def main(argv: list[str]) -> int:
-    await_start = "--await-start" in argv
-    args = [a for a in argv if a != "--await-start"]
-    if len(args) != 1 or not Path(args[0]).is_dir():
-        print("usage: python -m fedsuite.simulation APP_DIR [--await-start] (a run's app folder, "
-              "fedsuite.launch.write_app; --await-start: begin on a 'start' line on stdin)", file=sys.stderr)
+    if argv[:1] == ["--await-start"] and len(argv) == 2:  # started by the launcher, the run named later
+        early_log = Path(argv[1])
+        early_log.unlink(missing_ok=True)  # its content stays readable through stdout until the run is named
+        app_dir = None
+    elif len(argv) == 1 and Path(argv[0]).is_dir():
+        early_log, app_dir = None, Path(argv[0]).resolve()
+    else:
+        print("usage: python -m fedsuite.simulation APP_DIR (a run's app folder, fedsuite.launch.write_app), "
+              "or --await-start EARLY_LOG (fedsuite.launch.start_simulation_process)", file=sys.stderr)
         return 2
     try:
-        run(Path(args[0]).resolve(), await_start)
+        run(app_dir, early_log)
     except CalledOff:
         return 3
     except BaseException:  # the ServerApp wrote error.txt and summary.json (failed) where it could

@@ -201,9 +201,12 @@ def test_a_data_check_that_fails_while_ray_starts_leaves_nothing_behind(tmp_path
     assert not Path(str(seen["ray_tmpdir"])).exists()
 
 
-def test_a_simulation_process_told_not_to_start_runs_nothing(tmp_path):
-    """``--await-start`` with no ``start`` line (stdin at its end: the launcher called the run off)
-    ends the process with code 3 once Ray has started, before the ServerApp writes anything."""
+def test_a_simulation_process_never_told_to_start_runs_nothing(tmp_path):
+    """A simulation process started before its run is named (``launch.start_simulation_process``):
+    once named, it moves its output to the run's log and starts Ray; with no ``start`` line (stdin
+    at its end: the launcher called the run off) it ends with code 3, the ServerApp never begun.
+    One that is never named at all ends at once, also with code 3."""
+    import json
     import shutil
     import tempfile
 
@@ -214,16 +217,22 @@ def test_a_simulation_process_told_not_to_start_runs_nothing(tmp_path):
     launch.write_app(run_dir / "app", cfg, run_dir)
     ray_tmpdir = Path(tempfile.mkdtemp(prefix="fsray-"))  # short: Ray's socket paths must fit 107 bytes
     try:
-        proc = subprocess.run([sys.executable, "-m", "fedsuite.simulation", str(run_dir / "app"), "--await-start"],
-                              env=launch.flower_env(run_dir / ".flwr", None, ray_tmpdir), stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=240)
+        proc = launch.start_simulation_process()
+        launch.tell(proc, json.dumps({"app": str(run_dir / "app"), "log": str(run_dir / "flower.log"),
+                                      "env": launch.run_env(run_dir / ".flwr", None, ray_tmpdir)}))
+        proc.stdin.close()
+        code = proc.wait(timeout=240)
         ray_started = (ray_tmpdir / "ray" / "session_latest").exists()
     finally:
         launch.reaper.sweep("FLWR_HOME", str(run_dir / ".flwr"), settle=0.5)
         shutil.rmtree(ray_tmpdir, ignore_errors=True)
-    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert code == 3, (run_dir / "flower.log").read_text()
     assert ray_started
-    assert sorted(p.name for p in run_dir.iterdir()) == ["app"]  # no config.json, metrics or summary
+    assert sorted(p.name for p in run_dir.iterdir()) == ["app", "flower.log"]  # no config.json, metrics, summary
+
+    with launch.simulation_process() as unnamed:
+        unnamed.stdin.close()
+        assert unnamed.wait(timeout=120) == 3
 
 
 def test_the_simulation_process_refuses_a_missing_app_folder(tmp_path):

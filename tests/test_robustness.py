@@ -167,12 +167,17 @@ def test_killing_the_cli_process_group_stops_the_whole_run(tmp_path):
         names = {" ".join(p.cmdline()[:3]) for p in _marked(flwr_home)}
         ray_tmpdirs = {p.environ().get("RAY_TMPDIR") for p in _marked(flwr_home)} - {None}
         assert len(ray_tmpdirs) == 1, ray_tmpdirs  # the private Ray lives in one directory of this run
-        assert any("fedsuite.simulation" in n for n in names), names  # the ServerApp and Flower's engine
         assert any("raylet" in n or "gcs_server" in n for n in names), names  # the private Ray's daemons
+        # the ServerApp and Flower's engine: the CLI's child, started before the run had its mark
+        # (it takes the run's environment later, which /proc does not show); it dies with the CLI
+        (simulation,) = [p for p in psutil.Process(cli.pid).children()
+                         if "fedsuite.simulation" in " ".join(p.cmdline())]
         os.killpg(cli.pid, signal.SIGKILL)  # what a job scheduler does: the CLI gets no say
         cli.wait(timeout=10)
         survivors = _wait_gone(flwr_home, 60)
         assert not survivors, f"processes outlived the CLI: {survivors}"
+        _, alive = psutil.wait_procs([simulation], timeout=30)
+        assert not alive, f"the simulation process outlived the CLI: {simulation.pid}"
         rows = len(metrics.read_text().splitlines())
         time.sleep(2)
         assert len(metrics.read_text().splitlines()) == rows  # the run does not go on in the background
