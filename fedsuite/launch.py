@@ -314,18 +314,20 @@ def follow(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
 
 def start_simulation_process() -> subprocess.Popen:
     """Start a run's simulation process before the run is named (``python -m fedsuite.simulation
-    --await-start EARLY_LOG``): it imports torch, Flower's engine and the apps while the caller
+    --await-start``): it imports torch, Flower's engine and the apps while the caller
     builds the config, then waits for :func:`simulate` to name the run. The CLI starts it at its
     first line, so those imports use the second core while its own imports use the first. It dies
-    with the process that started it; its output goes to a temporary file until the run is named
-    and is then moved to the run's ``flower.log``."""
+    with the process that started it; its output goes to an unnamed temporary file (removed here at
+    once: the process holds it open) until the run is named, and is then moved to the run's
+    ``flower.log``."""
     fd, early_log = tempfile.mkstemp(prefix="fedsuite-simulation-", suffix=".log")
     try:
-        return subprocess.Popen([sys.executable, "-m", "fedsuite.simulation", "--await-start", early_log],
+        return subprocess.Popen([sys.executable, "-m", "fedsuite.simulation", "--await-start"],
                                 env=process_env(), stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
                                 start_new_session=True, preexec_fn=reaper.die_with_parent())
     finally:
         os.close(fd)
+        os.unlink(early_log)
 
 
 @contextmanager

@@ -16,7 +16,7 @@ exit code (0 completed; 1 the ServerApp or the engine raised, traceback in ``err
 stderr; 3 called off before it began); its log is its stdout, which the launcher writes to
 ``<run>/flower.log``.
 
-The launcher starts it as ``python -m fedsuite.simulation --await-start EARLY_LOG`` before the run
+The launcher starts it as ``python -m fedsuite.simulation --await-start`` before the run
 is named (``launch.start_simulation_process``: the CLI does so at its first line, so the imports
 here use the second core while the CLI imports and builds the config), then names the run on
 stdin, checks its data while Ray starts, and sends ``start`` (:func:`run`); without those lines the
@@ -118,23 +118,24 @@ def import_apps() -> None:
         pass
 
 
-def run(app_dir: Path | None, early_log: Path | None = None) -> None:
+def run(app_dir: Path | None) -> None:
     """Run the app in ``app_dir`` on Flower's Simulation Engine; returns when the ServerApp has ended,
     raises what the ServerApp or the engine raised.
 
-    Started by the launcher (``app_dir`` None, ``early_log`` the file its output goes to until then;
-    ``launch.start_simulation_process``), the process imports the apps at once, then reads the run
-    from stdin: a JSON line naming the app folder, the run's log and its environment
+    Started by the launcher (``app_dir`` None; ``launch.start_simulation_process``, which gives it
+    an unnamed temporary file as its output until then), the process imports the apps at once, then
+    reads the run from stdin: a JSON line naming the app folder, the run's log and its environment
     (``launch.run_env``); it moves its output to that log, starts Ray, and waits for a ``start``
     line (the launcher checks the data meanwhile). Without either line it ends before anything ran
     (:class:`CalledOff`)."""
     importer = threading.Thread(target=import_apps, name="import-apps", daemon=True)
     importer.start()
-    if app_dir is None:
-        app_dir = take_run(early_log)
+    named_later = app_dir is None
+    if named_later:
+        app_dir = take_run()
     start_ray()
     importer.join()
-    if early_log is not None and sys.stdin.readline().strip() != "start":
+    if named_later and sys.stdin.readline().strip() != "start":
         raise CalledOff("the launcher called the run off before it began")
 
     from flwr.app import Context, RecordDict
@@ -170,10 +171,10 @@ class CalledOff(Exception):
     """The launcher ended the run before it began: nothing ran, nothing to report."""
 
 
-def take_run(early_log: Path) -> Path:
+def take_run() -> Path:
     """Read the run the launcher names (one JSON line on stdin: ``app``, ``log``, ``env``), take its
     environment (its ``FLWR_HOME`` marks the Ray processes started next as the run's), move this
-    process's output to the run's log (what it wrote before, kept in ``early_log``'s file, first),
+    process's output to the run's log (what it wrote before, read back from its temporary file, first),
     and work in the run's folder; returns the app folder."""
     line = sys.stdin.readline()
     if not line.strip():
@@ -195,18 +196,16 @@ def take_run(early_log: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--await-start"] and len(argv) == 2:  # started by the launcher, the run named later
-        early_log = Path(argv[1])
-        early_log.unlink(missing_ok=True)  # its content stays readable through stdout until the run is named
+    if argv == ["--await-start"]:  # started by the launcher, the run named later
         app_dir = None
     elif len(argv) == 1 and Path(argv[0]).is_dir():
-        early_log, app_dir = None, Path(argv[0]).resolve()
+        app_dir = Path(argv[0]).resolve()
     else:
         print("usage: python -m fedsuite.simulation APP_DIR (a run's app folder, fedsuite.launch.write_app), "
-              "or --await-start EARLY_LOG (fedsuite.launch.start_simulation_process)", file=sys.stderr)
+              "or --await-start (fedsuite.launch.start_simulation_process)", file=sys.stderr)
         return 2
     try:
-        run(app_dir, early_log)
+        run(app_dir)
     except CalledOff:
         return 3
     except BaseException:  # the ServerApp wrote error.txt and summary.json (failed) where it could
