@@ -124,6 +124,39 @@ def test_same_seed_same_split_other_seed_differs(scheme):
     assert not all(np.array_equal(x, y) for x, y in zip(a, c))
 
 
+@pytest.mark.parametrize("scheme, ours, flower", [
+    ("iid", {}, lambda fp, seed: fp.IidPartitioner(num_partitions=10)),
+    ("dirichlet", {"alpha": 0.3}, lambda fp, seed: fp.DirichletPartitioner(
+        num_partitions=10, partition_by="label", alpha=0.3, min_partition_size=10, self_balancing=True,
+        shuffle=True, seed=seed)),
+    ("dirichlet-equal", {"alpha": 0.3}, lambda fp, seed: fp.InnerDirichletPartitioner(
+        partition_sizes=[N // 10] * 10, partition_by="label", alpha=0.3, shuffle=True, seed=seed)),
+    ("pathological", {"classes_per_client": 3, "class_assignment": "random"}, lambda fp, seed: fp.PathologicalPartitioner(
+        num_partitions=10, partition_by="label", num_classes_per_partition=3, class_assignment_mode="random",
+        shuffle=True, seed=seed)),
+    ("shards", {"shards_per_client": 2}, lambda fp, seed: fp.ShardPartitioner(
+        num_partitions=10, partition_by="label", num_shards_per_partition=2, shuffle=True, seed=seed)),
+])
+def test_the_partitions_are_flower_datasets_partitions(scheme, ours, flower):
+    """partition_indices hands Flower Datasets an Arrow-formatted table (fast column reads); the
+    indices equal those of the same partitioner used as its docs show it, on a default-format
+    ``datasets.Dataset`` shuffled with the same seed: ``[p.load_partition(i)["idx"] ...]``."""
+    import warnings
+
+    import datasets
+    import flwr_datasets.partitioner as fp
+
+    seed = 5
+    order = np.random.default_rng(seed).permutation(N)
+    p = flower(fp, seed)
+    p.dataset = datasets.Dataset.from_dict({"label": LABELS[order], "idx": order})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = [np.array(p.load_partition(i)["idx"]) for i in range(10)]
+    parts = partition_indices(LABELS, scheme, 10, seed=seed, **ours)
+    assert len(parts) == 10 and all(np.array_equal(a, b) for a, b in zip(parts, expected))
+
+
 def test_disk_cache_hit_returns_identical_arrays(tmp_path, monkeypatch):
     first = partition_indices(LABELS, "dirichlet", 10, seed=3, alpha=0.5, cache_dir=tmp_path)
     files = list(tmp_path.glob("*.npz"))
