@@ -64,7 +64,7 @@ def start_ray() -> None:
     prestarts for the job idle and starts new ones for the actors (0.6 s later, and 0.3 CPU-s
     each wasted on 2 cores). A cluster's workers on other machines get the path by ``runtime_env``.
 
-    A private Ray starts without its API server (:func:`without_api_server`)."""
+    A private Ray starts without the daemons a simulation never uses (:func:`lean_private_ray`)."""
     import ray
 
     pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -72,27 +72,41 @@ def start_ray() -> None:
     joins_cluster = bool(os.environ.get("RAY_ADDRESS"))
     runtime_env = {"runtime_env": {"env_vars": {"PYTHONPATH": pythonpath}}} if joins_cluster else {}
     if not joins_cluster:
-        without_api_server()
+        lean_private_ray()
     ray.init(**runtime_env, **RAY_INIT_ARGS)
 
 
-def without_api_server() -> None:
-    """Make this process's private Ray start without its API server.
+def lean_private_ray() -> None:
+    """Make this process's private Ray start without the three Python daemons a simulation never
+    uses; ``ray.init`` offers no switch for them (``ray start --head`` has ``--no-monitor``).
 
-    With ``include_dashboard=False`` Ray still starts its dashboard process as an "API server" that
-    loads only the usage-statistics module (ray-project/ray#26042), and ``ray.init`` waits until
-    that process has published its address: 0.5-1.4 s of every start on 2 cores (``benchmarks/
-    README.md``), and 0.6 CPU-s. Nothing in a simulation uses it (job submission, the state API and
-    usage statistics are its only clients), so the node's ``start_api_server`` step is skipped; Ray
-    treats that as an API server that failed to start, which it tolerates when the dashboard was
-    not asked for. A cluster joined with ``RAY_ADDRESS`` is left as it was started."""
+    * The API server. With ``include_dashboard=False`` Ray still starts its dashboard process as
+      an "API server" that loads only the usage-statistics module (ray-project/ray#26042), and
+      ``ray.init`` waits until that process has published its address: 0.5-1.4 s of every start on
+      2 cores, and 0.6 CPU-s. Its only clients are job submission, the state API and usage
+      statistics. Ray treats the skipped step as an API server that failed to start, which it
+      tolerates when the dashboard was not asked for.
+    * The autoscaler monitor (``monitor.py``, 0.4 CPU-s): it scales a cluster by its autoscaling
+      config, and a private Ray has none (``RayParams.no_monitor``, what ``--no-monitor`` sets).
+    * The log monitor (``log_monitor.py``, 0.4 CPU-s): it streams the workers' log files to the
+      driver, and ``RAY_INIT_ARGS`` turn that off (``log_to_driver=False``); the files are still
+      written in Ray's session folder (``RayParams.include_log_monitor``).
+
+    Together about 1.4 CPU-s, all of it while the run starts (``benchmarks/README.md``). A cluster
+    joined with ``RAY_ADDRESS`` is left as it was started."""
     from ray._private.node import Node
 
     Node.start_api_server = skip_api_server
+    Node.start_monitor = skip_daemon
+    Node.start_log_monitor = skip_daemon
 
 
 def skip_api_server(node, *, include_dashboard, raise_on_failure) -> None:
     """``ray._private.node.Node.start_api_server`` for a simulation's private Ray: starts nothing."""
+
+
+def skip_daemon(node) -> None:
+    """``Node.start_monitor`` and ``Node.start_log_monitor`` for a simulation's private Ray: start nothing."""
 
 
 def use_light_actor() -> None:
