@@ -357,6 +357,11 @@ assert not missing, f"the actor cannot import what the driver can: {missing}"
 heavy = [m for m in modules if m.split(".")[0] in ("sqlalchemy", "alembic") or m.startswith("flwr.simulation")]
 assert not heavy, f"the actor's worker imported Flower's simulation package and its SQL state: {heavy[:8]}"
 unused = [c for c in ray_processes if any(d in c for d in ("dashboard/dashboard.py", "monitor.py"))]
+# ray.init found its raylet through the prompt lookup, which gives Ray's own record of the node
+from ray._private import services
+node = ray._private.worker.global_worker.node
+assert getattr(services.get_node, "__wrapped__", None), "ray.init asked for its node through Ray's one-second retry"
+assert services.get_node(node.gcs_address, node.node_id) == services.get_node.__wrapped__(node.gcs_address, node.node_id)
 assert any("raylet" in c for c in ray_processes) and not unused, f"Ray started daemons no simulation uses: {unused}"
 print("ok")
 """
@@ -371,7 +376,8 @@ def test_the_clientapp_actors_start_in_the_workers_ray_prestarted_and_import_onl
     passes the app's reply through, and its worker never imports ``flwr.simulation`` (whose
     ``__init__`` pulls in SQLAlchemy and Alembic, about 1 CPU-s per actor). And the private Ray runs
     without the API server ``ray.init`` would otherwise start and wait for, the autoscaler monitor
-    and the log monitor (``simulation.lean_private_ray``)."""
+    and the log monitor, and ``ray.init`` found its raylet through the lookup that polls instead of
+    sleeping a second (``simulation.lean_private_ray``)."""
     import os
     import shutil
     import subprocess
