@@ -8,7 +8,8 @@ generated CIFAR-10-shaped arrays (50 000 + 10 000 uint8 images 32x32x3, 10 label
 an ``npz`` dataset, so nothing is downloaded; speed does not depend on the pixel values.
 
 For each method, ``fedsuite simulate`` runs as users run it (``harness.timed_cli_run``: the CLI, its
-SuperLink, Flower's simulation, Ray actors sharing the GPU with ``--num-gpus``), and the plain loop
+simulation process running Flower's Simulation Engine, Ray actors sharing the GPU with
+``--num-gpus``), and the plain loop
 (``harness.plain_fedavg``: FedAvg, the same cohorts, steps and evaluation, one client after another
 in one process) runs the same model. Printed per method: fedsuite s/round (median of rounds 2..R),
 the plain FedAvg loop's s/round for that model, their ratio, the issue-12 target and whether it is
