@@ -181,13 +181,16 @@ def assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray], exact
             np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+#: where ``make_task`` keeps its client's state when the test names no folder (a fresh folder per
+#: task, so no two tasks share state); removed when the test process exits
+TASK_STATE_SCRATCH = tempfile.TemporaryDirectory(prefix="fedsuite-task-state-")
+
+
 def make_task(cfg_values: dict[str, Any] | None = None, *, pid: int = 0, server_round: int = 1,
               extras: dict[str, dict[str, torch.Tensor]] | None = None, config: dict[str, Any] | None = None,
               state_dir: Path | None = None, seed: int = 0):
     """A LocalTask for one client of the FAST synthetic setup, built without Flower: for unit tests of
     client rules and plug-ins. Returns (task, cfg). ``cfg_values`` override FAST (dotted keys allowed)."""
-    import tempfile
-
     from fedsuite import models, runtime
     from fedsuite.state import ClientState
     from fedsuite.training import LocalData, LocalTask
@@ -203,7 +206,7 @@ def make_task(cfg_values: dict[str, Any] | None = None, *, pid: int = 0, server_
     conf = {"server-round": server_round, "lr": cfg.lr, **(config or {})}
     task = LocalTask(
         model=model, received=received, extras=extras or {}, config=conf, cfg=cfg, data=data,
-        state=ClientState(None, state_dir or Path(tempfile.mkdtemp()), pid, server_round), partition_id=pid,
+        state=ClientState(None, state_dir or Path(tempfile.mkdtemp(dir=TASK_STATE_SCRATCH.name)), pid, server_round), partition_id=pid,
         server_round=server_round, lr=float(conf["lr"]), device=torch.device("cpu"),
         generator=torch.Generator().manual_seed(seed),
     )

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,9 +74,16 @@ def _write_toml(path: Path, values: dict[str, Any]) -> Path:
 
 
 def _kill_9(proc: subprocess.Popen, run_dir: Path) -> None:
-    """SIGKILL the whole run at once, as a power cut would: nobody gets to clean up."""
+    """SIGKILL the whole run at once, as a power cut would: nobody gets to clean up. The private Ray's
+    temporary folder, which a power cut leaves in /tmp until the machine boots, is then removed here."""
     flwr_home = run_dir / ".flwr"
     victims = process_tree(proc, ("FLWR_HOME", str(flwr_home)))
+    ray_tmpdirs = set()
+    for p in victims:
+        try:
+            ray_tmpdirs.add(p.environ().get("RAY_TMPDIR"))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
     for p in victims:
         try:
             p.send_signal(signal.SIGKILL)
@@ -85,6 +93,8 @@ def _kill_9(proc: subprocess.Popen, run_dir: Path) -> None:
     proc.wait(timeout=15)
     left = [p.pid for p in process_tree(proc, ("FLWR_HOME", str(flwr_home))) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"processes of the killed run survived: {left}"
+    for path in ray_tmpdirs - {None}:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _state_files(run_dir: Path) -> list[Path]:

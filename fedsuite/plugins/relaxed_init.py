@@ -55,6 +55,7 @@ rounds ago gives a zero offset; it does not apply to w^0, which ``first_visit`` 
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -250,7 +251,9 @@ class RelaxedInitServer(ServerHooks):
         self.strategy = strategy
         setup = strategy.setup
         self.keys = setup.trainable_keys()  # buffers are not relaxed (spec A18)
-        root = Path(setup.run_dir) if setup.run_dir is not None else Path(_tmpdir())
+        # no run folder (a strategy built outside a run): a scratch folder, removed with this object
+        self._scratch = None if setup.run_dir is not None else tempfile.TemporaryDirectory(prefix="fedsuite-ri-")
+        root = Path(setup.run_dir) if self._scratch is None else Path(self._scratch.name)
         self.store = ArrayStore(root / "relaxed-init-server")
         self.initial = {k: torch.from_numpy(np.asarray(setup.initial[k])) for k in self.keys}
         self.index: dict[int, int] = self._scan()  # pid -> round its ŵ_i was made in
@@ -314,8 +317,3 @@ class RelaxedInitServer(ServerHooks):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.index = {int(k): int(v) for k, v in state.get("index", {}).items()}
 
-
-def _tmpdir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="fedsuite-ri-")
