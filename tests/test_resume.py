@@ -101,6 +101,14 @@ def _state_files(run_dir: Path) -> list[Path]:
     return [p for p in (run_dir / "client-state").glob("client-*/*") if p.suffix in (".pt", ".json")]
 
 
+def _mtime_ns(path: Path) -> int:
+    """A live run's file's modification time; -1 if the run pruned it since it was listed."""
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return -1
+
+
 def _kill_mid_round(proc: subprocess.Popen, run_dir: Path, rng: random.Random, log: Path) -> dict[str, int]:
     """Wait until round ``c`` (seeded) is checkpointed and ``j`` (seeded) client-state files of round
     c + 1 have been written, then SIGKILL everything. Returns the kill point for the report."""
@@ -114,7 +122,7 @@ def _kill_mid_round(proc: subprocess.Popen, run_dir: Path, rng: random.Random, l
         rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
         if any(r["round"] >= target for r in rows) and ckpt.is_file():
             since = ckpt.stat().st_mtime_ns
-            fresh = [p for p in _state_files(run_dir) if p.stat().st_mtime_ns > since]
+            fresh = [p for p in _state_files(run_dir) if _mtime_ns(p) > since]
             if len(fresh) >= files:
                 break
         time.sleep(0.02)
