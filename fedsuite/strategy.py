@@ -46,7 +46,8 @@ from fedsuite.arrays import trainable_keys, weighted_mean
 from fedsuite.plugins import ServerHooks, active_plugins
 from fedsuite.seeding import COHORT_TAG, round_rng
 from fedsuite.wire import (
-    ARRAYS, CONFIG, STATISTICS, STATISTICS_QUERY, ClientReply, NDArrays, nonfinite_values, record_nbytes, to_ndarrays,
+    ARRAYS, CONFIG, STATISTICS, STATISTICS_QUERY, ClientReply, NDArrays, decode_records, nonfinite_values,
+    record_nbytes, to_ndarrays,
     to_record,
 )
 
@@ -324,11 +325,12 @@ class FedSuiteStrategy(FedAvg):
                 problem = f"reply lacks {STATISTICS!r}"
             else:
                 self.round_log.bytes_received += record_nbytes(msg.content)
-                problem = nonfinite_values(msg.content)
+                records = decode_records(msg.content)
+                problem = nonfinite_values(records)
             if problem:
                 self.record_drop(pid, f"statistics query: {problem}")
             else:
-                stats[pid] = to_ndarrays(msg.content[STATISTICS])
+                stats[pid] = records[STATISTICS]
         for pid in sorted(set(asked.values()) - answered):
             self.record_drop(pid, f"statistics query: {DROP_TIMEOUT} ({self.cfg.round_timeout_s:g} s)")
         return dict(sorted(stats.items()))
@@ -339,25 +341,26 @@ class FedSuiteStrategy(FedAvg):
         good: list[ClientReply] = []
         for msg in replies:
             pid = self.reply_pid(msg)
-            problem = None
+            records: dict[str, NDArrays] = {}
             if msg.has_error():
                 problem = f"client error: {failure_reason(msg.error.reason)}"
             else:
                 self.round_log.bytes_received += record_nbytes(msg.content)
-                problem = self._check_reply(msg.content)
+                problem = self._check_reply_layout(msg.content)
+                if problem is None:
+                    records = decode_records(msg.content)
+                    problem = nonfinite_values(records)
             if problem:
                 log.warning("round %s: dropped reply of client %s: %s", self.round_log.round, pid, problem)
                 self.round_log.drop(pid, problem)
                 continue
-            content = msg.content
-            metrics = {k: float(v) for k, v in content["metrics"].items() if not isinstance(v, list)}
-            extras = {name: to_ndarrays(rec) for name, rec in content.array_records.items() if name != "arrays"}
-            good.append(
-                ClientReply(pid, to_ndarrays(content["arrays"]), int(metrics["num-examples"]), metrics, extras)
-            )
+            metrics = {k: float(v) for k, v in msg.content["metrics"].items() if not isinstance(v, list)}
+            arrays = records.pop("arrays")
+            good.append(ClientReply(pid, arrays, int(metrics["num-examples"]), metrics, records))
         return sorted(good, key=lambda r: r.partition_id)
 
-    def _check_reply(self, content: RecordDict) -> str | None:
+    def _check_reply_layout(self, content: RecordDict) -> str | None:
+        """What is wrong with a reply's records, names and shapes (read before any array is decoded)."""
         if "arrays" not in content.array_records or "metrics" not in content.metric_records:
             return "reply lacks 'arrays' or 'metrics'"
         if "num-examples" not in content["metrics"]:
@@ -368,7 +371,7 @@ class FedSuiteStrategy(FedAvg):
         for key, arr in arrays.items():
             if tuple(arr.shape) != tuple(self.template[key].shape):
                 return f"array {key!r} has shape {tuple(arr.shape)}, expected {tuple(self.template[key].shape)}"
-        return nonfinite_values(content)
+        return None
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round = self.global_round(server_round)

@@ -86,11 +86,15 @@ def record_checksum(record: ArrayRecord) -> int:
     return crc
 
 
-def nonfinite_values(content: RecordDict) -> str | None:
-    """The first floating-point array of ``content`` holding NaN or ±inf, named; None if there is none."""
-    for name, rec in content.array_records.items():
-        for key, arr in rec.items():
-            value = arr.numpy()
+def decode_records(content: RecordDict) -> dict[str, NDArrays]:
+    """Every ArrayRecord of ``content`` as numpy arrays, by record name (each array decoded once)."""
+    return {name: to_ndarrays(rec) for name, rec in content.array_records.items()}
+
+
+def nonfinite_values(records: Mapping[str, NDArrays]) -> str | None:
+    """The first floating-point array of decoded ``records`` holding NaN or ±inf, named; None if none."""
+    for name, arrays in records.items():
+        for key, value in arrays.items():
             if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
                 return f"non-finite values in {name}[{key!r}]"
     return None

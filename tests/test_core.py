@@ -114,6 +114,47 @@ def test_cohort_sampling_is_seeded_by_partition_id():
     assert all(len(set(a.sample_cohort(r))) == 5 for r in range(1, 6))
 
 
+def test_weighted_sum64_is_numpys_float64_loop_bit_for_bit(monkeypatch):
+    """The torch, block-at-a-time accumulation is the plain loop ``acc += a.astype(float64) * (w/Σw)``
+    bit for bit: blocks that do not divide the arrays, float32/float64/integer arrays, a 0-d buffer,
+    a non-contiguous array and a read-only one (as replies decoded from the wire are), no warning.
+    The cast back agrees with numpy's ``astype`` on ties, subnormals and overflow."""
+    import warnings
+
+    from fedsuite import arrays as arrays_module
+
+    monkeypatch.setattr(arrays_module, "SUM_BLOCK", 7)
+    rng = np.random.default_rng(3)
+    like = {"w": np.zeros((5, 3), np.float32), "d": np.zeros(11, np.float64), "t": np.zeros((4, 6), np.float32),
+            "n": np.array(0, np.int64)}
+
+    def client(i: int) -> dict[str, np.ndarray]:
+        read_only = rng.normal(size=11) * 10.0 ** rng.integers(-30, 30, size=11)
+        read_only.setflags(write=False)
+        return {"w": rng.normal(size=(5, 3)).astype(np.float32), "d": read_only,
+                "t": rng.normal(size=(6, 4)).astype(np.float32).T, "n": np.array(7 * i + 1)}
+
+    replies, weights = [client(i) for i in range(5)], [3.0, 1.0, 0.5, 7.0, 2.25]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = arrays_module.weighted_sum64(replies, weights, like)
+        mean = weighted_mean(replies, weights, like)
+    total = sum(weights)
+    for key, ref in like.items():
+        acc = np.zeros(ref.shape, np.float64)
+        for a, w in zip(replies, weights):
+            acc += a[key].astype(np.float64) * (w / total)
+        assert got[key].dtype == np.float64 and got[key].shape == ref.shape
+        assert got[key].tobytes() == acc.tobytes(), key
+        expected = np.rint(acc).astype(ref.dtype) if key == "n" else acc.astype(ref.dtype)
+        assert mean[key].dtype == ref.dtype and mean[key].tobytes() == expected.tobytes(), key
+
+    edges = np.array([1e-320, 3.4e38, 3.5e38, -0.0, np.inf, 1 + 2**-24, 1 + 3 * 2**-24, 1e-45, 7e-46])
+    for dtype in (np.float32, np.float16):
+        with np.errstate(over="ignore"):
+            assert arrays_module.cast_like(edges, np.zeros(1, dtype)).tobytes() == edges.astype(dtype).tobytes()
+
+
 def test_weighted_mean_helper_casts_integers():
     out = weighted_mean([{"x": np.array([1, 2])}, {"x": np.array([2, 5])}], [1, 1], {"x": np.array([0, 0])})
     assert out["x"].dtype == np.array([0]).dtype and out["x"].tolist() == [2, 4]
