@@ -57,8 +57,8 @@ def _flat_view(array: np.ndarray) -> torch.Tensor:
 
 
 def _tensor_view(array: np.ndarray) -> torch.Tensor:
-    """``array`` as a tensor sharing its memory. Replies decoded from the wire are read-only buffers;
-    they are only read here, so torch's warning about writing to them does not apply."""
+    """``array`` as a tensor sharing its memory. The callers here only read it, so torch's warning
+    about a read-only array (a view of an immutable buffer) does not apply."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.from_numpy(np.asarray(array))

@@ -47,8 +47,7 @@ from fedsuite.plugins import ServerHooks, active_plugins
 from fedsuite.seeding import COHORT_TAG, round_rng
 from fedsuite.wire import (
     ARRAYS, CONFIG, STATISTICS, STATISTICS_QUERY, ClientReply, NDArrays, decode_records, nonfinite_values,
-    record_nbytes, to_ndarrays,
-    to_record,
+    record_nbytes, to_ndarrays, to_record,
 )
 
 log = logging.getLogger("fedsuite")

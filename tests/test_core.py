@@ -117,7 +117,7 @@ def test_cohort_sampling_is_seeded_by_partition_id():
 def test_weighted_sum64_is_numpys_float64_loop_bit_for_bit(monkeypatch):
     """The torch, block-at-a-time accumulation is the plain loop ``acc += a.astype(float64) * (w/Σw)``
     bit for bit: blocks that do not divide the arrays, float32/float64/integer arrays, a 0-d buffer,
-    a non-contiguous array and a read-only one (as replies decoded from the wire are), no warning.
+    a non-contiguous array and a read-only one (a view of an immutable buffer), no warning.
     The cast back agrees with numpy's ``astype`` on ties, subnormals and overflow."""
     import warnings
 
