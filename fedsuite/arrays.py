@@ -38,7 +38,7 @@ def weighted_sum64(arrays: Sequence[NDArrays], weights: Sequence[float], like: N
     out: dict[str, np.ndarray] = {}
     scratch = torch.empty(SUM_BLOCK, dtype=torch.float64)
     for key, ref in like.items():
-        flat = [_flat_view(a[key]) for a in arrays]
+        flat = [_tensor_view(a[key]).reshape(-1) for a in arrays]  # a copy only where not contiguous
         acc = torch.zeros(np.size(ref), dtype=torch.float64)
         for lo in range(0, acc.numel(), SUM_BLOCK):
             hi = min(lo + SUM_BLOCK, acc.numel())
@@ -49,11 +49,6 @@ def weighted_sum64(arrays: Sequence[NDArrays], weights: Sequence[float], like: N
                 acc_block.add_(term)
         out[key] = acc.numpy().reshape(np.shape(ref))
     return out
-
-
-def _flat_view(array: np.ndarray) -> torch.Tensor:
-    """A flat torch view of ``array`` (a copy only where it is not contiguous)."""
-    return _tensor_view(array).reshape(-1)
 
 
 def _tensor_view(array: np.ndarray) -> torch.Tensor:
