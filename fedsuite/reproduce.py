@@ -21,9 +21,11 @@ tables that name the same setting share their runs.
 
 The report (:func:`write_report`, also ``--report`` alone) has per cell the published value, the
 obtained mean ± std (the target's reading: :func:`run_value`, :func:`aggregate`), their difference
-(paper scale only) and, per row, whether each ordering of the published table holds in the obtained
-numbers (:func:`claims`, :func:`verdict`); as ``report.md`` and ``report.csv``, plus one
-accuracy-versus-round figure per row (mean over seeds with a ± std band).
+(paper scale only) and, per row, each ordering the paper claims (a row's ``claims``, else read off
+its published numbers) judged on the differences paired by seed: holds, within noise, reversed or
+not judged (:func:`claims`, :func:`paired_verdict`); as ``report.md``, ``report.csv`` (cells) and
+``claims.csv`` (orderings), plus one accuracy-versus-round figure per row (mean over seeds with a
+± std band). A ``<paper>-claims`` target holds a paper's headline orderings as such rows.
 """
 
 from __future__ import annotations
@@ -79,6 +81,10 @@ class Row:
     cpu_target_accuracy: float | None = None
     note: str = ""
     methods: list[str] | None = None  # the columns this row runs (None: every method of the target)
+    cpu_method_set: dict[str, list[str]] = field(default_factory=dict)  # method_set at cpu scale only
+    # the orderings the paper claims in this row, (better, worse) each; None: read them off the
+    # published numbers (ours against every other method, and the target's ``compare`` pairs)
+    claims: list[tuple[str, str]] | None = None
 
 
 @dataclass
@@ -125,6 +131,14 @@ def _strings(value: Any, where: str) -> list[str]:
     return list(value)
 
 
+def _pairs(value: Any, where: str) -> list[tuple[str, str]]:
+    if not isinstance(value, list) or not value or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(m, str) for m in p) and p[0] != p[1]
+            for p in value):
+        raise ReproduceError(f"{where}: expected a list of [better, worse] method pairs, got {value!r}")
+    return [(p[0], p[1]) for p in value]
+
+
 def parse_tables(path: Path) -> dict[str, Target]:
     """The targets of one tables file; a missing or malformed key raises :class:`ReproduceError`
     naming the file and the key. Config paths are relative to the file's folder."""
@@ -151,6 +165,9 @@ def parse_tables(path: Path) -> dict[str, Target]:
                     published={m: _published(v, f"{rw}.published.{m}") for m, v in r.get("published", {}).items()},
                     target_accuracy=r.get("target_accuracy"), cpu_target_accuracy=r.get("cpu_target_accuracy"),
                     note=r.get("note", ""), methods=r.get("methods"),
+                    cpu_method_set={m: _strings(v, f"{rw}.cpu_method_set.{m}")
+                                    for m, v in r.get("cpu_method_set", {}).items()},
+                    claims=_pairs(r["claims"], rw + ".claims") if "claims" in r else None,
                 ))
             target = Target(
                 name=name, file=path, paper=data.get("paper", path.parent.name), title=t.get("title", name),
@@ -169,9 +186,14 @@ def parse_tables(path: Path) -> dict[str, Target]:
         if target.spread not in ("seeds", "pooled"):
             raise ReproduceError(f"{where}.spread: {target.spread!r}; allowed: seeds, pooled")
         unknown = {target.ours, *(m for p in target.compare for m in p)} - set(methods)
-        unknown |= {m for r in rows for m in (*r.published, *r.method_set, *(r.methods or ())) if m not in methods}
+        unknown |= {m for r in rows for m in (*r.published, *r.method_set, *r.cpu_method_set, *(r.methods or ()),
+                                              *(m for p in r.claims or () for m in p)) if m not in methods}
         if unknown:
             raise ReproduceError(f"{where}: methods {', '.join(sorted(unknown))} are not in its [methods]")
+        unrun = [f"{r.name}: {m}" for r in rows if r.methods is not None
+                 for m in {m for p in r.claims or () for m in p} if m not in r.methods]
+        if unrun:
+            raise ReproduceError(f"{where}: a claim names a method its row does not run ({', '.join(sorted(unrun))})")
         if target.metric == "rounds" and any(r.target_accuracy is None for r in rows):
             raise ReproduceError(f"{where}: metric 'rounds' needs target_accuracy on every row")
         out[name] = target
@@ -231,10 +253,11 @@ def placement_options(num_gpus: float | None, ray_address: str | None) -> list[s
 
 def cell_overrides(target: Target, row: Row, method: str, scale: str) -> list[str]:
     """The ``--set`` overrides of one cell, later ones winning: target.set, row.set, the method's
-    set, row.method_set[method]; at ``cpu`` scale then target.cpu.set and row.cpu_set."""
+    set, row.method_set[method]; at ``cpu`` scale then target.cpu.set, row.cpu_set and
+    row.cpu_method_set[method]."""
     items = [*target.set, *row.set, *target.methods[method][1], *row.method_set.get(method, [])]
     if scale == "cpu":
-        items += [*target.cpu_set, *row.cpu_set]
+        items += [*target.cpu_set, *row.cpu_set, *row.cpu_method_set.get(method, [])]
     return items
 
 
@@ -258,14 +281,16 @@ def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = Non
     picked_methods = _pick("method", methods, list(target.methods), target.name)
     seed_list = list(seeds) if seeds else (target.cpu_seeds if scale == "cpu" else target.seeds)
     specs: dict[Path, RunSpec] = {}
-    for row in target.rows:
-        if row.name not in picked_rows:
-            continue
-        folder = (out / target.paper_key / scale / row.setting).resolve()
-        for method in picked_methods:
-            if row.methods is not None and method not in row.methods:
+    # seed-major: a queue stopped part-way leaves whole seeds (every method of a row), so the
+    # paired comparisons of the report (:func:`claims`) have as many pairs as the time allowed
+    for seed in seed_list:
+        for row in target.rows:
+            if row.name not in picked_rows:
                 continue
-            for seed in seed_list:
+            folder = (out / target.paper_key / scale / row.setting).resolve()
+            for method in picked_methods:
+                if row.methods is not None and method not in row.methods:
+                    continue
                 run_dir = folder / f"{method}-s{seed}"
                 if run_dir in specs:
                     continue
@@ -477,42 +502,86 @@ def aggregate(values: Sequence[float], tails: Sequence[Sequence[float]] = (), me
     return mean, (float(np.std(values)) if len(values) > 1 else None)
 
 
+#: how the report states the rule (:func:`paired_verdict`)
+VERDICT_RULE = (
+    "Verdict of each ordering the paper claims: the difference of the reading between the two methods is "
+    "taken per seed (a seed fixes the partition, the cohorts and the initial model) over the seeds where both "
+    "runs completed; **holds** if its mean exceeds two standard errors (sample sd / √n) in the paper's "
+    "direction, **reversed** if it does so in the other direction, **within noise** otherwise; **not judged** "
+    "with fewer than two paired seeds. A run that failed is left out and named under its row.")
+
+#: the verdicts of one claimed ordering (:func:`paired_verdict`)
+HOLDS, WITHIN_NOISE, REVERSED, NOT_JUDGED = "holds", "within noise", "reversed", "not judged"
+VERDICTS = (HOLDS, WITHIN_NOISE, REVERSED, NOT_JUDGED)
+
+
+def paired_verdict(differences: Sequence[float]) -> tuple[float | None, float | None, str]:
+    """(mean, standard error, verdict) of a claimed ordering from its per-seed differences
+    d_s = v_better(s) − v_worse(s), signed so that d_s > 0 agrees with the paper:
+
+        d̄ = (1/n) Σ_s d_s,   SE = sd(d) / √n  with sd the sample standard deviation (n − 1),
+
+    and the verdict ``holds`` if d̄ > 2·SE, ``reversed`` if d̄ < −2·SE, ``within noise`` otherwise.
+    With fewer than two paired seeds there is no standard error: ``not judged`` (d̄ is still given
+    for one seed). A seed fixes the partition, the cohorts and the initial model, so pairing by seed
+    removes the part of the spread that both methods share."""
+    d = np.asarray(list(differences), dtype=float)
+    if d.size == 0:
+        return None, None, NOT_JUDGED
+    mean = float(d.mean())
+    if d.size < 2:
+        return mean, None, NOT_JUDGED
+    se = float(d.std(ddof=1) / math.sqrt(d.size))
+    return mean, se, HOLDS if mean > 2 * se else REVERSED if mean < -2 * se else WITHIN_NOISE
+
+
 @dataclass
 class Claim:
-    """One ordering of the published table: ``better`` beat ``worse`` there; ``holds`` says
-    whether the obtained numbers agree (None: a cell is missing)."""
+    """One ordering the paper claims: ``better`` beat ``worse``. ``differences``: per seed where both
+    runs completed, better's value minus worse's in the direction the paper calls better (in %
+    points, or rounds saved for a rounds-to-target table)."""
 
     better: str
     worse: str
-    holds: bool | None
+    differences: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def result(self) -> tuple[float | None, float | None, str]:
+        """(mean difference, standard error, verdict): :func:`paired_verdict`."""
+        return paired_verdict([self.differences[s] for s in sorted(self.differences)])
+
+    @property
+    def verdict(self) -> str:
+        return self.result[2]
 
 
-def claims(published: dict[str, float], obtained: dict[str, float | None], pairs: Sequence[tuple[str, str]],
-           higher_is_better: bool = True) -> list[Claim]:
-    """For each pair (a, b) with both published and not tied there, the published order as a claim
-    ("a beats b" or "b beats a"), and whether the obtained values order them the same way (strictly).
-    A method that never reached a rounds target has value ``inf``."""
+def claims(published: dict[str, float], obtained: dict[str, dict[int, float]], pairs: Sequence[tuple[str, str]],
+           higher_is_better: bool = True, stated: Sequence[tuple[str, str]] | None = None) -> list[Claim]:
+    """The orderings to judge and their per-seed differences. ``obtained``: method -> {seed: run
+    value} of the completed runs. The orderings are ``stated`` ((better, worse) pairs, as a claims
+    row names them) or, when None, read off the published numbers: for each pair (a, b) with both
+    published and not tied there, "a beats b" or "b beats a" as the paper has it. A run value of
+    ``inf`` (never reached a rounds target) is the caller's to censor before."""
+    sign = 1 if higher_is_better else -1
+    if stated is None:
+        stated = []
+        for a, b in pairs:
+            if a in published and b in published and published[a] != published[b]:
+                stated.append((a, b) if sign * (published[a] - published[b]) > 0 else (b, a))
     out = []
-    for a, b in pairs:
-        if a not in published or b not in published or published[a] == published[b]:
-            continue
-        sign = 1 if higher_is_better else -1
-        better, worse = (a, b) if sign * (published[a] - published[b]) > 0 else (b, a)
-        ob, ow = obtained.get(better), obtained.get(worse)
-        holds = None if ob is None or ow is None else bool(sign * (ob - ow) > 0)
-        out.append(Claim(better, worse, holds))
+    for better, worse in stated:
+        vb, vw = obtained.get(better, {}), obtained.get(worse, {})
+        out.append(Claim(better, worse, {s: sign * (vb[s] - vw[s]) for s in sorted(vb) if s in vw}))
     return out
 
 
 def verdict(row_claims: Sequence[Claim]) -> str:
-    """``holds`` (every claim holds), ``fails k/n`` (k claims do not), ``incomplete`` (no claim
-    fails but some cell is missing) or ``no claim``."""
+    """A row's claims in one phrase: how many got each verdict (``2 hold, 1 within noise``), or
+    ``no claim``."""
     if not row_claims:
         return "no claim"
-    failed = sum(1 for c in row_claims if c.holds is False)
-    if failed:
-        return f"fails {failed}/{len(row_claims)}"
-    return "incomplete" if any(c.holds is None for c in row_claims) else "holds"
+    counts = {v: sum(1 for c in row_claims if c.verdict == v) for v in VERDICTS}
+    return ", ".join(f"{n} {'hold' if v == HOLDS and n > 1 else v}" for v, n in counts.items() if n)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -541,10 +610,11 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
             continue
         methods = [m for m in target.methods if any(s.method == m for s in mine)]
         acc = row.cpu_target_accuracy if scale == "cpu" else row.target_accuracy
-        cells, curves = {}, {}
+        cells, curves, by_seed = {}, {}, {}
         for m in methods:
             runs = [s for s in mine if s.method == m]
             values, tails, bests, seed_rows = [], [], [], []
+            by_seed[m] = {}
             for s in runs:
                 if run_state(s.run_dir) != "completed":
                     continue
@@ -558,6 +628,9 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
                 tails.append(tail)
                 bests.append(100 * max(a for _, a in evals))
                 seed_rows.append(metrics)
+                # a run that never reached a rounds target counts as reaching it one round after
+                # its end (a lower bound), so that the paired difference stays finite
+                by_seed[m][s.seed] = min(value, s.rounds + 1.0)
             mean, std = aggregate(values, tails, target.metric, target.spread)
             pub = row.published.get(m)
             diff = (mean - pub[0] if scale == "paper" and pub and mean is not None
@@ -569,16 +642,17 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
                 curves[f"{target.methods[m][0]}"] = seed_rows
         pairs = [(target.ours, m) for m in methods if m != target.ours] + \
                 [p for p in target.compare if p[0] in methods and p[1] in methods]
-        row_claims = claims({m: v[0] for m, v in row.published.items() if m in methods},
-                            {m: c["mean"] for m, c in cells.items()}, pairs, higher_is_better=target.metric == "accuracy")
+        row_claims = claims({m: v[0] for m, v in row.published.items() if m in methods}, by_seed, pairs,
+                            higher_is_better=target.metric == "accuracy", stated=row.claims)
         rows.append({"row": row, "cells": cells, "claims": row_claims, "verdict": verdict(row_claims),
                      "curves": curves, "target_accuracy": acc})
     return rows
 
 
 def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: Path) -> Path:
-    """Write ``report.md``, ``report.csv`` and ``<row>.png`` (accuracy vs round, band over seeds)
-    into ``folder``; returns the Markdown path."""
+    """Write ``report.md``, ``report.csv`` (one line per cell), ``claims.csv`` (one line per claimed
+    ordering: its paired differences and verdict) and ``<row>.png`` (accuracy vs round, band over
+    seeds) into ``folder``; returns the Markdown path."""
     from fedsuite.results import plot_groups
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -595,11 +669,13 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
               f"mean of its last {target.last} evaluations (std: "
               + ("pooled over those evaluations of all seeds" if target.spread == "pooled" else "over seeds")
               + ")") + "; best = mean over seeds of each run's best evaluation.", "",
-          "| row | verdict | orderings held |", "|---|---|---|"]
+          VERDICT_RULE, "",
+          "| row | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * len(VERDICTS)]
     for d in data:
-        held = sum(1 for c in d["claims"] if c.holds)
-        md.append(f"| {d['row'].label} | {d['verdict']} | {held}/{len(d['claims'])} |")
-    csv_rows = []
+        md.append(f"| {d['row'].label} | " + " | ".join(
+            str(sum(1 for c in d["claims"] if c.verdict == v)) for v in VERDICTS) + " |")
+    csv_rows, claim_rows = [], []
+    unit_short = "rounds" if target.metric == "rounds" else "points"
     for d in data:
         row = d["row"]
         md += ["", f"## {row.label}" + (f" (target {d['target_accuracy']:g}%)" if d["target_accuracy"] else ""), ""]
@@ -619,10 +695,22 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                 "seeds_completed": c["seeds"], "seeds_planned": c["planned"], "best_mean": "" if c["best"] is None else c["best"],
                 "difference": "n/a" if scale == "cpu" else ("" if c["diff"] is None else c["diff"]),
                 "row_verdict": d["verdict"]})
-        marks = {True: "holds", False: "does not hold", None: "missing"}
-        md += ["", "Orderings of the published table: " + ("; ".join(
-            f"{target.methods[c.better][0]} > {target.methods[c.worse][0]}: {marks[c.holds]}" for c in d["claims"])
-            or "none") + f". **Verdict: {d['verdict']}.**"]
+        md += ["", f"Orderings the paper claims, paired by seed (difference = the first method's value minus the "
+               f"second's, in {unit_short}, positive where the paper says):", ""]
+        if d["claims"]:
+            md += ["| ordering | seeds paired | mean difference | standard error | verdict |", "|---|---|---|---|---|"]
+        for c in d["claims"]:
+            mean, se, word = c.result
+            label = f"{target.methods[c.better][0]} > {target.methods[c.worse][0]}"
+            md.append(f"| {label} | {len(c.differences)} | {'-' if mean is None else f'{mean:+.2f}'} | "
+                      f"{'-' if se is None else f'{se:.2f}'} | **{word}** |")
+            claim_rows.append({"target": target.name, "scale": scale, "row": row.name, "better": c.better,
+                               "worse": c.worse, "seeds_paired": len(c.differences),
+                               "seeds": " ".join(str(s) for s in sorted(c.differences)),
+                               "differences": " ".join(f"{c.differences[s]:.4f}" for s in sorted(c.differences)),
+                               "mean_difference": "" if mean is None else mean,
+                               "standard_error": "" if se is None else se, "verdict": word})
+        md += ["", f"**Row: {d['verdict']}.**"]
         incomplete = [why_incomplete(sp) for sp in specs
                       if sp.row.setting == row.setting and run_state(sp.run_dir) != "completed"]
         if incomplete:
@@ -639,6 +727,11 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         writer.writerows(csv_rows)
+    with (folder / "claims.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["target", "scale", "row", "better", "worse", "seeds_paired", "seeds",
+                                                "differences", "mean_difference", "standard_error", "verdict"])
+        writer.writeheader()
+        writer.writerows(claim_rows)
     return folder / "report.md"
 
 
