@@ -3,8 +3,9 @@
 * The tables files hold the specs' numbers: every published cell of every target is compared with
   the table parsed from ``../shared/specs/*.md`` (beside the repository root).
 * Every cell of every target builds a valid config at both scales (no run).
-* The report's maths (run value, mean ± std over seeds or pooled, ordering claims, verdicts) on
-  hand-made inputs.
+* The report's maths (run value, mean ± std over seeds or pooled, ordering claims and their verdict
+  from seed-paired differences: holds, within noise, reversed, not judged) on hand-made inputs;
+  the claims targets (issue 32) parse into the papers' headline orderings and plan seed by seed.
 * Bad input: one line, exit code 2, nothing started (unknown target/row/method, missing data).
 * End to end, real processes: a tiny target (the generated synthetic dataset, 2 methods x 2 seeds x
   2 rounds) is SIGKILLed as a process group while its second run is mid-way, then started again:
@@ -31,7 +32,8 @@ import pytest
 import torch
 
 from fedsuite import reproduce
-from fedsuite.reproduce import Claim, aggregate, claims, run_value, verdict
+from fedsuite.reproduce import (HOLDS, NOT_JUDGED, REVERSED, WITHIN_NOISE, Claim, aggregate, claims, paired_verdict,
+                                run_value, verdict)
 from fedsuite.results import read_metrics
 from tests.conftest import assert_same_arrays
 
@@ -92,7 +94,8 @@ def test_every_spec_table_is_a_target(targets):
     assert sorted(targets) == sorted([
         "fedmr-table1", "fedmrur-table2", "fedmrur-table3", "fedmrur-table6",
         "fednlr-table1", "fednlr-table2", "fednlr-table3", "fedinit-table1", "fedinit-table2", "fedinit-table3",
-        "fedmr-study"])  # the one target that is not a paper table: issue 14's study (no published cells)
+        "fedmr-study",  # not a paper table: issue 14's study (no published cells)
+        "fedmr-claims", "fedmrur-claims", "fednlr-claims", "fedinit-claims"])  # the headline orderings (issue 32)
     # FedMR's spec: "This is the paper's only table"
     assert "only table" in (SPECS / "fedmr.md").read_text()
 
@@ -230,22 +233,103 @@ def test_aggregate_over_seeds_and_pooled():
     assert aggregate([math.inf, math.inf], metric="rounds") == (math.inf, None)
 
 
-def test_claims_follow_the_published_order():
-    published = {"ours": 55.0, "a": 50.0, "b": 57.0, "c": 55.0}
-    obtained = {"ours": 60.0, "a": 58.0, "b": 61.0, "c": 59.0}
-    got = claims(published, obtained, [("ours", "a"), ("ours", "b"), ("ours", "c")])
-    # a tie in the paper (c) makes no claim; b beat ours in the paper and does here too
-    assert got == [Claim("ours", "a", True), Claim("b", "ours", True)]
-    assert verdict(got) == "holds"
-    got = claims(published, {"ours": 57.0, "a": 58.0, "b": 61.0}, [("ours", "a"), ("ours", "b")])
-    assert got == [Claim("ours", "a", False), Claim("b", "ours", True)] and verdict(got) == "fails 1/2"
-    got = claims(published, {"ours": 57.0, "a": None}, [("ours", "a")])
-    assert got == [Claim("ours", "a", None)] and verdict(got) == "incomplete"
+def test_paired_verdict_rule():
+    """d̄ = mean of the per-seed differences, SE = sample sd / √n; holds beyond +2 SE, reversed
+    beyond −2 SE, within noise between; not judged with fewer than two pairs."""
+    mean, se, word = paired_verdict([1.0, 2.0, 3.0])
+    assert mean == pytest.approx(2.0) and se == pytest.approx(1 / math.sqrt(3)) and word == HOLDS
+    # the same mean with a spread that reaches zero within 2 SE: within noise
+    mean, se, word = paired_verdict([-2.0, 2.0, 6.0])
+    assert mean == pytest.approx(2.0) and se == pytest.approx(4 / math.sqrt(3)) and word == WITHIN_NOISE
+    assert paired_verdict([-1.0, -2.0, -3.0])[2] == REVERSED
+    # the boundary: d̄ = 2 SE exactly is not beyond it (d = [a − b, a + b] has d̄ = a, SE = b)
+    assert paired_verdict([1.0, 3.0]) == (2.0, 1.0, WITHIN_NOISE) and paired_verdict([1.02, 2.98])[2] == HOLDS
+    assert paired_verdict([-1.0, -3.0])[2] == WITHIN_NOISE and paired_verdict([-1.02, -2.98])[2] == REVERSED
+    # identical differences have SE 0: any non-zero mean is beyond it, zero is not
+    assert paired_verdict([0.5, 0.5, 0.5]) == (0.5, 0.0, HOLDS)
+    assert paired_verdict([0.0, 0.0]) == (0.0, 0.0, WITHIN_NOISE)
+    assert paired_verdict([3.0]) == (3.0, None, NOT_JUDGED) and paired_verdict([]) == (None, None, NOT_JUDGED)
+
+
+def test_claims_pair_runs_by_seed_and_leave_out_failed_runs():
+    """A claim's differences are taken seed by seed over the seeds where both runs completed (a
+    failed or missing run drops its seed from that claim only); the direction is the paper's."""
+    obtained = {"ours": {0: 60.0, 1: 62.0, 2: 61.0}, "a": {0: 58.0, 1: 59.0, 2: 60.5}, "b": {0: 61.0, 2: 60.0}}
+    got = claims({}, obtained, [], stated=[("ours", "a"), ("ours", "b"), ("ours", "c")])
+    assert got[0] == Claim("ours", "a", {0: 2.0, 1: 3.0, 2: 0.5})
+    assert got[0].result == (pytest.approx(11 / 6), pytest.approx(math.sqrt(19 / 36)), HOLDS)  # sd² = 19/12
+    assert got[1] == Claim("ours", "b", {0: -1.0, 2: 1.0}) and got[1].verdict == WITHIN_NOISE  # seed 1 of b failed
+    assert got[2] == Claim("ours", "c", {}) and got[2].verdict == NOT_JUDGED  # c never completed
+    assert verdict(got) == "1 holds, 1 within noise, 1 not judged"
+    assert verdict([Claim("x", "y", {0: 1.0, 1: 2.0}), Claim("x", "z", {0: 1.0, 1: 2.0})]) == "2 hold"
     assert verdict([]) == "no claim"
-    # rounds: lower is better, inf = never reached
-    got = claims({"ours": 200.0, "x": math.inf, "y": 150.0}, {"ours": 12.0, "x": 30.0, "y": math.inf},
-                 [("ours", "x"), ("ours", "y")], higher_is_better=False)
-    assert got == [Claim("ours", "x", True), Claim("y", "ours", False)]
+
+
+def test_claims_follow_the_published_order():
+    """Without stated claims, a row's orderings are read off its published numbers (ties make none)."""
+    published = {"ours": 55.0, "a": 50.0, "b": 57.0, "c": 55.0}
+    obtained = {"ours": {0: 60.0, 1: 61.0}, "a": {0: 58.0, 1: 58.5}, "b": {0: 61.0, 1: 63.0}, "c": {0: 59.0}}
+    got = claims(published, obtained, [("ours", "a"), ("ours", "b"), ("ours", "c")])
+    # b beat ours in the paper: the claim is "b > ours", and its differences are b − ours
+    assert got == [Claim("ours", "a", {0: 2.0, 1: 2.5}), Claim("b", "ours", {0: 1.0, 1: 2.0})]
+    # rounds to target: lower is better, so the difference is worse − better (rounds saved)
+    got = claims({"ours": 200.0, "x": math.inf}, {"ours": {0: 12.0, 1: 14.0}, "x": {0: 30.0, 1: 21.0}},
+                 [("ours", "x")], higher_is_better=False)
+    assert got == [Claim("ours", "x", {0: 18.0, 1: 7.0})]
+
+
+def test_the_claims_targets_hold_each_papers_headline_orderings(targets, tmp_path):
+    """Issue 32's orderings, one target per paper; at CPU scale every cell runs 200 rounds,
+    evaluated every 5, on 100 clients with 10 per round, over seeds 0, 1, 2, planned seed by seed."""
+    expected = {
+        "fedmrur-claims": {"c100-dir0.3": [("fedmrur", "mofedsam"), ("mofedsam", "fedavg"), ("fedmrur", "fedavg"),
+                                           ("fedmrur", "fedmrur-n")]},
+        "fednlr-claims": {"c10n100-dir0.1": [("fednlr", "fedavg"), ("feddyn-nlr", "feddyn")]},
+        "fedinit-claims": {"r18-c10-100-dir0.1": [("fedinit", "fedavg"), ("scaffold-ri", "scaffold")]},
+        "fedmr-claims": {"paper": [("fedmr", "fedavg"), ("fedmr-2stage", "fedavg")],
+                         "momentum-0.5": [("fedmr", "fedavg")]},
+    }
+    for name, rows in expected.items():
+        target = targets[name]
+        assert {r.name: r.claims for r in target.rows} == rows, name
+        specs = reproduce.plan(target, "cpu", tmp_path, data_root=str(tmp_path / "data"))
+        assert [s.seed for s in specs] == sorted(s.seed for s in specs), "seed-major order"
+        assert {s.seed for s in specs} == {0, 1, 2}, name
+        for s in specs:
+            cfg = reproduce.build_config(s.config, s.overrides)
+            assert (cfg.rounds, cfg.eval_every, cfg.num_clients, cfg.cohort_size, cfg.dataset) == \
+                (200, 5, 100, 10, "fmnist"), s.label
+    cfg = lambda s: reproduce.build_config(s.config, s.overrides)  # noqa: E731
+    cells = {(s.row.name, s.method): s for s in reproduce.plan(targets["fedmrur-claims"], "cpu", tmp_path, seeds=[0])}
+    assert cfg(cells["c100-dir0.3", "fedmrur-n"]).fedmrur.hyperbolic is False
+    assert cfg(cells["c100-dir0.3", "fedmrur"]).fedmrur.hyperbolic is True
+    assert {cfg(s).alpha for s in cells.values()} == {0.3}
+    cells = {(s.row.name, s.method): s for s in reproduce.plan(targets["fedmr-claims"], "cpu", tmp_path, seeds=[0])}
+    # FedMR-n aggregates for 20% of the rounds: 40 of 200 at CPU scale (cpu_method_set), 100 of 500 at paper scale
+    assert cfg(cells["paper", "fedmr-2stage"]).fedmr.first_stage_rounds == 40
+    assert cfg(cells["paper", "fedmr"]).fedmr.first_stage_rounds == 0
+    paper = {(s.row.name, s.method): s for s in reproduce.plan(targets["fedmr-claims"], "paper", tmp_path, seeds=[1])}
+    assert cfg(paper["paper", "fedmr-2stage"]).fedmr.first_stage_rounds == 100
+    assert cfg(cells["momentum-0.5", "fedmr"]).momentum == 0.5 and cfg(cells["paper", "fedavg"]).momentum == 0.9
+    # the rows the claims target shares with the study are the same cells, so they share runs
+    study = {(s.row.name, s.method): s for s in reproduce.plan(targets["fedmr-study"], "cpu", tmp_path, seeds=[0])}
+    for key in (("paper", "fedavg"), ("paper", "fedmr"), ("momentum-0.5", "fedavg"), ("momentum-0.5", "fedmr")):
+        assert study[key].run_dir == cells[key].run_dir and study[key].overrides == cells[key].overrides, key
+
+
+@pytest.mark.parametrize("claims_line, words", [
+    ('claims = [["a", "nope"]]', "nope are not in its [methods]"),
+    ('claims = [["a", "a"]]', "[better, worse] method pairs"),
+    ('claims = "a > b"', "[better, worse] method pairs"),
+    ('claims = [["a", "b"]]\nmethods = ["a"]', "a claim names a method its row does not run (r: b)"),
+])
+def test_a_bad_claims_row_is_refused_naming_it(tmp_path, claims_line, words):
+    bad = tmp_path / "tables.toml"
+    bad.write_text('[targets.t]\nours = "a"\n[targets.t.methods]\na = {}\nb = {}\n'
+                   f'[[targets.t.rows]]\nname = "r"\n{claims_line}\n')
+    with pytest.raises(reproduce.ReproduceError) as err:
+        reproduce.parse_tables(bad)
+    assert words in str(err.value) and "targets.t" in str(err.value)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -386,10 +470,17 @@ def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
     rows = list(csv.DictReader((report / "report.csv").open()))
     assert [(r["method"], r["seeds_completed"]) for r in rows] == [("fedavg", "2"), ("fedprox", "2")]
     assert all(r["obtained_mean"] and r["obtained_std"] and r["difference"] for r in rows)
-    values = {r["method"]: float(r["obtained_mean"]) for r in rows}
     md = (report / "report.md").read_text()
-    expected = "holds" if values["fedprox"] > values["fedavg"] else "fails 1/1"
-    assert f"| Synthetic, Dir 0.5 | {expected} |" in md
+    # the one published ordering (FedProx > FedAvg), judged on the two seeds' paired differences
+    (claim,) = list(csv.DictReader((report / "claims.csv").open()))
+    assert (claim["better"], claim["worse"], claim["seeds_paired"], claim["seeds"]) == ("fedprox", "fedavg", "2", "0 1")
+    runs_value = {(m, s): reproduce.run_value([(r["round"], r["test_accuracy"]) for r in read_metrics(runs / f"{m}-s{s}")
+                                               if r["round"] > 0], "accuracy", last=2)[0]
+                  for m in ("fedavg", "fedprox") for s in (0, 1)}
+    diffs = [runs_value["fedprox", s] - runs_value["fedavg", s] for s in (0, 1)]
+    assert [float(d) for d in claim["differences"].split()] == pytest.approx(diffs, abs=1e-4)
+    assert claim["verdict"] == paired_verdict(diffs)[2]
+    assert f"| FedProx > FedAvg | 2 | {float(claim['mean_difference']):+.2f} |" in md
     assert (report / "dir0.5.png").stat().st_size > 0
 
     # --report alone rewrites the same report from the runs on disk
