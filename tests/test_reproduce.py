@@ -7,6 +7,9 @@
   from seed-paired differences: holds, within noise, reversed, not judged) on hand-made inputs;
   the claims targets (issue 32) parse into the papers' headline orderings and plan seed by seed.
 * Bad input: one line, exit code 2, nothing started (unknown target/row/method, missing data).
+* The claims targets at paper scale (the papers' models and datasets), shrunk to 4 clients and one
+  round, on generated CIFAR-10/100 in torchvision's format: the data check, the queue (two at a
+  time) and the report; on a GPU (``-m gpu``) the same queue with two simulations sharing it.
 * End to end, real processes: a tiny target (the generated synthetic dataset, 2 methods x 2 seeds x
   2 rounds) is SIGKILLed as a process group while its second run is mid-way, then started again:
   the finished run is not touched, the killed one resumes, every round appears once, the report is
@@ -16,6 +19,8 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
+import io
 import json
 import math
 import os
@@ -30,12 +35,14 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from rich.console import Console
 
 from fedsuite import reproduce
 from fedsuite.reproduce import (HOLDS, NOT_JUDGED, REVERSED, WITHIN_NOISE, Claim, aggregate, claims, paired_verdict,
                                 run_value, verdict)
 from fedsuite.results import read_metrics
 from tests.conftest import assert_same_arrays
+from tests.test_data import make_cifar10, make_cifar100
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT.parent / "shared" / "specs"
@@ -525,3 +532,70 @@ def test_report_names_each_run_that_did_not_complete_and_why(tmp_path):
     shutil.rmtree(specs["fedavg", 1].run_dir)
     md = reproduce.write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
     assert "- fedavg seed 1: not run" in md
+
+
+CLAIMS_TARGETS = ("fedmrur-claims", "fednlr-claims", "fedinit-claims", "fedmr-claims")
+
+
+def run_claims_at_paper_scale(tmp_path: Path, placement: list[str]) -> list[tuple[reproduce.Target, list]]:
+    """Every claims target at ``--scale paper`` (ResNet-18-GN, VGG-9 and FedMR's CNN on CIFAR-10/100,
+    each paper's recipe), with every cell shrunk to 4 clients, 2 per round, 1 round of 1 epoch, on
+    generated CIFAR-10/100 files in torchvision's format, one seed, two runs at a time. Returns each
+    target with its runs, after checking that every run completed and the report was written."""
+    data = tmp_path / "data"
+    make_cifar10(data, per_batch=20)
+    make_cifar100(data)
+    shrink = ["num_clients=4", "clients_per_round=2", "rounds=1", "local_epochs=1", "batch_size=5", "eval_every=1",
+              "min_partition_size=1"]
+    targets = reproduce.load_targets()
+    planned = []
+    for name in CLAIMS_TARGETS:
+        target = targets[name]
+        # row.method_set comes last at paper scale, after every other override of a cell
+        target = dataclasses.replace(target, rows=[
+            dataclasses.replace(r, method_set={m: [*r.method_set.get(m, []), *shrink] for m in target.methods})
+            for r in target.rows])
+        specs = reproduce.plan(target, "paper", tmp_path / "out", seeds=[0], data_root=str(data))
+        # the data check: nothing missing here, every CIFAR file named where the folder is empty
+        assert reproduce.missing_data(specs) == [], name
+        assert "data_batch_1" in " ".join(reproduce.missing_data(
+            reproduce.plan(targets["fedinit-claims"], "paper", tmp_path / "none", seeds=[0],
+                           data_root=str(tmp_path / "empty"))))
+        planned.append((target, specs))
+    every = [s for _, specs in planned for s in specs]
+    states = reproduce.run_queue(every, jobs=2, placement=placement, console=Console(file=io.StringIO()))
+    assert states == {s.run_dir: "completed" for s in every}, {s.label: states[s.run_dir] for s in every}
+    for target, specs in planned:
+        for s in specs:  # the paper's model and dataset ran, not a CPU stand-in
+            cfg = json.loads((s.run_dir / "config.json").read_text())
+            assert (cfg["model"], cfg["dataset"]) in {("resnet18-gn", "cifar100"), ("vgg9", "cifar10"),
+                                                      ("resnet18-gn", "cifar10"), ("cnn", "cifar10")}, s.label
+        md = reproduce.write_report(target, specs, "paper", tmp_path / "reports" / target.name).read_text()
+        claimed = list(csv.DictReader((tmp_path / "reports" / target.name / "claims.csv").open()))
+        assert [(c["better"], c["worse"]) for c in claimed] == [p for r in target.rows for p in r.claims]
+        # one seed: a difference per ordering, and no verdict without a standard error
+        assert all(c["seeds_paired"] == "1" and c["verdict"] == NOT_JUDGED for c in claimed), claimed
+        assert "Runs that did not complete" not in md
+    return planned
+
+
+def test_the_claims_targets_run_at_paper_scale_on_generated_cifar(tmp_path, worker_ray_cluster):
+    planned = run_claims_at_paper_scale(tmp_path, ["--ray-address", worker_ray_cluster])
+    assert sum(len(specs) for _, specs in planned) == 17
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible: the GPU tests need one")
+def test_two_claims_runs_share_one_gpu(tmp_path):
+    """``--jobs 2 --num-gpus 0.5``: two simulations at once on one GPU, each on its private Ray,
+    every run on CUDA and completed; at least two runs' lifetimes overlap."""
+    planned = run_claims_at_paper_scale(tmp_path, reproduce.placement_options(0.5, None))
+    spans = []
+    for _, specs in planned:
+        for s in specs:
+            summary = json.loads((s.run_dir / "summary.json").read_text())
+            assert json.loads((s.run_dir / "config.json").read_text())["num_gpus"] == 0.5
+            start = summary["timing"]["serverapp_start"]
+            spans.append((start, start + summary["total_seconds"]))
+    spans.sort()
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans
