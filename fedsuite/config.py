@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from fedsuite import registry
+from fedsuite.params import Params
 
 
 class ConfigError(ValueError):
@@ -39,12 +40,12 @@ def on_simulation_engine() -> bool:
     return started_as == "fedsuite.simulation" or Path(sys.argv[0]).name == "flwr-simulation"
 
 
-class FaultsConfig(BaseModel):
+class FaultsConfig(Params):
     """Fault injection (section ``[faults]``): client tasks that fail on demand, for robustness
     studies and tests. Applied inside the ClientApp (``fedsuite.faults``); every draw is seeded from
     (seed, partition id, round), so a run with faults is as reproducible as one without."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(validate_assignment=True)
 
     client_error: float = Field(0.0, ge=0, le=1, description="probability that a client's training task raises")
     nan: float = Field(0.0, ge=0, le=1, description="probability that a reply carries non-finite arrays")
@@ -53,10 +54,10 @@ class FaultsConfig(BaseModel):
     delay_prob: float = Field(1.0, ge=0, le=1, description="probability that a task is a straggler (when delay_s > 0)")
 
 
-class BaseRunConfig(BaseModel):
+class BaseRunConfig(Params):
     """Settings shared by every method. Method sections are added by :func:`config_model`."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(validate_assignment=True)
 
     # --- what to run --------------------------------------------------------------------------
     strategy: str = Field("fedavg", description="federated method (fedsuite list)")

@@ -15,15 +15,14 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
+from fedsuite.params import Params
 from fedsuite.plugins import PLUGINS
 
 
-class NoParams(BaseModel):
+class NoParams(Params):
     """Hyperparameters of a method that has none of its own."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True)

@@ -28,16 +28,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.ccvr import CCVRClient
+from fedsuite.params import Params
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy
 from fedsuite.wire import NDArrays, to_ndarrays, to_record
 
 
-class CCVRParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CCVRParams(Params):
     virtual_per_class: int = Field(2000, ge=1, description="virtual features M_c sampled per class")
     epochs: int = Field(10, ge=1, description="epochs of head retraining on the virtual features")
     lr: float = Field(0.01, gt=0, description="SGD learning rate of head retraining")

@@ -28,17 +28,17 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.clusamp import CluSampClient
+from fedsuite.params import Params
 from fedsuite.arrays import weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
 from fedsuite.wire import ClientReply, NDArrays
 
 
-class CluSampParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CluSampParams(Params):
     distance: Literal["L1", "L2", "cosine"] = Field("L1", description="distance between representative gradients")
     aggregation: Literal["data-size", "uniform"] = Field("data-size", description="data-size: spec [code]; uniform: Fraboni")
 

@@ -20,15 +20,15 @@ State: m_t, v_t (``state_dict``).
 import math
 
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.fedavg import FedAvgClient
+from fedsuite.params import Params
 from fedsuite.registry import register_method
 from strategies._baselines import FlowerOptAdapter
 
 
-class FedAdamParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FedAdamParams(Params):
     server_lr: float = Field(0.1, gt=0, description="server learning rate η_g")
     beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay β₁")
     beta2: float = Field(0.99, ge=0, lt=1, description="second-moment decay β₂")

@@ -11,15 +11,15 @@ evaluates FedAvgM; defaults follow Hsu et al. (η = 1, β = 0.9). State: v_t (``
 
 import numpy as np
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.fedavg import FedAvgClient
+from fedsuite.params import Params
 from fedsuite.registry import register_method
 from strategies._baselines import FlowerOptAdapter
 
 
-class FedAvgMParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FedAvgMParams(Params):
     server_lr: float = Field(1.0, gt=0, description="server learning rate η")
     server_momentum: float = Field(0.9, ge=0, lt=1, description="server momentum β")
 

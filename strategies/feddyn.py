@@ -18,9 +18,10 @@ State: h̄ (``state_dict``).
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.feddyn import FedDynClient
+from fedsuite.params import Params
 from fedsuite.arrays import copy_arrays, weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy
@@ -28,8 +29,7 @@ from fedsuite.wire import ClientReply, NDArrays
 from strategies._baselines import reply_weights
 
 
-class FedDynParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FedDynParams(Params):
     alpha: float = Field(0.1, ge=0, description="regularisation coefficient λ (alpha in the FedDyn paper)")
     weighting: Literal["uniform", "examples"] = Field("uniform", description="model mean over S: 1/|S| or n_i")
 

@@ -13,17 +13,17 @@ recommends FedExP's CIFAR value 1e-3 (default here); FedExP's code also decays �
 """
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.fedavg import FedAvgClient
+from fedsuite.params import Params
 from fedsuite.arrays import server_step, weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy
 from fedsuite.wire import ClientReply, NDArrays, to_record
 
 
-class FedExPParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FedExPParams(Params):
     epsilon: float = Field(1e-3, ge=0, description="ε in the step-size denominator")
     epsilon_decay: float = Field(1.0, gt=0, le=1, description="ε multiplied by this after every round")
     eval_average: bool = Field(True, description="evaluate (w^{t+1} + w^t)/2 instead of w^{t+1}")

@@ -28,17 +28,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.fedgen import FedGenClient, Generator
+from fedsuite.params import Params
 from fedsuite.registry import register_method
 from fedsuite.seeding import seed_for
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
 from fedsuite.wire import ClientReply, NDArrays, to_record
 
 
-class FedGenParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FedGenParams(Params):
     gen_lr: float = Field(3e-4, gt=0, description="generator Adam learning rate")
     alpha: float = Field(0.2, ge=0, description="generative_alpha: weight of the clients' CE on generated features")
     beta: float = Field(0.2, ge=0, description="generative_beta: weight of the clients' KL term")

@@ -6,15 +6,15 @@
 Config ``[fedlc]``: ``tau`` (τ, default 1.0, spec fednlr.md §5 table). See ``clients/fedlc.py``.
 """
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.fedlc import FedLCClient
+from fedsuite.params import Params
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy
 
 
-class FedLCParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FedLCParams(Params):
     tau: float = Field(1.0, ge=0, description="calibration strength τ")
 
 

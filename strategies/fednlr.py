@@ -17,17 +17,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.fedavg import FedAvgClient
+from fedsuite.params import Params
 from fedsuite.registry import register_method
 from strategies.fedavg import FedAvgStrategy
 
 
-class FedNLRParams(BaseModel):
+class FedNLRParams(Params):
     """Section ``[fednlr]``."""
 
-    model_config = ConfigDict(extra="forbid")
 
     preset: Literal["paper_main", "paper", "paper_final", "uniform"] = Field(
         "paper_main", description="neuron_lr preset used when [neuron_lr] preset is unset (spec §2.4)"

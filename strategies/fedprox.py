@@ -8,15 +8,15 @@ papers (spec fedmr.md §5 item 2, fednlr.md §5); FedMRUR recommends 0.1 with a 
 (fedmrur.md A19); CIFAR-100 uses 0.001 and FEMNIST 0.1 in FedMR. FedInit does not evaluate FedProx.
 """
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.fedprox import FedProxClient
+from fedsuite.params import Params
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy
 
 
-class FedProxParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FedProxParams(Params):
     mu: float = Field(0.01, ge=0, description="proximal coefficient μ (0 = FedAvg)")
 
 

@@ -9,15 +9,15 @@ paper's rule, default; "proportional" = s_c = α + (1−α) n_c / max n). See ``
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.fedrs import FedRSClient
+from fedsuite.params import Params
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy
 
 
-class FedRSParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FedRSParams(Params):
     alpha: float = Field(0.5, ge=0, le=1, description="logit scale of classes absent from the client")
     scaling: Literal["hard", "proportional"] = Field("hard", description="hard: paper; proportional: code variant")
 

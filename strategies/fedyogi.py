@@ -12,15 +12,15 @@ None of the four specs evaluates FedYogi, so the defaults are Flower's (η = 0.0
 """
 
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.fedavg import FedAvgClient
+from fedsuite.params import Params
 from fedsuite.registry import register_method
 from strategies._baselines import FlowerOptAdapter
 
 
-class FedYogiParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FedYogiParams(Params):
     server_lr: float = Field(0.01, gt=0, description="server learning rate η")
     beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay β₁")
     beta2: float = Field(0.99, ge=0, lt=1, description="second-moment decay β₂")

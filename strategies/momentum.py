@@ -25,8 +25,9 @@ from typing import Any, Literal
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from fedsuite.params import Params
 from fedsuite.arrays import cast_like, norm, weighted_sum64
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
 from fedsuite.wire import MOMENTUM, ClientReply, NDArrays, to_record
@@ -34,10 +35,9 @@ from fedsuite.wire import MOMENTUM, ClientReply, NDArrays, to_record
 EPS0 = 1e-12
 
 
-class FamilyParams(BaseModel):
+class FamilyParams(Params):
     """Keys every method of the family has (server aggregation + client clipping)."""
 
-    model_config = ConfigDict(extra="forbid")
 
     server_lr: float = Field(1.0, gt=0, description="global lr η_g (displacement units, spec §2.5)")
     normalize: bool = Field(False, description="N: normalised update reaggregation (spec §2.4)")

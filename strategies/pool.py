@@ -50,8 +50,9 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from fedsuite.params import Params
 from fedsuite.arrays import uniform_mean
 from fedsuite.seeding import round_rng
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
@@ -65,10 +66,9 @@ PERM_TAG = 0x9E_C0
 MUT_TAG = 0x4D_07
 
 
-class PoolParams(BaseModel):
+class PoolParams(Params):
     """Options every pool method has (its section ``[fedmr]``, ``[fedmut]``, ``[indep]``, ``[indep-aggr]``)."""
 
-    model_config = ConfigDict(extra="forbid")
 
     diagnostics: bool = Field(
         False, description="per evaluated round: test accuracy/loss of each pool model, of their mean and of the "

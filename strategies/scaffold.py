@@ -14,9 +14,10 @@ State: c (checkpointed through ``state_dict``).
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clients.scaffold import ScaffoldClient
+from fedsuite.params import Params
 from fedsuite.arrays import copy_arrays, server_step, weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy, log
@@ -24,8 +25,7 @@ from fedsuite.wire import ClientReply, NDArrays, to_record
 from strategies._baselines import reply_weights
 
 
-class ScaffoldParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ScaffoldParams(Params):
     server_lr: float = Field(1.0, gt=0, description="global learning rate η_g")
     weighting: Literal["uniform", "examples"] = Field("uniform", description="mean over S: 1/|S| or n_i")
 

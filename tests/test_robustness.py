@@ -25,6 +25,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from conftest import FAST
@@ -345,3 +346,78 @@ def test_npz_labels_above_num_classes(tmp_path):
     path = _npz(tmp_path, y_test=np.full(10, 7))
     with pytest.raises(DatasetError, match=r"label 7, outside 0\.\.2"):
         load_dataset("npz", tmp_path, path=str(path), num_classes=3)
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 29: the whole class of bad numbers, bad files and unwritable paths
+# ------------------------------------------------------------------------------------------------
+
+
+def _number_fields() -> list[tuple[str, object]]:
+    """Every leaf field of the config model (the run's fields and every section's), dotted, with
+    its annotation; the sections are found by walking the model, so a new one is covered."""
+    from fedsuite.config import config_model
+    from fedsuite.params import Params
+
+    out = []
+
+    def walk(model, prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, Params):
+                walk(annotation, f"{prefix}{name}.")
+            else:
+                assert not (isinstance(annotation, type) and issubclass(annotation, BaseModel)), \
+                    f"section {prefix}{name} is a pydantic model that does not derive from fedsuite.params.Params"
+                out.append((prefix + name, annotation))
+
+    walk(config_model(), "")
+    return out
+
+
+def _admits(annotation, kind: type) -> bool:
+    import typing
+    return annotation is kind or any(_admits(a, kind) for a in typing.get_args(annotation) if isinstance(a, type)
+                                     or typing.get_args(a))
+
+
+def _in_a_list(annotation) -> bool:
+    """Whether a field holds a list of numbers (``list[float] | None``): its values go in brackets."""
+    import typing
+    return any(typing.get_origin(a) in (list, tuple) for a in (annotation, *typing.get_args(annotation)))
+
+
+def test_every_float_field_refuses_non_finite_values_and_every_number_refuses_booleans():
+    """Walks the config model: each float field refuses inf, -inf and nan (TOML's 1e999 is inf);
+    each int or float field refuses true and false; each one line naming the field."""
+    from fedsuite.config import ConfigError
+
+    fields = _number_fields()
+    floats = [k for k, a in fields if _admits(a, float)]
+    numbers = [k for k, a in fields if (_admits(a, float) or _admits(a, int)) and not _admits(a, bool)]
+    assert {"lr", "weight_decay", "faults.delay_s", "fedprox.mu", "relaxed_init.beta"} <= set(floats)
+    assert {"rounds", "num_clients", "seed"} <= set(numbers) and len(floats) > 40, (len(floats), len(numbers))
+    for key in floats:
+        for text in ("inf", "-inf", "nan", "1e999"):
+            with pytest.raises(ConfigError) as err:
+                build_config(overrides=[f"{key}=[{text}]" if _in_a_list(dict(fields)[key]) else f"{key}={text}"])
+            assert key in str(err.value) and "finite" in str(err.value), (key, text, str(err.value))
+    for key in numbers:
+        for text in ("true", "false"):
+            with pytest.raises(ConfigError) as err:
+                build_config(overrides=[f"{key}=[{text}]" if _in_a_list(dict(fields)[key]) else f"{key}={text}"])
+            assert key in str(err.value) and "boolean" in str(err.value), (key, text, str(err.value))
+    # booleans stay booleans
+    assert build_config(overrides=["augment=true"]).augment is True
+
+
+@pytest.mark.parametrize("args", [["--set", "lr=inf"], ["--set", "weight_decay=inf"], ["--set", "faults.delay_s=inf"],
+                                  ["--set", "rounds=true"], ["--lr", "nan"], ["--config", "{toml}"]])
+def test_non_finite_and_boolean_numbers_are_one_line_before_any_run_folder(tmp_path, args):
+    toml = tmp_path / "c.toml"
+    toml.write_text("lr = 1e999\n")
+    args = [a.replace("{toml}", str(toml)) for a in args]
+    code, text, exc = _cli("simulate", *args, "--output-dir", str(tmp_path / "runs"))
+    field = "lr" if args[0] in ("--lr", "--config") else args[1].split("=")[0]
+    _assert_one_line_error(code, text, exc, field)
+    assert not (tmp_path / "runs").exists()

@@ -46,9 +46,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
+from fedsuite.params import Params
 from fedsuite.data import to_float
 from fedsuite.plugins.base import ClientPlugin, ServerHooks
 from fedsuite.training import LocalTask
@@ -66,10 +67,9 @@ WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm)
 
 
-class NeuronLRParams(BaseModel):
+class NeuronLRParams(Params):
     """Section ``[neuron_lr]`` (CLI ``--neuron-lr PRESET``)."""
 
-    model_config = ConfigDict(extra="forbid")
 
     preset: Literal["paper_main", "paper", "paper_final", "uniform"] | None = Field(
         None, description="None = off; paper_main/paper (1, 0.45, 0.3), paper_final (1, 1, 1), uniform (all s = 1)"

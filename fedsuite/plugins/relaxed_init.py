@@ -61,8 +61,9 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from fedsuite.params import Params
 from fedsuite.arrays import trainable_keys
 from fedsuite.models import initial_arrays
 from fedsuite.plugins.base import ClientPlugin, ServerHooks
@@ -77,10 +78,9 @@ ROUND_KEY = "__round__"  # the round ŵ_i was made in, stored beside it
 START_RECORD = "start"  # server-state mode: the extra ArrayRecord with w_{i,0}
 
 
-class RelaxedInitParams(BaseModel):
+class RelaxedInitParams(Params):
     """Section ``[relaxed_init]``: FedInit's relaxed initialisation on any method."""
 
-    model_config = ConfigDict(extra="forbid")
 
     beta: float | None = Field(None, description="relaxation β (None = off); w_{i,0} = w^t + β (w^t − ŵ_i)")
     storage: Literal["client-state", "server-state"] = Field(
