@@ -8,6 +8,7 @@ leave no run directory behind (the data check runs while the simulation process 
 from __future__ import annotations
 
 import json
+import math
 import signal
 import sys
 from pathlib import Path
@@ -99,10 +100,17 @@ def simulate(
         check_writable_folder(run_dir.parent, "output_dir")
 
         def check_data() -> None:
-            """Missing data or an impossible partition: one line, exit 2, and nothing left behind."""
+            """Missing data, an impossible partition or a model that cannot take the data (``--model
+            cnn`` on feature vectors): one line, exit 2, and nothing left behind."""
+            import torch
+
+            from fedsuite.models import make_model
+
             try:
                 bundle = runtime.load_bundle(cfg)
                 runtime.client_indices(cfg, bundle, 0)  # a first run computes and caches the partition here
+                with torch.device("meta"):  # the builders check the input shape; no weights are made
+                    make_model(cfg, bundle)
             except Exception as exc:  # data errors from loaders and partitioners are user errors
                 if exc.__class__.__name__ in ("DatasetError", "ValueError"):
                     raise DataCheckError(str(exc)) from None
@@ -232,6 +240,20 @@ def check_writable_folder(folder: Path, field: str) -> None:
         fail(f"{field}: {existing} is not writable, so nothing can be written under {folder}")
 
 
+#: the figure formats ``--out`` may name (matplotlib's raster and vector backends)
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def figure_path(out: Path) -> Path:
+    """``out`` with ``.png`` added when it has no suffix (matplotlib would add it silently, and the
+    path printed would not be the file written); a suffix no backend writes is one line, exit 2."""
+    if not out.suffix:
+        return out.with_name(out.name + ".png")
+    if out.suffix.lower() not in FIGURE_SUFFIXES:
+        fail(f"--out {out}: a figure is written as {', '.join(FIGURE_SUFFIXES)}; got {out.suffix!r}")
+    return out
+
+
 def flower_log_reason(run_dir: Path) -> str | None:
     """The real reason of a run that failed before the ServerApp could record one, from flower.log
     (Flower's own status says only "An error was encountered")."""
@@ -308,7 +330,7 @@ def partition(
         if exc.__class__.__name__ in ("DatasetError", "ValueError"):
             fail(str(exc))
         raise
-    out = out.expanduser()
+    out = figure_path(out.expanduser())
     check_writable_folder(out.parent.resolve(), "--out")
     hist = label_histogram(bundle.y_train.numpy(), parts, bundle.num_classes)
     table = Table(title=f"{cfg.dataset} / {cfg.partitioner}: samples per class (first {min(show, len(parts))} clients)")
@@ -339,6 +361,10 @@ def report(
         ResultsError, has_pool_diagnostics, plot_groups, plot_pool_diagnostics, read_metrics, report as make_report,
     )
 
+    if last < 1:
+        fail(f"--last must be at least 1 (the number of final evaluations averaged per run), got {last}")
+    if target is not None and not (math.isfinite(target) and 0 < target <= 100):
+        fail(f"--target is a test accuracy in % (0 < target <= 100), got {target:g}")
     missing = [str(d) for d in run_dirs if not (d / "config.json").is_file()]
     if missing:
         fail(f"not fedsuite run directories (no config.json): {', '.join(missing)}")

@@ -421,3 +421,39 @@ def test_non_finite_and_boolean_numbers_are_one_line_before_any_run_folder(tmp_p
     field = "lr" if args[0] in ("--lr", "--config") else args[1].split("=")[0]
     _assert_one_line_error(code, text, exc, field)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_model_that_cannot_take_the_data_is_one_line_before_any_run_folder(tmp_path):
+    """``--model cnn`` on the synthetic feature vectors (60 numbers, no image): exit 2 naming the
+    model and the shape, and no run folder."""
+    code, text, exc = _cli("simulate", "--model", "cnn", "--set", f"data_root={tmp_path / 'data'}",
+                           "--output-dir", str(tmp_path / "runs"), "--run-name", "r")
+    _assert_one_line_error(code, text, exc, "model 'cnn' needs image input")
+    assert not (tmp_path / "runs" / "r").exists()
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--last", "0"], "--last must be at least 1"), (["--last", "-1"], "--last must be at least 1"),
+    (["--target", "nan"], "--target is a test accuracy"), (["--target", "inf"], "--target is a test accuracy"),
+    (["--target", "0"], "--target is a test accuracy"), (["--target", "101"], "--target is a test accuracy"),
+])
+def test_report_refuses_a_reading_that_does_not_exist(tmp_path, args, fragment):
+    """``--last 0`` and ``--last -1`` printed a mean over the wrong evaluations with exit 0."""
+    d = _run_dir(tmp_path, build_config().active_dump(), '{"round": 0, "test_accuracy": 0.1}\n'
+                 '{"round": 1, "test_accuracy": 0.3}\n{"round": 2, "test_accuracy": 0.4}\n')
+    code, text, exc = _cli("report", str(d), *args, "--out", str(tmp_path / "rep"))
+    _assert_one_line_error(code, text, exc, fragment)
+    assert not (tmp_path / "rep").exists()
+    code, text, _ = _cli("report", str(d), "--last", "2", "--out", str(tmp_path / "rep"))
+    assert code == 0 and "35.00" in text, text  # the real mean of the last two evaluations
+
+
+def test_partition_out_without_a_suffix_writes_and_prints_the_png(tmp_path):
+    code, text, _ = _cli("partition", "--num-clients", "5", "--set", f"data_root={tmp_path / 'data'}",
+                         "--out", str(tmp_path / "hist"))
+    assert code == 0, text
+    assert (tmp_path / "hist.png").stat().st_size > 1000 and not (tmp_path / "hist").exists()
+    assert f"plot -> {tmp_path / 'hist.png'}" in text.replace("\n", "")
+    code, text, exc = _cli("partition", "--num-clients", "5", "--set", f"data_root={tmp_path / 'data'}",
+                           "--out", str(tmp_path / "hist.xyz"))
+    _assert_one_line_error(code, text, exc, "'.xyz'")
