@@ -457,3 +457,24 @@ def test_partition_out_without_a_suffix_writes_and_prints_the_png(tmp_path):
     code, text, exc = _cli("partition", "--num-clients", "5", "--set", f"data_root={tmp_path / 'data'}",
                            "--out", str(tmp_path / "hist.xyz"))
     _assert_one_line_error(code, text, exc, "'.xyz'")
+
+
+def test_npz_labels_must_lie_in_the_classes_the_data_declares(tmp_path):
+    """A label of 10**9 declared a billion classes (and the run tried to allocate 800 GB)."""
+    y = np.arange(30) % 3
+    y[5] = 10**9
+    path = _npz(tmp_path, y_train=y)
+    with pytest.raises(DatasetError, match=r"labels up to 1000000000, but 999999997 of the classes .* never occur"):
+        load_dataset("npz", tmp_path, path=str(path))
+    code, text, exc = _cli("simulate", "--dataset", "npz", "--model", "mlp", "--num-clients", "2",
+                           "--set", f"dataset_options={{path='{path}'}}", "--set", f"data_root={tmp_path}",
+                           "--output-dir", str(tmp_path / "runs"))
+    _assert_one_line_error(code, text, exc, "never occur")
+    assert not (tmp_path / "runs").exists()
+    # outside the train classes, in the test split: named too
+    path = _npz(tmp_path, y_test=np.full(10, 10**9))
+    with pytest.raises(DatasetError, match=r"label 1000000000, outside 0\.\.2"):
+        load_dataset("npz", tmp_path, path=str(path))
+    # declared classes may be absent from y_train
+    bundle = load_dataset("npz", tmp_path, path=str(_npz(tmp_path, y_train=np.arange(30) % 2)), num_classes=3)
+    assert bundle.num_classes == 3

@@ -733,11 +733,30 @@ def _npz_images(x: np.ndarray, key: str, path: Path) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
+def _declared_classes(y_train: torch.Tensor, path: Path) -> int:
+    """The class count an npz without ``num_classes`` declares: C = max(y_train) + 1, provided every
+    class 0..C-1 occurs in y_train. A gap is refused rather than guessed: one stray label of 10**9
+    would otherwise declare a billion classes (and a model head of that size)."""
+    if not len(y_train) or int(y_train.min()) < 0:
+        return int(y_train.max()) + 1 if len(y_train) else 1  # check_bundle names the bad label
+    top = int(y_train.max())
+    present = torch.unique(y_train)
+    if len(present) < top + 1:
+        absent = top + 1 - len(present)
+        first = next(c for c in range(top + 1) if c >= len(present) or int(present[c]) != c)
+        raise DatasetError(
+            f"npz: y_train in {path} has labels up to {top}, but {absent} of the classes 0..{top} never occur "
+            f"(the first: {first}); labels must be 0..C-1 with every class in y_train, or declare the classes with "
+            f"dataset_options={{num_classes=C}}.")
+    return top + 1
+
+
 def load_npz(root: Path, *, path: str | Path | None = None, num_classes: int | None = None) -> DatasetBundle:
     """Bring-your-own arrays: a ``.npz`` with x_train, y_train, x_test, y_test.
 
     uint8 images may be NHWC, NCHW or NHW (grey); float arrays of shape [N, D] are feature vectors.
-    ``num_classes`` defaults to ``max(label) + 1``.
+    ``num_classes`` defaults to the classes of y_train, which must then be 0..C-1 with every one
+    present (:func:`_declared_classes`); labels outside the classes are refused (``check_bundle``).
     """
     if path is None:
         raise DatasetError("Dataset 'npz' needs the option path=<file.npz with x_train, y_train, x_test, y_test>.")
@@ -775,7 +794,7 @@ def load_npz(root: Path, *, path: str | Path | None = None, num_classes: int | N
     y_tr, y_te = _as_labels(arrs["y_train"], f"npz: y_train in {p}"), _as_labels(arrs["y_test"], f"npz: y_test in {p}")
     if len(y_tr) != len(x_tr) or len(y_te) != len(x_te):
         raise DatasetError(f"npz: label and sample counts differ in {p}.")
-    nc = num_classes or int(max(int(y_tr.max()) if len(y_tr) else 0, int(y_te.max()) if len(y_te) else 0) + 1)
+    nc = num_classes or _declared_classes(y_tr, p)
     return DatasetBundle(
         name="npz", x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te, num_classes=nc,
         input_shape=tuple(x_tr.shape[1:]), mean=mean, std=std, augment="none",
