@@ -151,6 +151,10 @@ def simulate(
             fail(str(exc), code=1)
         finally:
             progress.stop()
+        if not outcome.ran:
+            console.print(f"{run_dir} is complete ({cfg.rounds} rounds): nothing was run or changed; "
+                          "pass a larger --rounds to continue it", highlight=False)
+            return
         summary_path = run_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
         if not outcome.ok:

@@ -69,6 +69,7 @@ class RunOutcome:
     run_dir: Path
     status: str  # "finished:completed" | "finished:failed" | ...
     details: str
+    ran: bool = True  # False: the run was complete already and nothing was started or written
 
     @property
     def ok(self) -> bool:
@@ -359,7 +360,10 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     and its Ray are stopped, the folders this call created are removed, and the exception
     propagates: nothing is left behind."""
     run_dir = run_dir.resolve()
-    check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
+    done = check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
+    if done == cfg.rounds and summary_status(run_dir) == ("finished:completed", ""):
+        # a finished run asked for the rounds it has: it stays as it was, byte for byte
+        return RunOutcome(run_dir, "finished:completed", f"already complete after {done} rounds", ran=False)
     created = run_dir
     while not created.parent.exists():  # the outermost folder this call creates, removed if called off
         created = created.parent
@@ -450,12 +454,13 @@ def last_line(path: Path) -> str:
     return lines[-1] if lines else ""
 
 
-def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> None:
+def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> int:
     """A run directory that already holds a run is continued only with a config its record allows
-    (``fedsuite.config.check_resume``); raises ``ConfigError`` otherwise, having written nothing."""
+    (``fedsuite.config.check_resume``); raises ``ConfigError`` otherwise, having written nothing.
+    Returns the rounds the run has done (0 for a directory without a run)."""
     record = run_dir / "config.json"
     if not record.is_file():
-        return
+        return 0
     import torch
 
     from fedsuite.config import check_resume
@@ -463,6 +468,7 @@ def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> None:
     ckpt = run_dir / "checkpoint.pt"
     done = int(torch.load(ckpt, weights_only=False)["round"]) if ckpt.is_file() else 0
     check_resume(json.loads(record.read_text()), cfg, done)
+    return done
 
 
 def final_status(run_id: int, env: dict[str, str], connection: str, run_dir: Path,

@@ -257,6 +257,18 @@ def test_resume_refuses_changes_to_the_record_and_writes_nothing(change, field, 
     assert _snapshot(done.run_dir) == before
 
 
+def test_resuming_a_finished_run_touches_nothing(simulate):
+    """A finished run resumed with the rounds it has reports that it is complete and stays as it
+    was, byte for byte and mtime for mtime (it used to rewrite summary.json and flower.log)."""
+    done = simulate(rounds=ROUNDS, **METHODS["scaffold"])
+    before = _snapshot(done.run_dir)
+    args = ["simulate", "--output-dir", str(done.run_dir.parent), "--run-name", done.run_dir.name, "--resume"]
+    res = CliRunner().invoke(cli.app, args)
+    assert res.exit_code == 0, res.output
+    assert "is complete (6 rounds): nothing was run or changed" in res.output.replace("\n", "")
+    assert _snapshot(done.run_dir) == before  # no file changed, appeared or went
+
+
 def test_resume_needs_a_run_to_continue(tmp_path):
     res = CliRunner().invoke(cli.app, ["simulate", "--output-dir", str(tmp_path), "--run-name", "none", "--resume"])
     assert res.exit_code == 2 and "no run to continue" in res.output
