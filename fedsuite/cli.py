@@ -95,7 +95,7 @@ def simulate(
         # a SIGTERM (e.g. from `timeout` or a job scheduler) must still stop the processes we start
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         run_dir = runtime.default_run_dir(cfg)
-        if run_dir.exists() and not resume:
+        if run_dir.exists() and not resume and not launch.start_debris(run_dir):
             fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
         check_writable_folder(run_dir.parent, "output_dir")
 
@@ -175,10 +175,11 @@ class DataCheckError(Exception):
 def resume_config(given, config: Optional[Path], set_: list[str], values: dict[str, Any]):
     """The config a ``--resume`` continues with: the run's recorded ``config.json`` with the command
     line's options on top, refused (``ConfigError``, exit 2, nothing written) if they change a field
-    outside ``fedsuite.config.RESUME_MUTABLE`` or ask for fewer rounds than the run has done."""
+    outside ``fedsuite.config.RESUME_MUTABLE`` or ask for fewer rounds than the run has done. A run
+    killed before it recorded its config (``launch.start_debris``) starts anew from the command line's."""
     import torch
 
-    from fedsuite import runtime
+    from fedsuite import launch, runtime
     from fedsuite.config import ConfigError, build_config, check_resume, validate
 
     if given.run_name is None:
@@ -186,6 +187,8 @@ def resume_config(given, config: Optional[Path], set_: list[str], values: dict[s
     run_dir = runtime.default_run_dir(given)
     record = run_dir / "config.json"
     if not record.is_file():
+        if launch.start_debris(run_dir):  # killed before it recorded its config: start it anew
+            return given
         raise ConfigError(f"--resume: {run_dir} holds no run to continue (no config.json)")
     try:
         recorded = json.loads(record.read_text())

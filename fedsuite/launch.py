@@ -360,6 +360,8 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     and its Ray are stopped, the folders this call created are removed, and the exception
     propagates: nothing is left behind."""
     run_dir = run_dir.resolve()
+    if start_debris(run_dir):  # a run killed before it recorded anything: nothing to keep
+        clear_start_debris(run_dir)
     done = check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
     if done == cfg.rounds and summary_status(run_dir) == ("finished:completed", ""):
         # a finished run asked for the rounds it has: it stays as it was, byte for byte
@@ -412,6 +414,30 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
                 shutil.rmtree(ray_tmpdir, ignore_errors=True)
         if not started and created is not None:
             shutil.rmtree(created, ignore_errors=True)
+
+
+#: what :func:`simulate` writes into a run directory before the ServerApp records the run's
+#: ``config.json`` (the start-up window: about 2-3.5 s on 2 cores)
+START_FILES = frozenset({"app", ".flwr", "flower.log", "reaper.log", "ray-logs", "error.txt"})
+
+
+def start_debris(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is what a run killed in its start-up window left: a folder without
+    ``config.json`` that holds only :data:`START_FILES` (or nothing). Such a folder records no run,
+    so a fresh start and ``--resume`` of the same name both start the run anew in it. A folder
+    holding anything else is not ours to remove."""
+    if not run_dir.is_dir() or (run_dir / "config.json").exists():
+        return False
+    return all(entry.name in START_FILES for entry in run_dir.iterdir())
+
+
+def clear_start_debris(run_dir: Path) -> None:
+    """Remove a start-up's debris (:func:`start_debris`), unless a run is starting in it right now
+    (a live process carries its ``FLWR_HOME``): then ``LaunchError``, and nothing is removed."""
+    live = reaper.marked("FLWR_HOME", str(run_dir / ".flwr"))
+    if live:
+        raise LaunchError(f"a run is starting in {run_dir} (process {live[0].pid}); wait for it or stop it first")
+    shutil.rmtree(run_dir)
 
 
 def tell(proc: subprocess.Popen, line: str) -> None:

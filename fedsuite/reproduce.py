@@ -36,7 +36,6 @@ import inspect
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -311,7 +310,8 @@ def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = Non
 def run_state(run_dir: Path) -> str:
     """``completed`` or ``failed`` (summary.json's status), ``partial`` (a run to ``--resume``:
     config.json, no summary), ``debris`` (a directory without config.json: killed before the
-    ServerApp started, nothing to keep) or ``new``."""
+    ServerApp started; ``fedsuite simulate`` starts the run anew in it when it holds only what a
+    start-up writes, ``fedsuite.launch.start_debris``) or ``new``."""
     summary = run_dir / "summary.json"
     if summary.is_file():
         try:
@@ -422,8 +422,6 @@ def run_queue(specs: Sequence[RunSpec], jobs: int = 1, placement: Sequence[str] 
 
     def start(spec: RunSpec) -> None:
         state = states[spec.run_dir]
-        if state == "debris":  # no config.json: nothing the run could continue from
-            shutil.rmtree(spec.run_dir)
         spec.run_dir.parent.mkdir(parents=True, exist_ok=True)
         log = (spec.run_dir.parent / f"{spec.run_dir.name}.log").open("ab")
         proc = subprocess.Popen(spec.command(resume=state == "partial", placement=placement), stdout=log,

@@ -299,3 +299,69 @@ def test_client_state_is_versioned_by_round(tmp_path):
     assert sorted(p.name for p in (tmp_path / "client-3").glob("s.*")) == ["s.r7.pt"]
     prune_committed(tmp_path, [3, 4], 9)  # nothing newer, a client without a folder: no-op
     assert ClientState(None, tmp_path, 3, server_round=8).load_arrays("s")["x"].item() == 7
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 29 item 1: a kill in the start-up window (the run folder exists, config.json does not yet)
+# ------------------------------------------------------------------------------------------------
+
+
+def _kill_in_start_window(proc: subprocess.Popen, run_dir: Path, delay: float, log: Path) -> list[str]:
+    """SIGKILL the run ``delay`` seconds after its folder appears, provided config.json is still
+    absent then (else at once: the window is what is tested). Returns what the folder held."""
+    deadline = time.monotonic() + 120
+    while not run_dir.exists():
+        assert proc.poll() is None, f"the run ended before its folder appeared: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "the run folder never appeared"
+        time.sleep(0.005)
+    until = time.monotonic() + delay
+    while time.monotonic() < until and not (run_dir / "config.json").exists():
+        time.sleep(0.005)
+    _kill_9(proc, run_dir)
+    assert not (run_dir / "config.json").exists(), "config.json was written before the kill: outside the window"
+    return sorted(p.name for p in run_dir.iterdir())
+
+
+def test_a_run_killed_in_its_start_up_window_resumes_or_restarts(simulate, data_root, tmp_path):
+    """Killed after the run folder exists but before config.json (seeded moments inside that
+    window): ``--resume`` starts it anew and ends equal to the uninterrupted run, bit for bit; a
+    fresh start of the same name works too. Before, the first said "no run to continue" and the
+    second "run directory exists"."""
+    reference = simulate(rounds=2, strategy="fedavg")
+    out = tmp_path / "runs"
+    toml = _write_toml(tmp_path / "run.toml", {**FAST, "rounds": 2, "strategy": "fedavg", "data_root": str(data_root),
+                                                "output_dir": str(out), "run_name": "r"})
+    rng = random.Random("start-window")
+    run_dir = out / "r"
+    for attempt, again in enumerate((["--resume"], [])):
+        log = tmp_path / f"killed-{attempt}.log"
+        with log.open("wb") as f:
+            proc = subprocess.Popen(_cli("-c", str(toml)), env=_env(), cwd=tmp_path, stdout=f,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            left = _kill_in_start_window(proc, run_dir, rng.uniform(0.0, 1.0), log)
+        finally:
+            if proc.poll() is None:
+                _kill_9(proc, run_dir)
+        assert set(left) <= launch.START_FILES, left
+        res = subprocess.run(_cli("-c", str(toml), *again), env=_env(), cwd=tmp_path, capture_output=True, text=True,
+                             timeout=600)
+        assert res.returncode == 0, f"{again} after a kill in the window ({left}): {res.stdout[-2000:]} {res.stderr[-2000:]}"
+        rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
+        assert rows == reference.metrics_without_time()
+        assert_same_arrays(reference.arrays, torch.load(run_dir / "checkpoint.pt", weights_only=False)["arrays"])
+        shutil.rmtree(run_dir)
+
+
+def test_a_folder_that_is_not_a_start_up_is_never_removed(tmp_path):
+    """A folder of the run's name holding anything a start-up does not write stays, and both a
+    fresh start and --resume refuse it with one line."""
+    run_dir = tmp_path / "r"
+    (run_dir / "app").mkdir(parents=True)
+    (run_dir / "notes.txt").write_text("mine")
+    assert not launch.start_debris(run_dir)
+    for extra in ([], ["--resume"]):
+        res = CliRunner().invoke(cli.app, ["simulate", "--output-dir", str(tmp_path), "--run-name", "r", *extra])
+        assert res.exit_code == 2, res.output
+        assert ("exists" if not extra else "no run to continue") in res.output
+    assert (run_dir / "notes.txt").read_text() == "mine"
