@@ -377,7 +377,8 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     flwr_home.mkdir(exist_ok=True)
     # a private Ray keeps its session in a short temporary directory of this run (Ray's socket paths
     # must fit 107 bytes), discarded at the end; its logs are kept in <run>/ray-logs unless completed
-    ray_tmpdir = None if cfg.ray_address else Path(tempfile.mkdtemp(prefix="fsray-"))
+    reaper.remove_orphan_ray_tmpdirs()  # those of runs killed with their watcher
+    ray_tmpdir = None if cfg.ray_address else reaper.make_ray_tmpdir(run_dir)
     # a run must not outlive this process: the simulation dies with it (PDEATHSIG) and a watcher in
     # its own session stops everything carrying our FLWR_HOME if this process is killed
     watcher = reaper.start(flwr_home, run_dir / "reaper.log", remove=ray_tmpdir)

@@ -13,10 +13,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -478,3 +480,32 @@ def test_npz_labels_must_lie_in_the_classes_the_data_declares(tmp_path):
     # declared classes may be absent from y_train
     bundle = load_dataset("npz", tmp_path, path=str(_npz(tmp_path, y_train=np.arange(30) % 2)), num_classes=3)
     assert bundle.num_classes == 3
+
+
+def test_the_private_ray_folders_of_runs_killed_with_their_watcher_are_removed(tmp_path):
+    """kill -9 of a run's whole tree, watcher included, left an fsray-* folder (about 190 KB) in
+    the temporary folder every time. The next run removes those whose owner is gone and that no live
+    process uses; an unfinished run gets Ray's logs first; a live owner's and an unowned folder stay."""
+    dead = subprocess.Popen([sys.executable, "-c", "import pathlib; from fedsuite import reaper; "
+                             f"print(reaper.make_ray_tmpdir(pathlib.Path({str(tmp_path / 'run')!r})))"],
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    orphan = Path(dead.communicate(timeout=60)[0].strip())
+    (tmp_path / "run").mkdir()
+    (orphan / "ray" / "session_latest" / "logs").mkdir(parents=True)
+    (orphan / "ray" / "session_latest" / "logs" / "raylet.out").write_text("the raylet's log")
+    mine = reaper.make_ray_tmpdir(tmp_path / "mine")  # this process is alive
+    unowned = Path(tempfile.mkdtemp(prefix=reaper.RAY_TMPDIR_PREFIX))
+    used = Path(tempfile.mkdtemp(prefix=reaper.RAY_TMPDIR_PREFIX))  # owner gone, but a process uses it
+    (used / reaper.OWNER_FILE).write_text((orphan / reaper.OWNER_FILE).read_text())
+    user = subprocess.Popen(["sleep", "60"], env={**os.environ, "RAY_TMPDIR": str(used)})
+    try:
+        removed = reaper.remove_orphan_ray_tmpdirs()
+        assert orphan in removed and not orphan.exists()
+        assert (tmp_path / "run" / "ray-logs" / "raylet.out").read_text() == "the raylet's log"
+        assert mine.exists() and unowned.exists() and used.exists()
+        assert mine not in removed and unowned not in removed and used not in removed
+    finally:
+        user.kill()
+        user.wait()
+        for path in (mine, unowned, used):
+            shutil.rmtree(path, ignore_errors=True)
