@@ -97,7 +97,7 @@ def simulate(
         run_dir = runtime.default_run_dir(cfg)
         if run_dir.exists() and not resume and not launch.start_debris(run_dir):
             fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
-        check_writable_folder(run_dir.parent, "output_dir")
+        check_writable_folder(run_dir, "output_dir")
 
         def check_data() -> None:
             """Missing data, an impossible partition or a model that cannot take the data (``--model
@@ -177,8 +177,6 @@ def resume_config(given, config: Optional[Path], set_: list[str], values: dict[s
     line's options on top, refused (``ConfigError``, exit 2, nothing written) if they change a field
     outside ``fedsuite.config.RESUME_MUTABLE`` or ask for fewer rounds than the run has done. A run
     killed before it recorded its config (``launch.start_debris``) starts anew from the command line's."""
-    import torch
-
     from fedsuite import launch, runtime
     from fedsuite.config import ConfigError, build_config, check_resume, validate
 
@@ -200,9 +198,7 @@ def resume_config(given, config: Optional[Path], set_: list[str], values: dict[s
         raise ConfigError(f"--resume: {record} does not validate with this fedsuite: {exc}") from None
     cfg = build_config(config, set_, values, base=recorded)
     cfg.output_dir, cfg.run_name = given.output_dir, given.run_name  # where the run was found
-    ckpt = run_dir / "checkpoint.pt"
-    done = int(torch.load(ckpt, weights_only=False)["round"]) if ckpt.is_file() else 0
-    check_resume(recorded, cfg, done)
+    check_resume(recorded, cfg, launch.checkpointed_round(run_dir))
     return cfg
 
 
@@ -235,16 +231,12 @@ def check_hardware(cfg) -> None:
 
 
 def check_writable_folder(folder: Path, field: str) -> None:
-    """``folder`` exists as a writable folder or can be created (its nearest existing parent is one)."""
-    import os
+    """Something can be written under ``folder`` (``launch.folder_problem``); else one line, exit 2."""
+    from fedsuite.launch import folder_problem
 
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        fail(f"{field}: {existing} is a file, not a folder, so {folder} cannot be created")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        fail(f"{field}: {existing} is not writable, so nothing can be written under {folder}")
+    problem = folder_problem(folder)
+    if problem is not None:
+        fail(f"{field}: {problem}")
 
 
 #: the figure formats ``--out`` may name (matplotlib's raster and vector backends)

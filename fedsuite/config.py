@@ -28,6 +28,25 @@ class ConfigError(ValueError):
     """A user error in the configuration (message is one line, ready to print)."""
 
 
+#: the longest file or folder name, in bytes, of Linux's file systems (and macOS's)
+NAME_MAX = 255
+#: the longest run folder path, in bytes: Linux's PATH_MAX (4096) less room for the files a run
+#: writes inside it (client-state/client-00099/...)
+RUN_DIR_MAX = 4096 - 512
+
+
+def path_length_problem(path: str | Path) -> str | None:
+    """Why ``path`` (``~`` expanded, made absolute) is too long to be a run folder, or None."""
+    import os
+
+    full = os.fsencode(os.path.abspath(os.path.expanduser(path)))
+    if len(full) > RUN_DIR_MAX:
+        return f"the path is {len(full)} bytes long; at most {RUN_DIR_MAX} leave room for a run's files"
+    long = next((part for part in full.split(b"/") if len(part) > NAME_MAX), None)
+    if long is not None:
+        return f"a name in it is {len(long)} bytes long ({long[:24].decode(errors='replace')}...); a name has at most {NAME_MAX}"
+    return None
+
 #: ``max_failed_fraction`` when unset, on the Deployment Engine (real clients drop out)
 DEPLOYMENT_MAX_FAILED_FRACTION = 0.5
 
@@ -130,6 +149,12 @@ class BaseRunConfig(Params):
             not self.run_name or self.run_name in (".", "..") or "/" in self.run_name or "\\" in self.run_name
         ):
             raise ValueError(f"run_name must be a plain folder name inside output_dir (no '/', '..'), got {self.run_name!r}")
+        if self.run_name is not None and len(self.run_name.encode()) > NAME_MAX:
+            raise ValueError(f"run_name is {len(self.run_name.encode())} bytes long; a folder name has at most "
+                             f"{NAME_MAX}")
+        problem = path_length_problem(Path(self.output_dir) / (self.run_name or "r" * 64))
+        if problem is not None:
+            raise ValueError(f"output_dir: {problem}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError("device must be one of: auto, cpu, cuda")
         if self.cohort_size > self.num_clients:
@@ -227,9 +252,14 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path}: not UTF-8 text (TOML is UTF-8): byte {exc.start} "
+                          f"cannot be decoded") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot be read ({exc.strerror})") from None
 
 
 def build_config(

@@ -481,6 +481,38 @@ def last_line(path: Path) -> str:
     return lines[-1] if lines else ""
 
 
+#: the least free space a run's folder needs before the run starts (a checkpoint per round, logs)
+MIN_FREE_BYTES = 64 * 2**20
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why nothing can be written under ``folder`` (None if it can): a path past the system's
+    length limits, a nearest existing parent that is a file, not writable, not a real folder
+    (``/proc``, ``/sys``: a probe folder is made and removed to find out), or on a file system with
+    less than :data:`MIN_FREE_BYTES` free."""
+    from fedsuite.config import path_length_problem
+
+    folder = Path(os.path.abspath(os.path.expanduser(folder)))
+    if path_length_problem(folder) is not None:
+        return path_length_problem(folder)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder, so {folder} cannot be created"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable, so nothing can be written under {folder}"
+    try:
+        shutil.rmtree(tempfile.mkdtemp(prefix=".fedsuite-probe-", dir=existing))
+    except OSError as exc:
+        return f"a folder cannot be created in {existing} ({exc.strerror})"
+    free = shutil.disk_usage(existing).free
+    if free < MIN_FREE_BYTES:
+        return (f"the file system of {existing} has {free / 2**20:.1f} MiB free; a run needs at least "
+                f"{MIN_FREE_BYTES / 2**20:.0f} MiB")
+    return None
+
+
 def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> int:
     """A run directory that already holds a run is continued only with a config its record allows
     (``fedsuite.config.check_resume``); raises ``ConfigError`` otherwise, having written nothing.
@@ -488,14 +520,29 @@ def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> int:
     record = run_dir / "config.json"
     if not record.is_file():
         return 0
-    import torch
-
     from fedsuite.config import check_resume
 
-    ckpt = run_dir / "checkpoint.pt"
-    done = int(torch.load(ckpt, weights_only=False)["round"]) if ckpt.is_file() else 0
+    done = checkpointed_round(run_dir)
     check_resume(json.loads(record.read_text()), cfg, done)
     return done
+
+
+def checkpointed_round(run_dir: Path) -> int:
+    """The last round ``<run>/checkpoint.pt`` holds (0 without one); a checkpoint that cannot be
+    read (truncated, empty, not torch's format) is a ``ConfigError`` naming it, in one line."""
+    import torch
+
+    from fedsuite.config import ConfigError
+
+    ckpt = run_dir / "checkpoint.pt"
+    if not ckpt.is_file():
+        return 0
+    try:
+        return int(torch.load(ckpt, weights_only=False)["round"])
+    except Exception as exc:  # EOFError, UnpicklingError, RuntimeError (zip), KeyError, ...
+        reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+        raise ConfigError(f"--resume: {ckpt} cannot be read ({reason}); the run cannot continue from it "
+                          "(start it anew under another --run-name)") from None
 
 
 def final_status(run_id: int, env: dict[str, str], connection: str, run_dir: Path,

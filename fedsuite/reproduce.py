@@ -142,9 +142,12 @@ def parse_tables(path: Path) -> dict[str, Target]:
     """The targets of one tables file; a missing or malformed key raises :class:`ReproduceError`
     naming the file and the key. Config paths are relative to the file's folder."""
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ReproduceError(f"tables file {path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ReproduceError(f"tables file {path}: not UTF-8 text (TOML is UTF-8): byte {exc.start} "
+                             "cannot be decoded") from None
     out: dict[str, Target] = {}
     for name, t in (data.get("targets") or {}).items():
         where = f"{path}: targets.{name}"
@@ -774,6 +777,10 @@ def main(argv: Sequence[str]) -> int:
         args = parser().parse_args(list(argv))
         if args.jobs < 1:
             raise ReproduceError(f"--jobs must be at least 1, got {args.jobs}")
+        from fedsuite.launch import folder_problem
+
+        if folder_problem(args.out) is not None:
+            raise ReproduceError(f"--out: {folder_problem(args.out)}")
         targets = load_targets(args.tables)
         if args.target == "list":
             print_targets(targets, console)

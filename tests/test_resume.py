@@ -269,6 +269,23 @@ def test_resuming_a_finished_run_touches_nothing(simulate):
     assert _snapshot(done.run_dir) == before  # no file changed, appeared or went
 
 
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_an_unreadable_checkpoint_is_one_line_on_resume(damage, simulate, tmp_path):
+    """A truncated checkpoint.pt printed a traceback, an empty one only "Aborted."."""
+    done = simulate(rounds=ROUNDS, **METHODS["scaffold"])
+    run_dir = tmp_path / "copy"
+    shutil.copytree(done.run_dir, run_dir, ignore=shutil.ignore_patterns(".flwr"))
+    ckpt = run_dir / "checkpoint.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2] if damage == "truncated" else b"")
+    before = _snapshot(run_dir)
+    res = CliRunner().invoke(cli.app, ["simulate", "--output-dir", str(tmp_path), "--run-name", "copy", "--resume",
+                                       "--rounds", str(ROUNDS + 2)])
+    assert res.exit_code == 2, res.output
+    assert f"{ckpt} cannot be read" in res.output.replace("\n", "") and "Aborted" not in res.output
+    assert len(res.output.strip().splitlines()) <= 3, res.output  # one message, maybe wrapped
+    assert _snapshot(run_dir) == before
+
+
 def test_resume_needs_a_run_to_continue(tmp_path):
     res = CliRunner().invoke(cli.app, ["simulate", "--output-dir", str(tmp_path), "--run-name", "none", "--resume"])
     assert res.exit_code == 2 and "no run to continue" in res.output

@@ -509,3 +509,68 @@ def test_the_private_ray_folders_of_runs_killed_with_their_watcher_are_removed(t
         user.wait()
         for path in (mine, unowned, used):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _not_utf8(path: Path) -> Path:
+    path.write_bytes("rounds = 2\n# caf\u00e9\n".encode("latin-1"))
+    return path
+
+
+def _truncated_npz(tmp_path: Path) -> Path:
+    path = _npz(tmp_path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return path
+
+
+@pytest.mark.parametrize("case", ["config-not-utf8", "run-name-300", "path-too-long", "proc", "sys", "npz-truncated"])
+def test_bad_files_and_unwritable_paths_are_one_line_before_any_run_folder(tmp_path, case):
+    runs = tmp_path / "runs"
+    args = {
+        "config-not-utf8": ["--config", str(_not_utf8(tmp_path / "c.toml"))],
+        "run-name-300": ["--run-name", "r" * 300],
+        "path-too-long": ["--output-dir", str(tmp_path / "/".join(["d" * 200] * 25))],
+        "proc": ["--output-dir", "/proc/fedsuite-runs"],
+        "sys": ["--output-dir", "/sys/fedsuite-runs"],
+        "npz-truncated": ["--dataset", "npz", "--model", "mlp", "--num-clients", "2",
+                          "--set", f"dataset_options={{path='{_truncated_npz(tmp_path)}'}}"],
+    }[case]
+    fragment = {"config-not-utf8": "not UTF-8", "run-name-300": "300 bytes long", "path-too-long": "bytes long",
+                "proc": "cannot be created", "sys": "cannot be created", "npz-truncated": "could not be read"}[case]
+    out = [] if "--output-dir" in args else ["--output-dir", str(runs)]
+    code, text, exc = _cli("simulate", *args, *out, "--set", f"data_root={tmp_path / 'data'}")
+    _assert_one_line_error(code, text, exc, fragment)
+    assert not runs.exists() and not Path("/proc/fedsuite-runs").exists()
+
+
+def test_report_and_tables_files_are_checked_like_the_run(tmp_path):
+    d = _run_dir(tmp_path, build_config().active_dump(), '{"round": 0, "test_accuracy": 0.1}\n')
+    code, text, exc = _cli("report", str(d), "--out", "/proc/fedsuite-report")
+    _assert_one_line_error(code, text, exc, "cannot be created")
+    tables = _not_utf8(tmp_path / "tables.toml")
+    out = subprocess.run([sys.executable, "-m", "fedsuite.cli", "reproduce", "list", "--tables", str(tables)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2 and "not UTF-8" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    out = subprocess.run([sys.executable, "-m", "fedsuite.cli", "reproduce", "fedmr-claims", "--out", "/sys/x"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2 and "--out: a folder cannot be created in /sys" in out.stderr, out.stderr
+
+
+@pytest.fixture
+def full_filesystem(tmp_path):
+    """A 2 MiB tmpfs (root's mount; skipped with the reason where mounting is not allowed)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_an_output_folder_on_a_full_filesystem_is_one_line(tmp_path, full_filesystem):
+    code, text, exc = _cli("simulate", "--output-dir", str(full_filesystem / "runs"), "--set",
+                           f"data_root={tmp_path / 'data'}")
+    _assert_one_line_error(code, text, exc, "MiB free")
+    assert list(full_filesystem.iterdir()) == []

@@ -44,6 +44,7 @@ import json
 import os
 import pickle
 import socket
+import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -769,7 +770,7 @@ def load_npz(root: Path, *, path: str | Path | None = None, num_classes: int | N
     try:
         with np.load(p, allow_pickle=False) as z:
             arrs = {k: z[k] for k in keys if k in z.files}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # truncated or not an npz
         raise DatasetError(f"npz: {p} could not be read as a numpy .npz file ({exc}).") from None
     absent = [k for k in keys if k not in arrs]
     if absent:
