@@ -178,7 +178,7 @@ def resume_config(given, config: Optional[Path], set_: list[str], values: dict[s
     outside ``fedsuite.config.RESUME_MUTABLE`` or ask for fewer rounds than the run has done. A run
     killed before it recorded its config (``launch.start_debris``) starts anew from the command line's."""
     from fedsuite import launch, runtime
-    from fedsuite.config import ConfigError, build_config, check_resume, validate
+    from fedsuite.config import ConfigError, build_config, check_resume
 
     if given.run_name is None:
         raise ConfigError("--resume needs the run's --run-name (and --output-dir, if not the default)")
@@ -188,14 +188,7 @@ def resume_config(given, config: Optional[Path], set_: list[str], values: dict[s
         if launch.start_debris(run_dir):  # killed before it recorded its config: start it anew
             return given
         raise ConfigError(f"--resume: {run_dir} holds no run to continue (no config.json)")
-    try:
-        recorded = json.loads(record.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--resume: {record} is not valid JSON ({exc})") from None
-    try:
-        validate(recorded)
-    except ConfigError as exc:
-        raise ConfigError(f"--resume: {record} does not validate with this fedsuite: {exc}") from None
+    recorded = launch.recorded_config(run_dir)
     cfg = build_config(config, set_, values, base=recorded)
     cfg.output_dir, cfg.run_name = given.output_dir, given.run_name  # where the run was found
     check_resume(recorded, cfg, launch.checkpointed_round(run_dir))

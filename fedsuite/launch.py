@@ -523,8 +523,27 @@ def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> int:
     from fedsuite.config import check_resume
 
     done = checkpointed_round(run_dir)
-    check_resume(json.loads(record.read_text()), cfg, done)
+    check_resume(recorded_config(run_dir), cfg, done)
     return done
+
+
+def recorded_config(run_dir: Path) -> dict[str, Any]:
+    """A run's ``config.json``, checked to validate with this fedsuite; anything else (not UTF-8,
+    not JSON, not a config) is a ``ConfigError`` naming the file, in one line."""
+    from fedsuite.config import ConfigError, validate
+
+    record = run_dir / "config.json"
+    try:
+        recorded = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError and UnicodeDecodeError
+        raise ConfigError(f"--resume: {record} cannot be read as JSON ({exc})") from None
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"--resume: {record} holds {type(recorded).__name__}, not a run's config")
+    try:
+        validate(recorded)
+    except ConfigError as exc:
+        raise ConfigError(f"--resume: {record} does not validate with this fedsuite: {exc}") from None
+    return recorded
 
 
 def checkpointed_round(run_dir: Path) -> int:

@@ -269,19 +269,27 @@ def test_resuming_a_finished_run_touches_nothing(simulate):
     assert _snapshot(done.run_dir) == before  # no file changed, appeared or went
 
 
-@pytest.mark.parametrize("damage", ["truncated", "empty"])
-def test_an_unreadable_checkpoint_is_one_line_on_resume(damage, simulate, tmp_path):
-    """A truncated checkpoint.pt printed a traceback, an empty one only "Aborted."."""
+@pytest.mark.parametrize("damage", ["truncated", "empty", "config-latin-1", "config-a-list"])
+def test_an_unreadable_record_is_one_line_on_resume(damage, simulate, tmp_path):
+    """A truncated checkpoint.pt printed a traceback, an empty one only "Aborted."; a config.json
+    that is not UTF-8 or not a config is named the same way. Nothing in the run is touched."""
     done = simulate(rounds=ROUNDS, **METHODS["scaffold"])
     run_dir = tmp_path / "copy"
     shutil.copytree(done.run_dir, run_dir, ignore=shutil.ignore_patterns(".flwr"))
-    ckpt = run_dir / "checkpoint.pt"
-    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2] if damage == "truncated" else b"")
+    ckpt, record = run_dir / "checkpoint.pt", run_dir / "config.json"
+    damaged, words = {
+        "truncated": (ckpt, ckpt.read_bytes()[: ckpt.stat().st_size // 2]),
+        "empty": (ckpt, b""),
+        "config-latin-1": (record, record.read_text().replace("}", ', "note": "caf\u00e9"}').encode("latin-1")),
+        "config-a-list": (record, b"[1, 2]"),
+    }[damage], {"truncated": "cannot be read (", "empty": "cannot be read (", "config-latin-1": "cannot be read as JSON",
+                 "config-a-list": "holds list, not a run's config"}[damage]
+    damaged[0].write_bytes(damaged[1])
     before = _snapshot(run_dir)
     res = CliRunner().invoke(cli.app, ["simulate", "--output-dir", str(tmp_path), "--run-name", "copy", "--resume",
                                        "--rounds", str(ROUNDS + 2)])
     assert res.exit_code == 2, res.output
-    assert f"{ckpt} cannot be read" in res.output.replace("\n", "") and "Aborted" not in res.output
+    assert f"{damaged[0]} {words}" in res.output.replace("\n", "") and "Aborted" not in res.output, res.output
     assert len(res.output.strip().splitlines()) <= 3, res.output  # one message, maybe wrapped
     assert _snapshot(run_dir) == before
 
