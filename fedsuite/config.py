@@ -12,6 +12,7 @@ allowed; the CLI prints it and exits with code 2 before anything is written.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import sys
 import tomllib
@@ -138,6 +139,10 @@ class BaseRunConfig(Params):
         f"(any failure stops the run), {DEPLOYMENT_MAX_FAILED_FRACTION} on the Deployment Engine (dropouts are normal)",
     )
     faults: FaultsConfig = Field(default_factory=FaultsConfig, description="fault injection ([faults])")
+    tensorboard: bool | None = Field(
+        None, description="write TensorBoard event files into the run directory (every metric of metrics.jsonl "
+        "per round, the config as hparams); default: on where the tensorboard package is installed",
+    )
 
     @model_validator(mode="after")
     def _check_names(self) -> "BaseRunConfig":
@@ -155,6 +160,8 @@ class BaseRunConfig(Params):
         problem = path_length_problem(Path(self.output_dir) / (self.run_name or "r" * 64))
         if problem is not None:
             raise ValueError(f"output_dir: {problem}")
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ValueError("tensorboard=true needs the tensorboard package: pip install tensorboard")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError("device must be one of: auto, cpu, cuda")
         if self.cohort_size > self.num_clients:
@@ -301,7 +308,7 @@ def _merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
 #: the resumed rounds a different experiment from the recorded ones, so it is refused.
 RESUME_MUTABLE: tuple[str, ...] = (
     "rounds", "output_dir", "run_name", "data_root", "num_cpus", "num_gpus", "device", "eval_batch_size",
-    "stall_timeout_s", "ray_address",
+    "stall_timeout_s", "ray_address", "tensorboard",
 )
 
 

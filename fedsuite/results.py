@@ -10,6 +10,8 @@ A run directory holds::
                      rounds_with_failures (totals), failure (round, partition ids, first error)
                      when the run stopped on too many failed replies
     checkpoint.pt    global arrays + strategy state + round (rewritten atomically every round)
+    events.out.tfevents.*  the same metrics for TensorBoard (``tensorboard=true``, the default where
+                     the package is installed; :class:`TensorBoardLog`)
     accuracy.png     test accuracy versus round
     diagnostics.png  pool diagnostics versus round (pool methods with ``<method>.diagnostics = true``,
                      see :func:`plot_pool_diagnostics`)
@@ -72,18 +74,74 @@ def read_metrics(run_dir: str | Path, tolerant: bool = False) -> list[dict[str, 
     return rows
 
 
-class RunRecorder:
-    """Appends per-round metrics and keeps summary and plot up to date (called by the ServerApp)."""
+def tensorboard_installed() -> bool:
+    """Whether the ``tensorboard`` package (which torch's ``SummaryWriter`` writes for) is importable."""
+    import importlib.util
 
-    def __init__(self, run_dir: Path) -> None:
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def scalars(row: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a metrics row that TensorBoard plots: every finite int or float but ``round``
+    (the step) and booleans; lists (cohort, dropped) and dicts (failure_reasons) are not scalars."""
+    return {k: float(v) for k, v in row.items() if k != "round" and isinstance(v, (int, float))
+            and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class TensorBoardLog:
+    """The run's metrics as TensorBoard event files in its folder (``tensorboard --logdir runs``
+    shows every run under its folder name): each row's :func:`scalars` at step = round, and the
+    config as hparams (the HParams tab compares runs and sweeps by their settings).
+
+    ``purge_from``: on a resume, the round the run continues from; events of that round and later
+    that an interrupted attempt wrote are hidden by TensorBoard (``SummaryWriter(purge_step=...)``),
+    so each step shows the values of the round that counted."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any], purge_from: int | None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.summary import hparams
+
+        self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge_from)
+        if purge_from is None:  # a new run: its settings, once
+            flat = {k: (v if isinstance(v, (int, float, str, bool)) else json.dumps(v, sort_keys=True))
+                    for k, v in flat_config(config).items() if v is not None}
+            for summary in hparams(flat, {"test_accuracy": 0.0}):
+                self.writer.file_writer.add_summary(summary)
+
+    def add(self, row: dict[str, Any]) -> None:
+        for key, value in scalars(row).items():
+            self.writer.add_scalar(key, value, global_step=row["round"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class RunRecorder:
+    """Appends per-round metrics and keeps summary and plot up to date (called by the ServerApp);
+    with ``tensorboard``, the same rows go to a :class:`TensorBoardLog` (after metrics.jsonl, which
+    is the record)."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any] | None = None, tensorboard: bool = False) -> None:
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
+        self.config = config or {}
+        self.tensorboard = tensorboard
+        self.board: TensorBoardLog | None = None
+
+    def _board(self, purge_from: int | None = None) -> TensorBoardLog | None:
+        if self.tensorboard and self.board is None:
+            self.board = TensorBoardLog(self.run_dir, self.config, purge_from)
+        return self.board
 
     def append(self, row: dict[str, Any]) -> None:
+        row = _clean(row)
         with self.metrics_path.open("a") as f:
-            f.write(json.dumps(_clean(row), sort_keys=True) + "\n")
+            f.write(json.dumps(row, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        if self._board() is not None:
+            self.board.add(row)
 
     def rewind(self, checkpoint_round: int, checkpoint_row: dict[str, Any] | None) -> None:
         """Make ``metrics.jsonl`` end at the checkpoint a run resumes from: keep the rows of earlier
@@ -109,6 +167,13 @@ class RunRecorder:
         tmp = self.metrics_path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
         os.replace(tmp, self.metrics_path)
+        if self.tensorboard and any(self.run_dir.glob("events.out.tfevents.*")):
+            # an earlier attempt logged to TensorBoard: hide its events from the last kept row on,
+            # and log that row again (a kill may have come between the checkpoint and its row)
+            purge_from = keep[-1]["round"] if keep else 0
+            self._board(purge_from)
+            if keep:
+                self.board.add(keep[-1])
 
     def finish(self, status: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         rows = read_metrics(self.run_dir)
@@ -121,6 +186,8 @@ class RunRecorder:
             plot_accuracy({self.run_dir.name: rows}, self.run_dir / "accuracy.png")
         if has_pool_diagnostics(rows):
             plot_pool_diagnostics(rows, self.run_dir / "diagnostics.png", title=self.run_dir.name)
+        if self.board is not None:
+            self.board.close()
         # last: the launcher takes summary.json as the sign that the run has ended and stops its processes
         write_json(self.run_dir / "summary.json", summary)
         return summary

@@ -32,7 +32,7 @@ from flwr.superlink.grid import InMemoryGrid
 
 from fedsuite import runtime
 from fedsuite.models import initial_arrays, make_model
-from fedsuite.results import RunRecorder, write_json
+from fedsuite.results import RunRecorder, tensorboard_installed, write_json
 from fedsuite.state import prune_committed
 from fedsuite.strategy import RoundFailure, ServerSetup
 from fedsuite.training import arrays_evaluator
@@ -55,7 +55,8 @@ def main(grid: Grid, context: Context) -> None:
     tune_grid(grid)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "config.json", cfg.active_dump())
-    recorder = RunRecorder(run_dir)
+    recorder = RunRecorder(run_dir, cfg.active_dump(),
+                           tensorboard=tensorboard_installed() if cfg.tensorboard is None else cfg.tensorboard)
     torch.set_num_threads(max(1, cfg.num_cpus))
     status, extra = "failed", {"timing": {"serverapp_start": time.time()}}
     try:
