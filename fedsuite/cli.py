@@ -70,7 +70,7 @@ def simulate(
 
     # started first: its imports use the second core while this process builds the config
     with launch.simulation_process() as process:
-        from fedsuite import runtime
+        from fedsuite import rundir, runtime
         from fedsuite.config import ConfigError, build_config
 
         values = _common_values(
@@ -95,7 +95,7 @@ def simulate(
         # a SIGTERM (e.g. from `timeout` or a job scheduler) must still stop the processes we start
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         run_dir = runtime.default_run_dir(cfg)
-        if run_dir.exists() and not resume and not launch.start_debris(run_dir):
+        if run_dir.exists() and not resume and not rundir.start_debris(run_dir):
             fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
         check_writable_folder(run_dir, "output_dir")
 
@@ -147,6 +147,8 @@ def simulate(
             outcome = launch.simulate(cfg, run_dir, on_progress, before_start=begin, process=process)
         except DataCheckError as exc:
             fail(str(exc))
+        except rundir.RunDirError as exc:
+            fail(str(exc))
         except launch.LaunchError as exc:
             fail(str(exc), code=1)
         finally:
@@ -176,8 +178,8 @@ def resume_config(given, config: Optional[Path], set_: list[str], values: dict[s
     """The config a ``--resume`` continues with: the run's recorded ``config.json`` with the command
     line's options on top, refused (``ConfigError``, exit 2, nothing written) if they change a field
     outside ``fedsuite.config.RESUME_MUTABLE`` or ask for fewer rounds than the run has done. A run
-    killed before it recorded its config (``launch.start_debris``) starts anew from the command line's."""
-    from fedsuite import launch, runtime
+    killed before it recorded its config (``rundir.start_debris``) starts anew from the command line's."""
+    from fedsuite import rundir, runtime
     from fedsuite.config import ConfigError, build_config, check_resume
 
     if given.run_name is None:
@@ -185,13 +187,13 @@ def resume_config(given, config: Optional[Path], set_: list[str], values: dict[s
     run_dir = runtime.default_run_dir(given)
     record = run_dir / "config.json"
     if not record.is_file():
-        if launch.start_debris(run_dir):  # killed before it recorded its config: start it anew
+        if rundir.start_debris(run_dir):  # killed before it recorded its config: start it anew
             return given
         raise ConfigError(f"--resume: {run_dir} holds no run to continue (no config.json)")
-    recorded = launch.recorded_config(run_dir)
+    recorded = rundir.recorded_config(run_dir)
     cfg = build_config(config, set_, values, base=recorded)
     cfg.output_dir, cfg.run_name = given.output_dir, given.run_name  # where the run was found
-    check_resume(recorded, cfg, launch.checkpointed_round(run_dir))
+    check_resume(recorded, cfg, rundir.checkpointed_round(run_dir))
     return cfg
 
 
@@ -224,8 +226,8 @@ def check_hardware(cfg) -> None:
 
 
 def check_writable_folder(folder: Path, field: str) -> None:
-    """Something can be written under ``folder`` (``launch.folder_problem``); else one line, exit 2."""
-    from fedsuite.launch import folder_problem
+    """Something can be written under ``folder`` (``rundir.folder_problem``); else one line, exit 2."""
+    from fedsuite.rundir import folder_problem
 
     problem = folder_problem(folder)
     if problem is not None:

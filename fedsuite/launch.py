@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 import psutil
 import tomli_w
 
-from fedsuite import reaper
+from fedsuite import reaper, rundir
 
 if TYPE_CHECKING:
     from fedsuite.config import BaseRunConfig
@@ -360,10 +360,10 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     and its Ray are stopped, the folders this call created are removed, and the exception
     propagates: nothing is left behind."""
     run_dir = run_dir.resolve()
-    if start_debris(run_dir):  # a run killed before it recorded anything: nothing to keep
-        clear_start_debris(run_dir)
-    done = check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
-    if done == cfg.rounds and summary_status(run_dir) == ("finished:completed", ""):
+    if rundir.start_debris(run_dir):  # a run killed before it recorded anything: nothing to keep
+        rundir.clear_start_debris(run_dir)
+    done = rundir.check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
+    if done == cfg.rounds and rundir.summary_status(run_dir) == ("finished:completed", ""):
         # a finished run asked for the rounds it has: it stays as it was, byte for byte
         return RunOutcome(run_dir, "finished:completed", f"already complete after {done} rounds", ran=False)
     created = run_dir
@@ -417,30 +417,6 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
             shutil.rmtree(created, ignore_errors=True)
 
 
-#: what :func:`simulate` writes into a run directory before the ServerApp records the run's
-#: ``config.json`` (the start-up window: about 2-3.5 s on 2 cores)
-START_FILES = frozenset({"app", ".flwr", "flower.log", "reaper.log", "ray-logs", "error.txt"})
-
-
-def start_debris(run_dir: Path) -> bool:
-    """Whether ``run_dir`` is what a run killed in its start-up window left: a folder without
-    ``config.json`` that holds only :data:`START_FILES` (or nothing). Such a folder records no run,
-    so a fresh start and ``--resume`` of the same name both start the run anew in it. A folder
-    holding anything else is not ours to remove."""
-    if not run_dir.is_dir() or (run_dir / "config.json").exists():
-        return False
-    return all(entry.name in START_FILES for entry in run_dir.iterdir())
-
-
-def clear_start_debris(run_dir: Path) -> None:
-    """Remove a start-up's debris (:func:`start_debris`), unless a run is starting in it right now
-    (a live process carries its ``FLWR_HOME``): then ``LaunchError``, and nothing is removed."""
-    live = reaper.marked("FLWR_HOME", str(run_dir / ".flwr"))
-    if live:
-        raise LaunchError(f"a run is starting in {run_dir} (process {live[0].pid}); wait for it or stop it first")
-    shutil.rmtree(run_dir)
-
-
 def tell(proc: subprocess.Popen, line: str) -> None:
     """One line to a simulation process waiting on its stdin; a process that has already ended is
     not an error here (its exit code and log say how it ended)."""
@@ -451,24 +427,10 @@ def tell(proc: subprocess.Popen, line: str) -> None:
         pass
 
 
-def summary_status(run_dir: Path) -> tuple[str, str] | None:
-    """The outcome the ServerApp recorded in ``summary.json`` (Flower's status names), or None
-    before it has written one."""
-    summary = run_dir / "summary.json"
-    if not summary.exists():
-        return None
-    ours = json.loads(summary.read_text())
-    if ours.get("status") == "completed":
-        return "finished:completed", ""
-    if "failure" in ours:  # stopped on failed client replies
-        return "finished:failed", ours["failure"]["message"]
-    return "finished:failed", last_line(run_dir / "error.txt")
-
-
 def simulation_status(proc: subprocess.Popen, run_dir: Path) -> tuple[str, str]:
     """A simulation's outcome: ``summary.json``'s, else (the process ended before the ServerApp
     wrote it: an engine or start-up error) failed, with the process's exit code."""
-    recorded = summary_status(run_dir)
+    recorded = rundir.summary_status(run_dir)
     if recorded is not None:
         return recorded
     code = proc.wait()
@@ -476,99 +438,11 @@ def simulation_status(proc: subprocess.Popen, run_dir: Path) -> tuple[str, str]:
                                f"recorded an outcome; see {run_dir / 'flower.log'}")
 
 
-def last_line(path: Path) -> str:
-    lines = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
-    return lines[-1] if lines else ""
-
-
-#: the least free space a run's folder needs before the run starts (a checkpoint per round, logs)
-MIN_FREE_BYTES = 64 * 2**20
-
-
-def folder_problem(folder: Path) -> str | None:
-    """Why nothing can be written under ``folder`` (None if it can): a path past the system's
-    length limits, a nearest existing parent that is a file, not writable, not a real folder
-    (``/proc``, ``/sys``: a probe folder is made and removed to find out), or on a file system with
-    less than :data:`MIN_FREE_BYTES` free."""
-    from fedsuite.config import path_length_problem
-
-    folder = Path(os.path.abspath(os.path.expanduser(folder)))
-    if path_length_problem(folder) is not None:
-        return path_length_problem(folder)
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is a file, not a folder, so {folder} cannot be created"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable, so nothing can be written under {folder}"
-    try:
-        shutil.rmtree(tempfile.mkdtemp(prefix=".fedsuite-probe-", dir=existing))
-    except OSError as exc:
-        return f"a folder cannot be created in {existing} ({exc.strerror})"
-    free = shutil.disk_usage(existing).free
-    if free < MIN_FREE_BYTES:
-        return (f"the file system of {existing} has {free / 2**20:.1f} MiB free; a run needs at least "
-                f"{MIN_FREE_BYTES / 2**20:.0f} MiB")
-    return None
-
-
-def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> int:
-    """A run directory that already holds a run is continued only with a config its record allows
-    (``fedsuite.config.check_resume``); raises ``ConfigError`` otherwise, having written nothing.
-    Returns the rounds the run has done (0 for a directory without a run)."""
-    record = run_dir / "config.json"
-    if not record.is_file():
-        return 0
-    from fedsuite.config import check_resume
-
-    done = checkpointed_round(run_dir)
-    check_resume(recorded_config(run_dir), cfg, done)
-    return done
-
-
-def recorded_config(run_dir: Path) -> dict[str, Any]:
-    """A run's ``config.json``, checked to validate with this fedsuite; anything else (not UTF-8,
-    not JSON, not a config) is a ``ConfigError`` naming the file, in one line."""
-    from fedsuite.config import ConfigError, validate
-
-    record = run_dir / "config.json"
-    try:
-        recorded = json.loads(record.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError and UnicodeDecodeError
-        raise ConfigError(f"--resume: {record} cannot be read as JSON ({exc})") from None
-    if not isinstance(recorded, dict):
-        raise ConfigError(f"--resume: {record} holds {type(recorded).__name__}, not a run's config")
-    try:
-        validate(recorded)
-    except ConfigError as exc:
-        raise ConfigError(f"--resume: {record} does not validate with this fedsuite: {exc}") from None
-    return recorded
-
-
-def checkpointed_round(run_dir: Path) -> int:
-    """The last round ``<run>/checkpoint.pt`` holds (0 without one); a checkpoint that cannot be
-    read (truncated, empty, not torch's format) is a ``ConfigError`` naming it, in one line."""
-    import torch
-
-    from fedsuite.config import ConfigError
-
-    ckpt = run_dir / "checkpoint.pt"
-    if not ckpt.is_file():
-        return 0
-    try:
-        return int(torch.load(ckpt, weights_only=False)["round"])
-    except Exception as exc:  # EOFError, UnpicklingError, RuntimeError (zip), KeyError, ...
-        reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-        raise ConfigError(f"--resume: {ckpt} cannot be read ({reason}); the run cannot continue from it "
-                          "(start it anew under another --run-name)") from None
-
-
 def final_status(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
                  wrap: Sequence[str] = ()) -> tuple[str, str]:
     """A SuperLink run's outcome: the ServerApp's own ``summary.json`` status when it wrote one (it
     writes it after its last round, so Flower's teardown need not be waited for), else Flower's."""
-    recorded = summary_status(run_dir)
+    recorded = rundir.summary_status(run_dir)
     if recorded is not None:
         return recorded
     deadline = time.monotonic() + 60

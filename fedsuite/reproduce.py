@@ -47,6 +47,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from fedsuite import rundir
 from fedsuite.config import ConfigError, build_config
 
 #: the tables files that ship with fedsuite: experiments/<paper>/tables.toml
@@ -310,30 +311,10 @@ def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = Non
     return list(specs.values())
 
 
-def run_state(run_dir: Path) -> str:
-    """``completed`` or ``failed`` (summary.json's status), ``partial`` (a run to ``--resume``:
-    config.json, no summary), ``debris`` (a directory without config.json: killed before the
-    ServerApp started; ``fedsuite simulate`` starts the run anew in it when it holds only what a
-    start-up writes, ``fedsuite.launch.start_debris``) or ``new``."""
-    summary = run_dir / "summary.json"
-    if summary.is_file():
-        try:
-            status = json.loads(summary.read_text()).get("status")
-        except ValueError:
-            status = None
-        if status == "completed":
-            return "completed"
-        if status is not None:
-            return "failed"
-    if (run_dir / "config.json").is_file():
-        return "partial"
-    return "debris" if run_dir.exists() else "new"
-
-
 def why_incomplete(spec: RunSpec) -> str:
     """One line for a run that did not complete: its cell, its state, and why (the failure that
     ``summary.json`` records, else the last line of ``error.txt``)."""
-    state = run_state(spec.run_dir)
+    state = rundir.state(spec.run_dir)
     reason = ""
     try:
         reason = json.loads((spec.run_dir / "summary.json").read_text()).get("failure", {}).get("message", "")
@@ -344,7 +325,7 @@ def why_incomplete(spec: RunSpec) -> str:
         reason = lines[-1] if lines else ""
     if state == "new":
         return f"{spec.method} seed {spec.seed}: not run"
-    where = f", stopped after round {_rounds_done(spec.run_dir)}" if state in ("failed", "partial") else ""
+    where = f", stopped after round {rundir.rounds_done(spec.run_dir)}" if state in ("failed", "partial") else ""
     return f"{spec.method} seed {spec.seed}: {state}{where}" + (f": {reason}" if reason else "")
 
 
@@ -380,18 +361,11 @@ def _interrupt(*_: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the queue like Ctrl-C
 
 
-def _rounds_done(run_dir: Path) -> int:
-    from fedsuite.results import read_metrics
-
-    rows = read_metrics(run_dir, tolerant=True)
-    return max((r["round"] for r in rows), default=0)
-
-
 def run_queue(specs: Sequence[RunSpec], jobs: int = 1, placement: Sequence[str] = (),
               console=None, poll_s: float = 0.5) -> dict[Path, str]:
     """Run every spec that is not completed or failed, ``jobs`` at a time, each as a ``fedsuite
     simulate`` child (``--resume`` where a partial run exists); show one progress display. Returns
-    each run directory's final state (:func:`run_state`, or ``failed`` for a run whose process
+    each run directory's final state (``rundir.state``, or ``failed`` for a run whose process
     exited non-zero). Ctrl-C/SIGTERM stops every running run's process tree, then re-raises."""
     from rich.console import Console
     from rich.live import Live
@@ -400,10 +374,10 @@ def run_queue(specs: Sequence[RunSpec], jobs: int = 1, placement: Sequence[str] 
     from fedsuite import launch, reaper
 
     console = console or Console()
-    states = {s.run_dir: run_state(s.run_dir) for s in specs}
+    states = {s.run_dir: rundir.state(s.run_dir) for s in specs}
     todo = [s for s in specs if states[s.run_dir] in ("new", "partial", "debris")]
     done_at_start = {s.run_dir: (s.rounds if states[s.run_dir] == "completed" else
-                                 _rounds_done(s.run_dir) if states[s.run_dir] == "partial" else 0) for s in specs}
+                                 rundir.rounds_done(s.run_dir) if states[s.run_dir] == "partial" else 0) for s in specs}
     progress = dict(done_at_start)
     running: dict[subprocess.Popen, tuple[RunSpec, Any]] = {}
     started = time.monotonic()
@@ -443,12 +417,12 @@ def run_queue(specs: Sequence[RunSpec], jobs: int = 1, placement: Sequence[str] 
                     start(todo.pop(0))
                 for proc in list(running):
                     spec, log = running[proc]
-                    progress[spec.run_dir] = max(progress[spec.run_dir], _rounds_done(spec.run_dir))
+                    progress[spec.run_dir] = max(progress[spec.run_dir], rundir.rounds_done(spec.run_dir))
                     if proc.poll() is None:
                         continue
                     log.close()
                     del running[proc]
-                    state = run_state(spec.run_dir)
+                    state = rundir.state(spec.run_dir)
                     states[spec.run_dir] = state if proc.returncode == 0 or state == "failed" else "failed"
                     if states[spec.run_dir] == "completed":
                         progress[spec.run_dir] = spec.rounds
@@ -617,7 +591,7 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
             values, tails, bests, seed_rows = [], [], [], []
             by_seed[m] = {}
             for s in runs:
-                if run_state(s.run_dir) != "completed":
+                if rundir.state(s.run_dir) != "completed":
                     continue
                 metrics = read_metrics(s.run_dir)
                 evals = [(r["round"], r["test_accuracy"]) for r in metrics if r.get("test_accuracy") is not None
@@ -713,7 +687,7 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                                "standard_error": "" if se is None else se, "verdict": word})
         md += ["", f"**Row: {d['verdict']}.**"]
         incomplete = [why_incomplete(sp) for sp in specs
-                      if sp.row.setting == row.setting and run_state(sp.run_dir) != "completed"]
+                      if sp.row.setting == row.setting and rundir.state(sp.run_dir) != "completed"]
         if incomplete:
             md += ["", "Runs that did not complete (not in the numbers above):", "",
                    *[f"- {line}" for line in incomplete]]
@@ -777,10 +751,8 @@ def main(argv: Sequence[str]) -> int:
         args = parser().parse_args(list(argv))
         if args.jobs < 1:
             raise ReproduceError(f"--jobs must be at least 1, got {args.jobs}")
-        from fedsuite.launch import folder_problem
-
-        if folder_problem(args.out) is not None:
-            raise ReproduceError(f"--out: {folder_problem(args.out)}")
+        if rundir.folder_problem(args.out) is not None:
+            raise ReproduceError(f"--out: {rundir.folder_problem(args.out)}")
         targets = load_targets(args.tables)
         if args.target == "list":
             print_targets(targets, console)
@@ -794,7 +766,7 @@ def main(argv: Sequence[str]) -> int:
             path = write_report(target, specs, args.scale, report_dir)
             console.print(f"report -> {path}")
             return 0
-        pending = [s for s in specs if run_state(s.run_dir) not in ("completed", "failed")]
+        pending = [s for s in specs if rundir.state(s.run_dir) not in ("completed", "failed")]
         problems = missing_data(pending)
         if problems:
             raise ReproduceError("missing data, nothing was started:\n  " + "\n  ".join(problems))

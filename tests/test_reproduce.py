@@ -37,7 +37,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from fedsuite import reproduce
+from fedsuite import reproduce, rundir
 from fedsuite.reproduce import (HOLDS, NOT_JUDGED, REVERSED, WITHIN_NOISE, Claim, aggregate, claims, paired_verdict,
                                 run_value, verdict)
 from fedsuite.results import read_metrics
@@ -411,7 +411,7 @@ def _flower_processes(under: Path) -> list[psutil.Process]:
 
 
 def _state(run_dir: Path) -> str:
-    return reproduce.run_state(run_dir)
+    return rundir.state(run_dir)
 
 
 def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):

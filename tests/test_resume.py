@@ -34,7 +34,7 @@ import tomli_w
 import torch
 from typer.testing import CliRunner
 
-from fedsuite import cli, launch
+from fedsuite import cli, launch, rundir
 from fedsuite.config import ConfigError, apply_override, build_config
 from fedsuite.launch import process_tree
 from fedsuite.results import read_metrics
@@ -368,7 +368,7 @@ def test_a_run_killed_in_its_start_up_window_resumes_or_restarts(simulate, data_
         finally:
             if proc.poll() is None:
                 _kill_9(proc, run_dir)
-        assert set(left) <= launch.START_FILES, left
+        assert set(left) <= rundir.START_FILES, left
         res = subprocess.run(_cli("-c", str(toml), *again), env=_env(), cwd=tmp_path, capture_output=True, text=True,
                              timeout=600)
         assert res.returncode == 0, f"{again} after a kill in the window ({left}): {res.stdout[-2000:]} {res.stderr[-2000:]}"
@@ -384,7 +384,7 @@ def test_a_folder_that_is_not_a_start_up_is_never_removed(tmp_path):
     run_dir = tmp_path / "r"
     (run_dir / "app").mkdir(parents=True)
     (run_dir / "notes.txt").write_text("mine")
-    assert not launch.start_debris(run_dir)
+    assert not rundir.start_debris(run_dir)
     for extra in ([], ["--resume"]):
         res = CliRunner().invoke(cli.app, ["simulate", "--output-dir", str(tmp_path), "--run-name", "r", *extra])
         assert res.exit_code == 2, res.output

@@ -1,0 +1,176 @@
+"""One run directory: what is in it, and what may be done with it.
+
+A run directory (``<output_dir>/<run_name>``, see ``fedsuite.results`` for its files) is in one of
+the states of :func:`state`. The CLI, the launcher, ``reproduce`` and ``report`` read it only
+through this module: whether a run finished (:func:`summary_status`), how many rounds it has done
+(:func:`checkpointed_round`, :func:`rounds_done`), whether a command may continue it
+(:func:`check_resumable`, :func:`recorded_config`), whether it is the debris of a start-up
+(:func:`start_debris`), and whether a folder can take a run at all (:func:`folder_problem`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedsuite import reaper
+
+if TYPE_CHECKING:
+    from fedsuite.config import BaseRunConfig
+
+
+class RunDirError(RuntimeError):
+    """A run directory cannot be used as asked (a run is starting in it right now)."""
+
+
+def state(run_dir: Path) -> str:
+    """``completed`` or ``failed`` (:func:`summary_status`), ``partial`` (a run to ``--resume``:
+    config.json, no summary), ``debris`` (a directory without config.json: killed before the
+    ServerApp started; ``fedsuite simulate`` starts the run anew in it when it holds only what a
+    start-up writes, :func:`start_debris`) or ``new``."""
+    recorded = summary_status(run_dir)
+    if recorded is not None:
+        return "completed" if recorded[0] == "finished:completed" else "failed"
+    if (run_dir / "config.json").is_file():
+        return "partial"
+    return "debris" if run_dir.exists() else "new"
+
+
+def summary_status(run_dir: Path) -> tuple[str, str] | None:
+    """The outcome the ServerApp recorded in ``summary.json`` (Flower's status names), or None
+    before it has written one."""
+    try:
+        ours = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):  # none yet, or being written (it is replaced atomically)
+        return None
+    if not isinstance(ours, dict) or "status" not in ours:
+        return None
+    if ours.get("status") == "completed":
+        return "finished:completed", ""
+    if "failure" in ours:  # stopped on failed client replies
+        return "finished:failed", ours["failure"]["message"]
+    return "finished:failed", last_line(run_dir / "error.txt")
+
+
+def last_line(path: Path) -> str:
+    lines = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
+    return lines[-1] if lines else ""
+
+
+def rounds_done(run_dir: Path) -> int:
+    """The last round with a row in ``metrics.jsonl`` (a live run's half-written line is skipped)."""
+    from fedsuite.results import read_metrics
+
+    rows = read_metrics(run_dir, tolerant=True)
+    return max((r["round"] for r in rows), default=0)
+
+
+def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> int:
+    """A run directory that already holds a run is continued only with a config its record allows
+    (``fedsuite.config.check_resume``); raises ``ConfigError`` otherwise, having written nothing.
+    Returns the rounds the run has done (0 for a directory without a run)."""
+    record = run_dir / "config.json"
+    if not record.is_file():
+        return 0
+    from fedsuite.config import check_resume
+
+    done = checkpointed_round(run_dir)
+    check_resume(recorded_config(run_dir), cfg, done)
+    return done
+
+
+def recorded_config(run_dir: Path) -> dict[str, Any]:
+    """A run's ``config.json``, checked to validate with this fedsuite; anything else (not UTF-8,
+    not JSON, not a config) is a ``ConfigError`` naming the file, in one line."""
+    from fedsuite.config import ConfigError, validate
+
+    record = run_dir / "config.json"
+    try:
+        recorded = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError and UnicodeDecodeError
+        raise ConfigError(f"--resume: {record} cannot be read as JSON ({exc})") from None
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"--resume: {record} holds {type(recorded).__name__}, not a run's config")
+    try:
+        validate(recorded)
+    except ConfigError as exc:
+        raise ConfigError(f"--resume: {record} does not validate with this fedsuite: {exc}") from None
+    return recorded
+
+
+def checkpointed_round(run_dir: Path) -> int:
+    """The last round ``<run>/checkpoint.pt`` holds (0 without one); a checkpoint that cannot be
+    read (truncated, empty, not torch's format) is a ``ConfigError`` naming it, in one line."""
+    import torch
+
+    from fedsuite.config import ConfigError
+
+    ckpt = run_dir / "checkpoint.pt"
+    if not ckpt.is_file():
+        return 0
+    try:
+        return int(torch.load(ckpt, weights_only=False)["round"])
+    except Exception as exc:  # EOFError, UnpicklingError, RuntimeError (zip), KeyError, ...
+        reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+        raise ConfigError(f"--resume: {ckpt} cannot be read ({reason}); the run cannot continue from it "
+                          "(start it anew under another --run-name)") from None
+
+
+#: what ``fedsuite.launch.simulate`` writes into a run directory before the ServerApp records the run's
+#: ``config.json`` (the start-up window: about 2-3.5 s on 2 cores)
+START_FILES = frozenset({"app", ".flwr", "flower.log", "reaper.log", "ray-logs", "error.txt"})
+
+
+def start_debris(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is what a run killed in its start-up window left: a folder without
+    ``config.json`` that holds only :data:`START_FILES` (or nothing). Such a folder records no run,
+    so a fresh start and ``--resume`` of the same name both start the run anew in it. A folder
+    holding anything else is not ours to remove."""
+    if not run_dir.is_dir() or (run_dir / "config.json").exists():
+        return False
+    return all(entry.name in START_FILES for entry in run_dir.iterdir())
+
+
+def clear_start_debris(run_dir: Path) -> None:
+    """Remove a start-up's debris (:func:`start_debris`), unless a run is starting in it right now
+    (a live process carries its ``FLWR_HOME``): then :class:`RunDirError`, and nothing is removed."""
+    live = reaper.marked("FLWR_HOME", str(run_dir / ".flwr"))
+    if live:
+        raise RunDirError(f"a run is starting in {run_dir} (process {live[0].pid}); wait for it or stop it first")
+    shutil.rmtree(run_dir)
+
+
+#: the least free space a run's folder needs before the run starts (a checkpoint per round, logs)
+MIN_FREE_BYTES = 64 * 2**20
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why nothing can be written under ``folder`` (None if it can): a path past the system's
+    length limits, a nearest existing parent that is a file, not writable, not a real folder
+    (``/proc``, ``/sys``: a probe folder is made and removed to find out), or on a file system with
+    less than :data:`MIN_FREE_BYTES` free."""
+    from fedsuite.config import path_length_problem
+
+    folder = Path(os.path.abspath(os.path.expanduser(folder)))
+    if path_length_problem(folder) is not None:
+        return path_length_problem(folder)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder, so {folder} cannot be created"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable, so nothing can be written under {folder}"
+    try:
+        shutil.rmtree(tempfile.mkdtemp(prefix=".fedsuite-probe-", dir=existing))
+    except OSError as exc:
+        return f"a folder cannot be created in {existing} ({exc.strerror})"
+    free = shutil.disk_usage(existing).free
+    if free < MIN_FREE_BYTES:
+        return (f"the file system of {existing} has {free / 2**20:.1f} MiB free; a run needs at least "
+                f"{MIN_FREE_BYTES / 2**20:.0f} MiB")
+    return None
