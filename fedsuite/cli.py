@@ -426,6 +426,38 @@ def certs(
                   highlight=False)
 
 
+@app.command()
+def sweep(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="base TOML config (may hold a [sweep] section)"),
+    set_: list[str] = typer.Option([], "--set", help="base override: key=value, as for simulate (repeatable)"),
+    grid: list[str] = typer.Option([], "--grid", help="a grid key and its values: lr=0.01,0.05 (repeatable)"),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="seeds of every setting: 0,1,2 (default: [sweep] seeds, else 0)"),
+    out: Path = typer.Option(Path("runs/sweeps"), "--out", help="parent folder of the sweep's folder"),
+    name: Optional[str] = typer.Option(None, "--name", help="the sweep's folder name (default: the config file's name, else sweep)"),
+    jobs: int = typer.Option(1, "--jobs", help="simulations at once"),
+    num_gpus: Optional[float] = typer.Option(None, "--num-gpus", help="GPU share per simulated client, passed to every run"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run every simulation's clients on this Ray cluster"),
+    last: int = typer.Option(10, "--last", help="a run's reading: the mean of its last k evaluations"),
+    group_by: Optional[str] = typer.Option(None, "--group-by", help="a grid key: the report names the best setting per value"),
+    report_only: bool = typer.Option(False, "--report", help="only write the report from the runs on disk"),
+) -> None:
+    """Run a grid of settings times seeds as one resumable queue, and report mean ± std per setting."""
+    from fedsuite.sweep import SweepError, run_sweep
+
+    try:
+        seed_list = None if seeds is None else [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        fail(f"--seeds expects integers separated by commas, got {seeds!r}")
+    if seed_list is not None and (not seed_list or any(s < 0 for s in seed_list)):
+        fail(f"--seeds expects non-negative integers separated by commas, got {seeds!r}")
+    try:
+        code = run_sweep(config, set_, grid, seed_list, out, name, jobs, num_gpus, ray_address, last, group_by,
+                         report_only, console)
+    except SweepError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
              add_help_option=False)
 def reproduce(ctx: typer.Context) -> None:

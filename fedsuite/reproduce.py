@@ -237,14 +237,19 @@ class RunSpec:
         return f"{self.row.setting} {self.method} s{self.seed}"
 
     def command(self, resume: bool, placement: Sequence[str] = ()) -> list[str]:
-        """The ``fedsuite simulate`` command line of this run (``--resume`` continues it);
-        ``placement``: options that say where every run executes (:func:`placement_options`)."""
-        cmd = [sys.executable, "-m", "fedsuite.cli", "simulate"]
-        if self.config is not None:
-            cmd += ["--config", str(self.config)]
-        for item in self.overrides:
-            cmd += ["--set", item]
-        return cmd + list(placement) + (["--resume"] if resume else [])
+        return simulate_command(self.config, self.overrides, resume, placement)
+
+
+def simulate_command(config: Path | None, overrides: Sequence[str], resume: bool,
+                     placement: Sequence[str] = ()) -> list[str]:
+    """The ``fedsuite simulate`` command line of a queued run (``--resume`` continues it);
+    ``placement``: options that say where every run executes (:func:`placement_options`)."""
+    cmd = [sys.executable, "-m", "fedsuite.cli", "simulate"]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    for item in overrides:
+        cmd += ["--set", item]
+    return cmd + list(placement) + (["--resume"] if resume else [])
 
 
 def placement_options(num_gpus: float | None, ray_address: str | None) -> list[str]:
@@ -311,24 +316,6 @@ def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = Non
     return list(specs.values())
 
 
-def why_incomplete(spec: RunSpec) -> str:
-    """One line for a run that did not complete: its cell, its state, and why (the failure that
-    ``summary.json`` records, else the last line of ``error.txt``)."""
-    state = rundir.state(spec.run_dir)
-    reason = ""
-    try:
-        reason = json.loads((spec.run_dir / "summary.json").read_text()).get("failure", {}).get("message", "")
-    except (OSError, ValueError):
-        pass
-    if not reason and (spec.run_dir / "error.txt").is_file():
-        lines = [ln for ln in (spec.run_dir / "error.txt").read_text().splitlines() if ln.strip()]
-        reason = lines[-1] if lines else ""
-    if state == "new":
-        return f"{spec.method} seed {spec.seed}: not run"
-    where = f", stopped after round {rundir.rounds_done(spec.run_dir)}" if state in ("failed", "partial") else ""
-    return f"{spec.method} seed {spec.seed}: {state}{where}" + (f": {reason}" if reason else "")
-
-
 def missing_data(specs: Sequence[RunSpec]) -> list[str]:
     """One message per dataset the runs need that is not on disk (the loader's own message: the
     missing files and the expected layout). Loaders are called with downloads off."""
@@ -357,14 +344,16 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
-def _interrupt(*_: Any) -> None:
+def interrupt(*_: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the queue like Ctrl-C
 
 
 def run_queue(specs: Sequence[RunSpec], jobs: int = 1, placement: Sequence[str] = (),
               console=None, poll_s: float = 0.5) -> dict[Path, str]:
     """Run every spec that is not completed or failed, ``jobs`` at a time, each as a ``fedsuite
-    simulate`` child (``--resume`` where a partial run exists); show one progress display. Returns
+    simulate`` child (``--resume`` where a partial run exists); show one progress display. A spec
+    is anything with ``run_dir``, ``rounds``, ``label`` and ``command(resume, placement)`` (a
+    :class:`RunSpec`; ``fedsuite sweep``'s runs). Returns
     each run directory's final state (``rundir.state``, or ``failed`` for a run whose process
     exited non-zero). Ctrl-C/SIGTERM stops every running run's process tree, then re-raises."""
     from rich.console import Console
@@ -686,7 +675,7 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                                "mean_difference": "" if mean is None else mean,
                                "standard_error": "" if se is None else se, "verdict": word})
         md += ["", f"**Row: {d['verdict']}.**"]
-        incomplete = [why_incomplete(sp) for sp in specs
+        incomplete = [rundir.why_incomplete(sp.run_dir, f"{sp.method} seed {sp.seed}") for sp in specs
                       if sp.row.setting == row.setting and rundir.state(sp.run_dir) != "completed"]
         if incomplete:
             md += ["", "Runs that did not complete (not in the numbers above):", "",
@@ -775,7 +764,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     console.print(f"[bold]{target.name}[/] ({args.scale} scale): {len(specs)} runs, "
                   f"{len(specs) - len(pending)} already done, {args.jobs} at a time -> {report_dir.parent}")
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         states = run_queue(specs, args.jobs, placement_options(args.num_gpus, args.ray_address), console)
     except KeyboardInterrupt:

@@ -56,6 +56,18 @@ def summary_status(run_dir: Path) -> tuple[str, str] | None:
     return "finished:failed", last_line(run_dir / "error.txt")
 
 
+def why_incomplete(run_dir: Path, who: str) -> str:
+    """One line for a run that did not complete: ``who``, its :func:`state`, the rounds it did, and
+    why (the failure ``summary.json`` records, else the last line of ``error.txt``)."""
+    now = state(run_dir)
+    if now == "new":
+        return f"{who}: not run"
+    recorded = summary_status(run_dir)
+    reason = recorded[1] if recorded is not None else last_line(run_dir / "error.txt")
+    where = f", stopped after round {rounds_done(run_dir)}" if now in ("failed", "partial") else ""
+    return f"{who}: {now}{where}" + (f": {reason}" if reason else "")
+
+
 def last_line(path: Path) -> str:
     lines = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
     return lines[-1] if lines else ""

@@ -1,0 +1,342 @@
+"""``fedsuite sweep``: your own grid of settings, times seeds, as one resumable queue, and its report.
+
+A sweep is a base configuration (a ``--config`` file and ``--set`` overrides, as ``fedsuite
+simulate`` takes them) and a grid over any config keys, each key with its values::
+
+    fedsuite sweep --config my.toml --grid lr=0.01,0.05 --grid strategy=fedavg,fedprox --seeds 0,1,2
+
+or, in the config file, a ``[sweep]`` section (command-line ``--grid`` and ``--seeds`` win)::
+
+    [sweep]
+    grid = { lr = [0.01, 0.05], strategy = ["fedavg", "fedprox"] }
+    seeds = [0, 1, 2]
+
+Every setting (one value per key: the grid's Cartesian product) runs once per seed, as a
+``fedsuite simulate`` run in ``<out>/<name>/<setting>/s<seed>``. The runs go through the queue of
+``fedsuite reproduce`` (:func:`fedsuite.reproduce.run_queue`): ``--jobs`` at a time, finished runs
+skipped, interrupted ones resumed, Ctrl-C and kill safe. Before anything runs, every run's config is
+validated (an unknown key, a value that fails validation, an empty grid: one line, exit 2) and
+every dataset the runs need is checked.
+
+The report (``<out>/<name>/report.md``, ``report.csv``, ``accuracy.png``) has per setting the
+mean ± std over its completed seeds of the reading (each run's mean of its last ``--last``
+evaluations, :func:`fedsuite.reproduce.run_value`), the best accuracy, the seeds that completed, and
+the best setting per group (``--group-by KEY``: per value of that grid key; else the best of all);
+the figure has one band per setting. Runs that did not complete are named with their failure.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from fedsuite import rundir
+from fedsuite.config import ConfigError, build_config, load_toml, parse_value
+from fedsuite.reproduce import (aggregate, interrupt, missing_data, placement_options, run_queue, run_value,
+                                simulate_command)
+
+
+class SweepError(ValueError):
+    """A user error in a sweep (a bad grid, a setting that does not validate, missing data)."""
+
+
+def split_values(text: str) -> list[str]:
+    """``"0.01,0.05"`` -> ``["0.01", "0.05"]``, splitting on commas outside brackets, braces and
+    quotes (so ``dataset_options={a=1,b=2},{a=3}`` is two values)."""
+    parts, depth, quote, current = [], 0, None, ""
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+            continue
+        current += ch
+    parts.append(current.strip())
+    return parts
+
+
+def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
+    """``["lr=0.01,0.05", "strategy=fedavg,fedprox"]`` -> ``{"lr": [0.01, 0.05], "strategy": [...]}``;
+    each value is read as ``--set`` reads it (TOML, else a bare string)."""
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        values = split_values(text) if sep else []
+        if not key or not sep or not text.strip() or any(v == "" for v in values):
+            raise SweepError(f"--grid expects key=value1,value2,..., got {item!r}")
+        if key in grid:
+            raise SweepError(f"--grid names {key!r} twice")
+        grid[key] = [parse_value(v) for v in values]
+    return grid
+
+
+def _toml_value(value: Any) -> str:
+    """A grid value as ``--set`` text (TOML), for the run's command line."""
+    import tomli_w
+
+    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
+
+
+def _text(value: Any) -> str:
+    """A grid value as people read it: a string as it is, anything else as TOML."""
+    return value if isinstance(value, str) else _toml_value(value)
+
+
+def setting_label(setting: dict[str, Any]) -> str:
+    return " ".join(f"{k}={_text(v)}" for k, v in setting.items())
+
+
+def setting_folder(setting: dict[str, Any]) -> str:
+    """A folder name for a setting: ``lr-0.01_strategy-fedavg`` (characters outside
+    ``[A-Za-z0-9._-]`` become ``-``; long ones are cut and given a hash so names stay unique)."""
+    import hashlib
+
+    name = "_".join(f"{k}-{_text(v)}" for k, v in setting.items())
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "setting"
+    if len(name) > 120:
+        name = name[:100] + "-" + hashlib.sha256(name.encode()).hexdigest()[:12]
+    return name
+
+
+@dataclass
+class SweepRun:
+    """One ``fedsuite simulate`` run of a sweep: a setting and a seed (the queue's unit of work)."""
+
+    setting: dict[str, Any]
+    seed: int
+    run_dir: Path
+    config: Path | None
+    overrides: list[str]
+    rounds: int
+    dataset: tuple[str, str, str]
+
+    @property
+    def label(self) -> str:
+        return f"{setting_label(self.setting)} s{self.seed}"
+
+    def command(self, resume: bool, placement: Sequence[str] = ()) -> list[str]:
+        return simulate_command(self.config, self.overrides, resume, placement)
+
+
+def plan(config: Path | None, base_set: Sequence[str], grid: dict[str, list[Any]], seeds: Sequence[int],
+         folder: Path) -> list[SweepRun]:
+    """Every (setting, seed) run, seed-major (a queue stopped part-way leaves whole seeds), each
+    config validated: a setting that fails is a :class:`SweepError` naming it and the field."""
+    if not grid:
+        raise SweepError("the grid is empty: give at least one --grid key=value1,value2 (or [sweep] grid in the config)")
+    if not seeds:
+        raise SweepError("no seeds: give --seeds 0,1,2 (or [sweep] seeds in the config)")
+    if "seed" in grid:
+        raise SweepError("seed is not a grid key: the seeds are --seeds")
+    settings = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    runs = []
+    for seed in seeds:
+        for setting in settings:
+            run_dir = (folder / setting_folder(setting) / f"s{seed}").resolve()
+            items = [*base_set, *(f"{k}={_toml_value(v)}" for k, v in setting.items()), f"seed={seed}",
+                     f"output_dir={json.dumps(str(run_dir.parent))}", f"run_name={json.dumps(run_dir.name)}"]
+            try:
+                cfg = build_config(config, items)
+            except ConfigError as exc:
+                raise SweepError(f"setting {setting_label(setting)}: {str(exc).splitlines()[0]}") from None
+            dataset = (cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True))
+            runs.append(SweepRun(setting, seed, run_dir, config, items, cfg.rounds, dataset))
+    if len({r.run_dir for r in runs}) != len(runs):
+        raise SweepError("two settings of the grid share a folder name; give the grid distinct values")
+    return runs
+
+
+def _dotted(node: Any, prefix: str = "") -> Any:
+    """A TOML grid with its sections as dotted keys (``{fedprox = {mu = [...]}}`` -> ``fedprox.mu``);
+    anything that is not a table is returned as it is (and refused by the caller)."""
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if isinstance(value, dict):
+            out.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def read_sweep_section(config: Path | None) -> tuple[Path | None, dict[str, list[Any]], list[int]]:
+    """A config file's ``[sweep]`` section (grid, seeds), and the file without it (a temporary copy
+    the runs read, beside the sweep's report) or the file itself when it has none."""
+    if config is None:
+        return None, {}, []
+    try:
+        data = load_toml(config)
+    except ConfigError as exc:
+        raise SweepError(str(exc)) from None
+    section = data.pop("sweep", None)
+    if section is None:
+        return config, {}, []
+    if not isinstance(section, dict) or set(section) - {"grid", "seeds"}:
+        raise SweepError(f"{config}: [sweep] takes grid = {{key = [values]}} and seeds = [ints]")
+    grid = _dotted(section.get("grid", {}))
+    seeds = section.get("seeds", [])
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise SweepError(f"{config}: [sweep] grid must map each key to a non-empty list of values")
+    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise SweepError(f"{config}: [sweep] seeds must be a list of integers")
+    return config, dict(grid), list(seeds)
+
+
+# ------------------------------------------------------------------------------------------------
+# the report
+# ------------------------------------------------------------------------------------------------
+
+
+def collect(runs: Sequence[SweepRun], last: int) -> list[dict[str, Any]]:
+    """Per setting: the completed seeds' readings (mean of the last ``last`` evaluations, in %),
+    their mean ± std, the mean best accuracy, and the curves."""
+    from fedsuite.results import read_metrics
+
+    out: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        entry = out.setdefault(setting_label(run.setting), {
+            "setting": run.setting, "label": setting_label(run.setting), "values": {}, "bests": [], "curves": [],
+            "planned": 0, "incomplete": []})
+        entry["planned"] += 1
+        if rundir.state(run.run_dir) != "completed":
+            entry["incomplete"].append(run)
+            continue
+        rows = read_metrics(run.run_dir)
+        evals = [(r["round"], r["test_accuracy"]) for r in rows if r.get("test_accuracy") is not None and r["round"] > 0]
+        if not evals:
+            entry["incomplete"].append(run)
+            continue
+        entry["values"][run.seed] = run_value(evals, "accuracy", last)[0]
+        entry["bests"].append(100 * max(a for _, a in evals))
+        entry["curves"].append(rows)
+    for entry in out.values():
+        values = [entry["values"][s] for s in sorted(entry["values"])]
+        entry["mean"], entry["std"] = aggregate(values)
+        entry["best"] = float(np.mean(entry["bests"])) if entry["bests"] else None
+    return list(out.values())
+
+
+def best_per_group(settings: Sequence[dict[str, Any]], group_by: str | None) -> dict[str, dict[str, Any]]:
+    """The setting with the highest mean reading per value of ``group_by`` (one group, ``all``, when
+    None); settings without a completed seed take no part."""
+    best: dict[str, dict[str, Any]] = {}
+    for entry in settings:
+        if entry["mean"] is None:
+            continue
+        group = "all" if group_by is None else f"{group_by}={_text(entry['setting'][group_by])}"
+        if group not in best or entry["mean"] > best[group]["mean"]:
+            best[group] = entry
+    return best
+
+
+def write_report(runs: Sequence[SweepRun], folder: Path, last: int, group_by: str | None, title: str) -> Path:
+    """``report.md``, ``report.csv`` and ``accuracy.png`` (one band per setting) in ``folder``."""
+    from fedsuite.results import plot_groups
+
+    folder.mkdir(parents=True, exist_ok=True)
+    data = collect(runs, last)
+    md = [f"# Sweep: {title}", "",
+          f"Reading: each run's mean test accuracy over its last {last} evaluations; per setting the mean ± std "
+          "(population) over its completed seeds; best = mean over seeds of each run's best evaluation.", "",
+          "| setting | reading (%) | seeds | best acc (%) |", "|---|---|---|---|"]
+    rows_csv = []
+    for e in data:
+        reading = "-" if e["mean"] is None else f"{e['mean']:.2f}" + (f" ± {e['std']:.2f}" if e["std"] is not None else "")
+        best_acc = "-" if e["best"] is None else f"{e['best']:.2f}"
+        md.append(f"| {e['label']} | {reading} | {len(e['values'])}/{e['planned']} | {best_acc} |")
+        rows_csv.append({**{k: _text(v) for k, v in e["setting"].items()},
+                         "mean": "" if e["mean"] is None else e["mean"], "std": "" if e["std"] is None else e["std"],
+                         "seeds_completed": len(e["values"]), "seeds_planned": e["planned"],
+                         "best_mean": "" if e["best"] is None else e["best"],
+                         "values": " ".join(f"s{s}={v:.4f}" for s, v in sorted(e["values"].items()))})
+    best = best_per_group(data, group_by)
+    md += ["", f"Best setting {'per ' + group_by if group_by else 'of all'}:", ""]
+    md += [f"- {group}: **{e['label']}** ({e['mean']:.2f})" for group, e in best.items()] or ["- none completed"]
+    incomplete = [rundir.why_incomplete(run.run_dir, run.label) for e in data for run in e["incomplete"]]
+    if incomplete:
+        md += ["", "Runs that did not complete (not in the numbers above):", "", *[f"- {line}" for line in incomplete]]
+    curves = {e["label"]: e["curves"] for e in data if e["curves"]}
+    if curves:
+        plot_groups(curves, folder / "accuracy.png", title=f"sweep {title}: mean ± std over seeds")
+        md += ["", "![accuracy](accuracy.png)"]
+    (folder / "report.md").write_text("\n".join(md) + "\n")
+    with (folder / "report.csv").open("w", newline="") as fh:
+        fields = [*(runs[0].setting if runs else {}), "mean", "std", "seeds_completed", "seeds_planned", "best_mean",
+                  "values"]
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows_csv)
+    return folder / "report.md"
+
+
+def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence[str], seeds: Sequence[int] | None,
+              out: Path, name: str | None, jobs: int, num_gpus: float | None, ray_address: str | None, last: int,
+              group_by: str | None, report_only: bool, console) -> int:
+    """The command: plan, check, queue, report. Returns the exit code (0 every run completed, 1 a
+    run did not, 130 interrupted); raises :class:`SweepError` for bad input (exit 2)."""
+    if jobs < 1:
+        raise SweepError(f"--jobs must be at least 1, got {jobs}")
+    if last < 1:
+        raise SweepError(f"--last must be at least 1, got {last}")
+    base, file_grid, file_seeds = read_sweep_section(config)
+    grid = {**file_grid, **parse_grid(grid_items)} if grid_items else file_grid
+    seed_list = list(seeds) if seeds else file_seeds or [0]
+    if group_by is not None and group_by not in grid:
+        raise SweepError(f"--group-by {group_by!r} is not a grid key; allowed: {', '.join(grid)}")
+    name = name or (config.stem if config is not None else "sweep")
+    folder = (out / name).resolve()
+    problem = rundir.folder_problem(folder)
+    if problem is not None:
+        raise SweepError(f"--out: {problem}")
+    runs_config = base
+    if config is not None and file_grid:  # the runs read the file without its [sweep] section
+        import tomli_w
+
+        data = load_toml(config)
+        del data["sweep"]
+        folder.mkdir(parents=True, exist_ok=True)
+        runs_config = folder / "base.toml"
+        text = tomli_w.dumps(data)
+        if not runs_config.is_file() or runs_config.read_text() != text:
+            runs_config.write_text(text)
+    runs = plan(runs_config, base_set, grid, seed_list, folder)
+    if report_only:
+        console.print(f"report -> {write_report(runs, folder, last, group_by, name)}")
+        return 0
+    pending = [r for r in runs if rundir.state(r.run_dir) not in ("completed", "failed")]
+    problems = missing_data(pending)
+    if problems:
+        raise SweepError("missing data, nothing was started:\n  " + "\n  ".join(problems))
+    settings = len(runs) // len(seed_list)
+    console.print(f"[bold]sweep {name}[/]: {settings} settings x {len(seed_list)} seeds = {len(runs)} runs, "
+                  f"{len(runs) - len(pending)} already done, {jobs} at a time -> {folder}", highlight=False)
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        states = run_queue(runs, jobs, placement_options(num_gpus, ray_address), console)
+    except KeyboardInterrupt:
+        console.print("interrupted: running runs stopped; the same command continues where it stopped")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    path = write_report(runs, folder, last, group_by, name)
+    failed = [p for p, s in states.items() if s != "completed"]
+    console.print(f"report -> {path}" + (f"; {len(failed)} run(s) did not complete (logs beside them)" if failed else ""))
+    return 1 if failed else 0
+

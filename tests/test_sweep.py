@@ -1,0 +1,134 @@
+"""``fedsuite sweep`` (issue 31 item 1): a grid of settings times seeds as one resumable queue.
+
+* End to end, real processes: a 2 x 2 grid (lr x strategy) with 2 seeds at 2 rounds on the offline
+  default is SIGKILLed as a process group part-way, then started again: finished runs are not
+  touched, the rest complete, and the report's groups and numbers equal what the runs' own
+  ``metrics.jsonl`` give.
+* A ``[sweep]`` section in the config file is a grid too.
+* Bad grids (unknown key, a value that fails validation, an empty or malformed grid, a group-by
+  that is not a grid key) are one line, exit 2, before anything runs or is created.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedsuite import rundir
+from fedsuite.results import read_metrics
+from fedsuite.sweep import parse_grid, split_values
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ["--set", "rounds=2", "--set", "num_clients=8", "--set", "clients_per_round=3", "--set", "batch_size=32",
+        "--set", "faults.delay_s=0.5"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def _sweep(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fedsuite.cli", "sweep", *args]
+
+
+def test_values_split_on_top_level_commas_only():
+    assert split_values("0.01,0.05, 0.1") == ["0.01", "0.05", "0.1"]
+    assert split_values("{a=1,b=2},{a=3}") == ["{a=1,b=2}", "{a=3}"]
+    assert split_values("'x,y',z") == ["'x,y'", "z"]
+    assert parse_grid(["lr=0.01,0.1", "strategy=fedavg,fedprox", "augment=true,false"]) == {
+        "lr": [0.01, 0.1], "strategy": ["fedavg", "fedprox"], "augment": [True, False]}
+
+
+def test_a_killed_sweep_resumes_and_reports_what_its_runs_give(tmp_path, worker_ray_cluster):
+    out = tmp_path / "out"
+    folder = out / "grid"
+    args = ["--grid", "lr=0.05,0.1", "--grid", "strategy=fedavg,fedprox", "--seeds", "0,1", *BASE,
+            "--set", f"data_root={tmp_path / 'data'}", "--out", str(out), "--name", "grid", "--last", "2",
+            "--group-by", "strategy", "--ray-address", worker_ray_cluster]
+    proc = subprocess.Popen(_sweep(*args, "--jobs", "2"), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    runs = lambda: sorted(p for p in folder.glob("*/s*") if p.is_dir())  # noqa: E731
+    deadline = time.monotonic() + 900  # a guard against a hang, not a timing
+    while proc.poll() is None and time.monotonic() < deadline:
+        done = [r for r in runs() if rundir.state(r) == "completed"]
+        mid = [r for r in runs() if rundir.state(r) == "partial" and any(x["round"] >= 1 for x in read_metrics(r, tolerant=True))]
+        if len(done) >= 2 and mid:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.stdout.read().decode()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(1)
+    finished = {r: {p.name: p.read_bytes() for p in r.iterdir() if p.is_file()}
+                for r in runs() if rundir.state(r) == "completed"}
+    assert 2 <= len(finished) < 8
+
+    again = subprocess.run(_sweep(*args, "--jobs", "2"), env=_env(), capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "8 runs, " in again.stdout and f"{len(finished)} already done" in again.stdout
+    for r, files in finished.items():  # a finished run is not run again
+        assert {p.name: p.read_bytes() for p in r.iterdir() if p.is_file()} == files, r
+    assert len(runs()) == 8 and all(rundir.state(r) == "completed" for r in runs())
+    for r in runs():
+        assert [x["round"] for x in read_metrics(r)] == [0, 1, 2], r
+
+    # the report's numbers are the runs' own: per setting, mean ± std over seeds of the last 2 evaluations
+    rows = {(row["lr"], row["strategy"]): row for row in csv.DictReader((folder / "report.csv").open())}
+    assert set(rows) == {("0.05", "fedavg"), ("0.05", "fedprox"), ("0.1", "fedavg"), ("0.1", "fedprox")}
+    means = {}
+    for (lr, strategy), row in rows.items():
+        values = []
+        for seed in (0, 1):
+            metrics = read_metrics(folder / f"lr-{lr}_strategy-{strategy}" / f"s{seed}")
+            values.append(100 * float(np.mean([x["test_accuracy"] for x in metrics if x["round"] > 0][-2:])))
+        assert float(row["mean"]) == pytest.approx(np.mean(values)) and float(row["std"]) == pytest.approx(np.std(values))
+        assert row["seeds_completed"] == "2" == row["seeds_planned"]
+        means[lr, strategy] = np.mean(values)
+    md = (folder / "report.md").read_text()
+    for strategy in ("fedavg", "fedprox"):
+        lr = max(("0.05", "0.1"), key=lambda v: means[v, strategy])
+        assert f"- strategy={strategy}: **lr={lr} strategy={strategy}** ({means[lr, strategy]:.2f})" in md
+    assert (folder / "accuracy.png").stat().st_size > 0
+
+
+def test_a_sweep_section_in_the_config_file(tmp_path, worker_ray_cluster):
+    config = tmp_path / "mine.toml"
+    config.write_text('rounds = 1\nnum_clients = 6\nclients_per_round = 2\n\n[sweep]\n'
+                      'grid = { fedprox.mu = [0.0, 0.1] }\nseeds = [3]\n')
+    res = subprocess.run(_sweep("--config", str(config), "--set", "strategy=fedprox", "--set",
+                                f"data_root={tmp_path / 'data'}", "--out", str(tmp_path / "out"), "--jobs", "2",
+                                "--ray-address", worker_ray_cluster),
+                         env=_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    folder = tmp_path / "out" / "mine"
+    assert sorted(p.parent.name + "/" + p.name for p in folder.glob("*/s*") if p.is_dir()) == ["fedprox.mu-0.0/s3", "fedprox.mu-0.1/s3"]
+    assert [row["fedprox.mu"] for row in csv.DictReader((folder / "report.csv").open())] == ["0.0", "0.1"]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--grid", "nope=1,2"], "nope: unknown key"),
+    (["--grid", "lr=0.1,-1"], "setting lr=-1: config error: lr"),
+    (["--grid", "strategy=fedavg,notamethod"], "unknown strategy 'notamethod'"),
+    ([], "the grid is empty"),
+    (["--grid", "lr"], "--grid expects key=value1,value2"),
+    (["--grid", "lr=0.1,"], "--grid expects key=value1,value2"),
+    (["--grid", "lr=0.1", "--grid", "lr=0.2"], "names 'lr' twice"),
+    (["--grid", "seed=1,2"], "seed is not a grid key"),
+    (["--grid", "lr=0.1", "--group-by", "strategy"], "--group-by 'strategy' is not a grid key"),
+    (["--grid", "lr=0.1", "--seeds", "a,b"], "--seeds expects integers"),
+])
+def test_a_bad_grid_is_one_line_before_anything_runs(tmp_path, args, words):
+    res = subprocess.run(_sweep(*args, "--out", str(tmp_path / "out")), env=_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert words in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len([line for line in res.stderr.splitlines() if line.strip()]) <= 2, res.stderr
+    assert not (tmp_path / "out").exists()
