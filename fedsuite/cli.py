@@ -442,7 +442,8 @@ def sweep(
     report_only: bool = typer.Option(False, "--report", help="only write the report from the runs on disk"),
 ) -> None:
     """Run a grid of settings times seeds as one resumable queue, and report mean ± std per setting."""
-    from fedsuite.sweep import SweepError, run_sweep
+    from fedsuite.reproduce import ReproduceError
+    from fedsuite.sweep import run_sweep
 
     try:
         seed_list = None if seeds is None else [int(s) for s in seeds.split(",") if s.strip()]
@@ -453,7 +454,7 @@ def sweep(
     try:
         code = run_sweep(config, set_, grid, seed_list, out, name, jobs, num_gpus, ray_address, last, group_by,
                          report_only, console)
-    except SweepError as exc:
+    except ReproduceError as exc:  # SweepError, or missing data
         fail(str(exc))
     raise typer.Exit(code)
 

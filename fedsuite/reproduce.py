@@ -43,7 +43,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -594,7 +594,7 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
                 seed_rows.append(metrics)
                 # a run that never reached a rounds target counts as reaching it one round after
                 # its end (a lower bound), so that the paired difference stays finite
-                by_seed[m][s.seed] = min(value, s.rounds + 1.0)
+                by_seed[m][s.seed] = min(value, s.rounds + 1.0) if target.metric == "rounds" else value
             mean, std = aggregate(values, tails, target.metric, target.spread)
             pub = row.published.get(m)
             diff = (mean - pub[0] if scale == "paper" and pub and mean is not None
@@ -755,24 +755,39 @@ def main(argv: Sequence[str]) -> int:
             path = write_report(target, specs, args.scale, report_dir)
             console.print(f"report -> {path}")
             return 0
-        pending = [s for s in specs if rundir.state(s.run_dir) not in ("completed", "failed")]
-        problems = missing_data(pending)
-        if problems:
-            raise ReproduceError("missing data, nothing was started:\n  " + "\n  ".join(problems))
+        todo = pending(specs)
     except ReproduceError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
     console.print(f"[bold]{target.name}[/] ({args.scale} scale): {len(specs)} runs, "
-                  f"{len(specs) - len(pending)} already done, {args.jobs} at a time -> {report_dir.parent}")
+                  f"{len(specs) - len(todo)} already done, {args.jobs} at a time -> {report_dir.parent}")
+    return queue_and_report(specs, args.jobs, placement_options(args.num_gpus, args.ray_address), console,
+                            lambda: write_report(target, specs, args.scale, report_dir))
+
+
+def pending(specs: Sequence[RunSpec]) -> list[RunSpec]:
+    """The runs still to run (neither completed nor failed), once every dataset they need is on disk;
+    else :class:`ReproduceError` listing what is missing and the expected layout, nothing started."""
+    todo = [s for s in specs if rundir.state(s.run_dir) not in ("completed", "failed")]
+    problems = missing_data(todo)
+    if problems:
+        raise ReproduceError("missing data, nothing was started:\n  " + "\n  ".join(problems))
+    return todo
+
+
+def queue_and_report(specs: Sequence[RunSpec], jobs: int, placement: Sequence[str], console,
+                     report: Callable[[], Path]) -> int:
+    """:func:`run_queue`, stopped like Ctrl-C by SIGTERM, then ``report()``. Returns the exit code:
+    0 every run completed, 1 a run did not (its log lies beside it), 130 interrupted."""
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        states = run_queue(specs, args.jobs, placement_options(args.num_gpus, args.ray_address), console)
+        states = run_queue(specs, jobs, placement, console)
     except KeyboardInterrupt:
         console.print("interrupted: running runs stopped; the same command continues where it stopped")
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-    path = write_report(target, specs, args.scale, report_dir)
+    path = report()
     failed = [p for p, s in states.items() if s != "completed"]
     console.print(f"report -> {path}" + (f"; {len(failed)} run(s) did not complete (logs beside them)" if failed else ""))
     return 1 if failed else 0

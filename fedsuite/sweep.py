@@ -31,7 +31,6 @@ import csv
 import itertools
 import json
 import re
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -40,12 +39,13 @@ import numpy as np
 
 from fedsuite import rundir
 from fedsuite.config import ConfigError, build_config, load_toml, parse_value
-from fedsuite.reproduce import (aggregate, interrupt, missing_data, placement_options, run_queue, run_value,
+from fedsuite.reproduce import (ReproduceError, aggregate, pending, placement_options, queue_and_report, run_value,
                                 simulate_command)
 
 
-class SweepError(ValueError):
-    """A user error in a sweep (a bad grid, a setting that does not validate, missing data)."""
+class SweepError(ReproduceError):
+    """A user error in a sweep (a bad grid, a setting that does not validate); missing data is the
+    queue's :class:`ReproduceError`, its base."""
 
 
 def split_values(text: str) -> list[str]:
@@ -290,7 +290,8 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
               out: Path, name: str | None, jobs: int, num_gpus: float | None, ray_address: str | None, last: int,
               group_by: str | None, report_only: bool, console) -> int:
     """The command: plan, check, queue, report. Returns the exit code (0 every run completed, 1 a
-    run did not, 130 interrupted); raises :class:`SweepError` for bad input (exit 2)."""
+    run did not, 130 interrupted); raises :class:`SweepError` (or, for missing data, its base
+    ``ReproduceError``) for bad input: exit 2."""
     if jobs < 1:
         raise SweepError(f"--jobs must be at least 1, got {jobs}")
     if last < 1:
@@ -320,23 +321,10 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
     if report_only:
         console.print(f"report -> {write_report(runs, folder, last, group_by, name)}")
         return 0
-    pending = [r for r in runs if rundir.state(r.run_dir) not in ("completed", "failed")]
-    problems = missing_data(pending)
-    if problems:
-        raise SweepError("missing data, nothing was started:\n  " + "\n  ".join(problems))
+    todo = pending(runs)
     settings = len(runs) // len(seed_list)
     console.print(f"[bold]sweep {name}[/]: {settings} settings x {len(seed_list)} seeds = {len(runs)} runs, "
-                  f"{len(runs) - len(pending)} already done, {jobs} at a time -> {folder}", highlight=False)
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        states = run_queue(runs, jobs, placement_options(num_gpus, ray_address), console)
-    except KeyboardInterrupt:
-        console.print("interrupted: running runs stopped; the same command continues where it stopped")
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    path = write_report(runs, folder, last, group_by, name)
-    failed = [p for p, s in states.items() if s != "completed"]
-    console.print(f"report -> {path}" + (f"; {len(failed)} run(s) did not complete (logs beside them)" if failed else ""))
-    return 1 if failed else 0
+                  f"{len(runs) - len(todo)} already done, {jobs} at a time -> {folder}", highlight=False)
+    return queue_and_report(runs, jobs, placement_options(num_gpus, ray_address), console,
+                            lambda: write_report(runs, folder, last, group_by, name))
 
