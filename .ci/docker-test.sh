@@ -55,7 +55,7 @@ docker info >/dev/null || { echo "dockerd did not start; see $WORK/dockerd.log" 
 if ! docker image inspect fedsuite-base:bookworm >/dev/null 2>&1; then
     [ -x "$WORK/rootfs/usr/bin/python3" ] || \
         debootstrap --variant=minbase --include=python3,python3-pip,python3-venv,ca-certificates bookworm \
-            "$WORK/rootfs" >"$WORK/debootstrap.log"  # debootstrap's default mirror: the machine's configured one
+            "$WORK/rootfs" >"$WORK/debootstrap.log"  # the mirror: debootstrap's own default
     tar -C "$WORK/rootfs" -c . | docker import - fedsuite-base:bookworm >/dev/null
 fi
 if [ ! -f "$WORK/wheels/.complete" ]; then
