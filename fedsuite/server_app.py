@@ -91,7 +91,6 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     setup = ServerSetup(
         cfg=cfg, node_to_pid=node_to_pid, initial=initial, run_dir=run_dir,
         build_model=lambda: make_model(cfg, bundle), evaluate=evaluate_arrays,
-        info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)},
     )
     for risk in cfg.method.risks(cfg):
         log.warning("%s", risk)

@@ -1,6 +1,6 @@
 """The server-rule base every fedsuite method subclasses (a Flower Message-API ``FedAvg``).
 
-What it adds to Flower's ``FedAvg``, and why (see ARCHITECTURE.md, "Determinism"):
+What it adds to Flower's ``FedAvg``, and why:
 
 * the cohort is sampled by *partition id* with a generator seeded from (seed, round), so the same
   seed gives the same clients, in simulation and deployment alike;
@@ -71,7 +71,6 @@ class ServerSetup:
     # central evaluation of a model given as arrays on the run's test set: {"accuracy", "loss"}
     # (the ServerApp's, fedsuite.training.evaluate; None in hand-built setups)
     evaluate: Callable[[NDArrays], dict[str, float]] | None = None
-    info: dict[str, Any] = field(default_factory=dict)  # dataset facts: num_classes, input_shape
 
     def trainable_keys(self) -> list[str]:
         """Names of the trainable parameters in w^0's order: from a fresh model when the setup can

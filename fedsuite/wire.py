@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, RecordDict
 
-NDArrays = dict[str, np.ndarray]
+from fedsuite.arrays import NDArrays
 
 #: record names used by more than one side or method
 ARRAYS = "arrays"

@@ -31,10 +31,11 @@ from flwr.app import ArrayRecord
 from pydantic import Field
 
 from clients.ccvr import CCVRClient
+from fedsuite.arrays import NDArrays
 from fedsuite.params import Params
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import NDArrays, to_ndarrays, to_record
+from fedsuite.wire import to_ndarrays, to_record
 
 
 class CCVRParams(Params):

@@ -32,10 +32,10 @@ from pydantic import Field
 
 from clients.clusamp import CluSampClient
 from fedsuite.params import Params
-from fedsuite.arrays import weighted_mean
+from fedsuite.arrays import NDArrays, weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.wire import ClientReply, NDArrays
+from fedsuite.wire import ClientReply
 
 
 class CluSampParams(Params):

@@ -22,10 +22,10 @@ from pydantic import Field
 
 from clients.feddyn import FedDynClient
 from fedsuite.params import Params
-from fedsuite.arrays import copy_arrays, weighted_mean
+from fedsuite.arrays import NDArrays, copy_arrays, weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import ClientReply, NDArrays
+from fedsuite.wire import ClientReply
 from strategies._baselines import reply_weights
 
 

@@ -17,10 +17,10 @@ from pydantic import Field
 
 from clients.fedavg import FedAvgClient
 from fedsuite.params import Params
-from fedsuite.arrays import server_step, weighted_mean
+from fedsuite.arrays import NDArrays, server_step, weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import ClientReply, NDArrays, to_record
+from fedsuite.wire import ClientReply, to_record
 
 
 class FedExPParams(Params):

@@ -31,11 +31,12 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from pydantic import Field
 
 from clients.fedgen import FedGenClient, Generator
+from fedsuite.arrays import NDArrays
 from fedsuite.params import Params
 from fedsuite.registry import register_method
 from fedsuite.seeding import seed_for
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.wire import ClientReply, NDArrays, to_record
+from fedsuite.wire import ClientReply, to_record
 
 
 class FedGenParams(Params):

@@ -31,9 +31,10 @@ import numpy as np
 from pydantic import Field
 
 from clients.fedavg import FedAvgClient
+from fedsuite.arrays import NDArrays
 from fedsuite.registry import register_method
 from fedsuite.seeding import round_rng
-from fedsuite.wire import ClientReply, NDArrays
+from fedsuite.wire import ClientReply
 from strategies.pool import MUT_TAG, PoolParams, PoolStrategy
 
 

@@ -15,10 +15,10 @@ per-neuron rates are part of the local solver and a_i stays τ_i (spec fednlr.md
 
 
 from clients.fedavg import FedAvgClient
-from fedsuite.arrays import server_step, weighted_mean
+from fedsuite.arrays import NDArrays, server_step, weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import ClientReply, NDArrays
+from fedsuite.wire import ClientReply
 
 
 def nova_norm(steps: float, momentum: float) -> float:

@@ -21,8 +21,9 @@ from __future__ import annotations
 from pydantic import Field
 
 from clients.fedavg import FedAvgClient
+from fedsuite.arrays import NDArrays
 from fedsuite.registry import register_method
-from fedsuite.wire import ClientReply, NDArrays
+from fedsuite.wire import ClientReply
 from strategies.pool import PoolParams, PoolStrategy
 
 

@@ -28,9 +28,9 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from pydantic import Field
 
 from fedsuite.params import Params
-from fedsuite.arrays import cast_like, norm, weighted_sum64
+from fedsuite.arrays import NDArrays, cast_like, norm, weighted_sum64
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.wire import MOMENTUM, ClientReply, NDArrays, to_record
+from fedsuite.wire import MOMENTUM, ClientReply, to_record
 
 EPS0 = 1e-12
 

@@ -53,10 +53,10 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from pydantic import Field
 
 from fedsuite.params import Params
-from fedsuite.arrays import uniform_mean
+from fedsuite.arrays import NDArrays, uniform_mean
 from fedsuite.seeding import round_rng
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.wire import CHECKSUM_REQUEST, ClientReply, NDArrays, record_checksum, to_record
+from fedsuite.wire import CHECKSUM_REQUEST, ClientReply, record_checksum, to_record
 
 log = logging.getLogger("fedsuite")
 

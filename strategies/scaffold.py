@@ -18,10 +18,10 @@ from pydantic import Field
 
 from clients.scaffold import ScaffoldClient
 from fedsuite.params import Params
-from fedsuite.arrays import copy_arrays, server_step, weighted_mean
+from fedsuite.arrays import NDArrays, copy_arrays, server_step, weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy, log
-from fedsuite.wire import ClientReply, NDArrays, to_record
+from fedsuite.wire import ClientReply, to_record
 from strategies._baselines import reply_weights
 
 

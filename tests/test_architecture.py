@@ -1,4 +1,4 @@
-"""The import graph of fedsuite/, strategies/ and clients/ (ARCHITECTURE.md, "Dependency direction").
+"""The import graph of fedsuite/, strategies/ and clients/ (docs/DESIGN.md, "Packages and the direction of imports").
 
 Every import statement counts, wherever it stands (module level, inside a function, under
 ``if TYPE_CHECKING:``): a cycle hidden in a function body is still a cycle.

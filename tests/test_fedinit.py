@@ -349,8 +349,7 @@ def test_every_method_accepts_relaxed_init_or_says_why(name, tmp_path, data_root
         bundle = runtime.load_bundle(cfg2)
         setup = ServerSetup(cfg=cfg2, node_to_pid={100 + i: i for i in range(10)},
                             initial=models.initial_arrays(cfg2, bundle), run_dir=tmp_path,
-                            build_model=lambda: models.make_model(cfg2, bundle),
-                            info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)})
+                            build_model=lambda: models.make_model(cfg2, bundle))
         strategy = spec.strategy(setup)
         assert any(isinstance(h, RelaxedInitServer) for h in strategy.server_hooks)
     else:

@@ -455,8 +455,7 @@ def _method_round(method: str, preset: str | None):
     bundle = runtime.load_bundle(cfg)
     initial = {k: v.numpy().copy() for k, v in task0.received.items()}
     setup = ServerSetup(cfg=cfg, node_to_pid={pid: pid for pid in range(cfg.num_clients)}, initial=initial,
-                        build_model=lambda: models.make_model(cfg, bundle),
-                        info={"num_classes": bundle.num_classes, "input_shape": tuple(bundle.input_shape)})
+                        build_model=lambda: models.make_model(cfg, bundle))
     strategy = cfg.method.strategy(setup)
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # as inside a ServerApp
     msg = list(strategy.configure_train(1, to_record(initial), ConfigRecord({}), None))[0]
