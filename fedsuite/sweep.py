@@ -135,9 +135,10 @@ class SweepRun:
 
 
 def plan(config: Path | None, base_set: Sequence[str], grid: dict[str, list[Any]], seeds: Sequence[int],
-         folder: Path) -> list[SweepRun]:
+         folder: Path, base: dict[str, Any] | None = None) -> list[SweepRun]:
     """Every (setting, seed) run, seed-major (a queue stopped part-way leaves whole seeds), each
-    config validated: a setting that fails is a :class:`SweepError` naming it and the field."""
+    config validated: a setting that fails is a :class:`SweepError` naming it and the field.
+    ``base``: the settings ``config`` will hold, when it is not written yet (validated from here)."""
     if not grid:
         raise SweepError("the grid is empty: give at least one --grid key=value1,value2 (or [sweep] grid in the config)")
     if not seeds:
@@ -152,7 +153,7 @@ def plan(config: Path | None, base_set: Sequence[str], grid: dict[str, list[Any]
             items = [*base_set, *(f"{k}={_toml_value(v)}" for k, v in setting.items()), f"seed={seed}",
                      f"output_dir={json.dumps(str(run_dir.parent))}", f"run_name={json.dumps(run_dir.name)}"]
             try:
-                cfg = build_config(config, items)
+                cfg = build_config(None, items, base=base) if base is not None else build_config(config, items)
             except ConfigError as exc:
                 raise SweepError(f"setting {setting_label(setting)}: {str(exc).splitlines()[0]}") from None
             dataset = (cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True))
@@ -176,9 +177,9 @@ def _dotted(node: Any, prefix: str = "") -> Any:
     return out
 
 
-def read_sweep_section(config: Path | None) -> tuple[Path | None, dict[str, list[Any]], list[int]]:
-    """A config file's ``[sweep]`` section (grid, seeds), and the file without it (a temporary copy
-    the runs read, beside the sweep's report) or the file itself when it has none."""
+def read_sweep_section(config: Path | None) -> tuple[dict[str, Any] | None, dict[str, list[Any]], list[int]]:
+    """A config file's ``[sweep]`` section: (the file's settings without it, or None when the file
+    has none (the runs read the file itself), its grid, its seeds)."""
     if config is None:
         return None, {}, []
     try:
@@ -187,7 +188,7 @@ def read_sweep_section(config: Path | None) -> tuple[Path | None, dict[str, list
         raise SweepError(str(exc)) from None
     section = data.pop("sweep", None)
     if section is None:
-        return config, {}, []
+        return None, {}, []
     if not isinstance(section, dict) or set(section) - {"grid", "seeds"}:
         raise SweepError(f"{config}: [sweep] takes grid = {{key = [values]}} and seeds = [ints]")
     grid = _dotted(section.get("grid", {}))
@@ -196,7 +197,7 @@ def read_sweep_section(config: Path | None) -> tuple[Path | None, dict[str, list
         raise SweepError(f"{config}: [sweep] grid must map each key to a non-empty list of values")
     if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise SweepError(f"{config}: [sweep] seeds must be a list of integers")
-    return config, dict(grid), list(seeds)
+    return data, dict(grid), list(seeds)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -296,7 +297,7 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
         raise SweepError(f"--jobs must be at least 1, got {jobs}")
     if last < 1:
         raise SweepError(f"--last must be at least 1, got {last}")
-    base, file_grid, file_seeds = read_sweep_section(config)
+    stripped, file_grid, file_seeds = read_sweep_section(config)
     grid = {**file_grid, **parse_grid(grid_items)} if grid_items else file_grid
     seed_list = list(seeds) if seeds else file_seeds or [0]
     if group_by is not None and group_by not in grid:
@@ -306,18 +307,16 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
     problem = rundir.folder_problem(folder)
     if problem is not None:
         raise SweepError(f"--out: {problem}")
-    runs_config = base
-    if config is not None and file_grid:  # the runs read the file without its [sweep] section
+    # the runs read the config file itself, or, when it has a [sweep] section, a copy without it
+    runs_config = config if stripped is None else folder / "base.toml"
+    runs = plan(runs_config, base_set, grid, seed_list, folder, base=stripped)
+    if stripped is not None:  # written once every setting has validated
         import tomli_w
 
-        data = load_toml(config)
-        del data["sweep"]
+        text = tomli_w.dumps(stripped)
         folder.mkdir(parents=True, exist_ok=True)
-        runs_config = folder / "base.toml"
-        text = tomli_w.dumps(data)
         if not runs_config.is_file() or runs_config.read_text() != text:
             runs_config.write_text(text)
-    runs = plan(runs_config, base_set, grid, seed_list, folder)
     if report_only:
         console.print(f"report -> {write_report(runs, folder, last, group_by, name)}")
         return 0

@@ -113,6 +113,21 @@ def test_a_sweep_section_in_the_config_file(tmp_path, worker_ray_cluster):
     assert [row["fedprox.mu"] for row in csv.DictReader((folder / "report.csv").open())] == ["0.0", "0.1"]
 
 
+def test_a_sweep_section_with_seeds_only_takes_the_grid_from_the_command_line(tmp_path):
+    """A [sweep] section is never a config key for the runs; a refused setting writes nothing."""
+    config = tmp_path / "seeds.toml"
+    config.write_text("rounds = 1\n\n[sweep]\nseeds = [4, 5]\n")
+    res = subprocess.run(_sweep("--config", str(config), "--grid", "lr=0.1,-1", "--out", str(tmp_path / "out")),
+                         env=_env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "setting lr=-1" in res.stderr and "sweep" not in res.stderr.split("lr=-1")[1], res.stderr
+    assert not (tmp_path / "out").exists()
+    from fedsuite.sweep import plan, read_sweep_section
+    stripped, grid, seeds = read_sweep_section(config)
+    assert (stripped, grid, seeds) == ({"rounds": 1}, {}, [4, 5])
+    runs = plan(tmp_path / "base.toml", [], {"lr": [0.1]}, seeds, tmp_path / "out", base=stripped)
+    assert [(r.seed, r.rounds) for r in runs] == [(4, 1), (5, 1)]
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["--grid", "nope=1,2"], "nope: unknown key"),
     (["--grid", "lr=0.1,-1"], "setting lr=-1: config error: lr"),
