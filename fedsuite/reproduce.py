@@ -740,8 +740,9 @@ def main(argv: Sequence[str]) -> int:
         args = parser().parse_args(list(argv))
         if args.jobs < 1:
             raise ReproduceError(f"--jobs must be at least 1, got {args.jobs}")
-        if rundir.folder_problem(args.out) is not None:
-            raise ReproduceError(f"--out: {rundir.folder_problem(args.out)}")
+        problem = rundir.folder_problem(args.out)
+        if problem is not None:
+            raise ReproduceError(f"--out: {problem}")
         targets = load_targets(args.tables)
         if args.target == "list":
             print_targets(targets, console)

@@ -168,8 +168,9 @@ def folder_problem(folder: Path) -> str | None:
     from fedsuite.config import path_length_problem
 
     folder = Path(os.path.abspath(os.path.expanduser(folder)))
-    if path_length_problem(folder) is not None:
-        return path_length_problem(folder)
+    too_long = path_length_problem(folder)
+    if too_long is not None:
+        return too_long
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
