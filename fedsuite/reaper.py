@@ -98,25 +98,41 @@ def sweep(key: str, value: str, exclude: tuple[int, ...] = (), settle: float = 2
     return len(stopped)
 
 
-def discard_ray_tmpdir(ray_tmpdir: Path, run_dir: Path) -> None:
+def discard_ray_tmpdir(ray_tmpdir: Path, run_dir: Path) -> bool:
     """Remove a run's private Ray directory (``RAY_TMPDIR``, see ``fedsuite.launch``). Unless the run
     completed (``summary.json`` says so), Ray's session logs are first copied to ``<run>/ray-logs``:
     a client process that died without a Python traceback (killed for memory, a crash in native
-    code) is explained only there."""
+    code) is explained only there.
+
+    The directory is first claimed by an atomic rename (:data:`DISCARDING_PREFIX`), so that of the
+    processes that may discard one directory at once (a killed run's watcher, and any other run's
+    :func:`remove_orphan_ray_tmpdirs`) exactly one copies and removes it; the others return False.
+    A log copy that fails part-way is reported on stderr and does not stop the removal."""
+    claimed = Path(ray_tmpdir).with_name(f"{DISCARDING_PREFIX}{os.getpid()}-{Path(ray_tmpdir).name}")
+    try:
+        os.rename(ray_tmpdir, claimed)
+    except FileNotFoundError:
+        return False
     try:
         completed = json.loads((run_dir / "summary.json").read_text()).get("status") == "completed"
     except (OSError, ValueError):
         completed = False
-    logs = Path(ray_tmpdir) / "ray" / "session_latest" / "logs"
+    logs = claimed / "ray" / "session_latest" / "logs"
     if not completed and logs.is_dir():
-        shutil.copytree(logs, run_dir / "ray-logs", dirs_exist_ok=True, ignore_dangling_symlinks=True)
-    shutil.rmtree(ray_tmpdir, ignore_errors=True)
+        try:
+            shutil.copytree(logs, run_dir / "ray-logs", dirs_exist_ok=True, ignore_dangling_symlinks=True)
+        except OSError as exc:  # shutil.Error included: the run's folder gone, a disk full
+            print(f"fedsuite: Ray's logs of {run_dir} were not all kept: {exc}", file=sys.stderr, flush=True)
+    shutil.rmtree(claimed, ignore_errors=True)
+    return True
 
 
 #: the prefix of a run's private Ray directory in the temporary folder (``RAY_TMPDIR``)
 RAY_TMPDIR_PREFIX = "fsray-"
 #: the file in it naming the process that made it, and the run it belongs to
 OWNER_FILE = "owner.json"
+#: the prefix a directory being discarded is renamed to: ``fsgone-<pid of the discarding process>-fsray-...``
+DISCARDING_PREFIX = "fsgone-"
 
 
 def make_ray_tmpdir(run_dir: Path) -> Path:
@@ -133,9 +149,12 @@ def remove_orphan_ray_tmpdirs() -> list[Path]:
     """Discard (:func:`discard_ray_tmpdir`) the private Ray directories whose owner is gone and that
     no live process uses: a run whose whole process tree, its watcher included, was killed with
     SIGKILL leaves one behind (about 190 KB). Every run calls this as it starts. A directory
-    without an owner file (another program's, or being made) is left alone. Returns those removed."""
+    without an owner file (another program's, or being made) is left alone, and so is one that
+    another process claims first. The remains of a discard whose process died part-way
+    (``fsgone-<pid>-...``, that pid gone) are removed too. Returns the directories removed."""
+    tmp = Path(tempfile.gettempdir())
     removed = []
-    for path in Path(tempfile.gettempdir()).glob(RAY_TMPDIR_PREFIX + "*"):
+    for path in tmp.glob(RAY_TMPDIR_PREFIX + "*"):
         try:
             owner = json.loads((path / OWNER_FILE).read_text())
             pid, create_time, run_dir = int(owner["pid"]), float(owner["create_time"]), Path(owner["run_dir"])
@@ -144,10 +163,16 @@ def remove_orphan_ray_tmpdirs() -> list[Path]:
         if _alive(pid, create_time) or marked("RAY_TMPDIR", str(path)):
             continue
         if run_dir.is_dir():  # an unfinished run keeps Ray's logs, as when its watcher discards them
-            discard_ray_tmpdir(path, run_dir)
+            if discard_ray_tmpdir(path, run_dir):
+                removed.append(path)
         else:
             shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
+            removed.append(path)
+    for path in tmp.glob(DISCARDING_PREFIX + "*"):
+        claimant = path.name[len(DISCARDING_PREFIX):].split("-", 1)[0]
+        if claimant.isdigit() and not psutil.pid_exists(int(claimant)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
     return removed
 
 

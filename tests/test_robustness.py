@@ -511,6 +511,38 @@ def test_the_private_ray_folders_of_runs_killed_with_their_watcher_are_removed(t
             shutil.rmtree(path, ignore_errors=True)
 
 
+def test_a_private_ray_folder_is_discarded_by_one_process_only_and_a_failed_log_copy_does_not_fail(tmp_path, capfd):
+    """CI failed once with an unrelated run exiting 1: as it started, its orphan sweep copied the Ray
+    logs of a test's killed run while that run's watcher was removing them (shutil.Error, ENOENT).
+    A discard now claims the folder by an atomic rename: a second discard of it returns False and
+    touches nothing; a log copy that fails is reported on stderr and the folder is still removed;
+    the remains of a discard whose process died are removed by the next sweep."""
+    run = tmp_path / "run"
+    run.mkdir()
+    folder = reaper.make_ray_tmpdir(run)
+    (folder / "ray" / "session_latest" / "logs").mkdir(parents=True)
+    (folder / "ray" / "session_latest" / "logs" / "raylet.out").write_text("the raylet's log")
+    (run / "ray-logs").write_text("a file where the logs' folder would go")  # the copy must fail
+    assert reaper.discard_ray_tmpdir(folder, run) is True
+    assert not folder.exists() and not list(folder.parent.glob(f"{reaper.DISCARDING_PREFIX}*{folder.name}"))
+    assert "Ray's logs of" in capfd.readouterr().err
+    assert reaper.discard_ray_tmpdir(folder, run) is False  # already claimed and gone: nothing to do
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    remains = Path(tempfile.gettempdir()) / f"{reaper.DISCARDING_PREFIX}{dead.pid}-{reaper.RAY_TMPDIR_PREFIX}x"
+    (remains / "ray").mkdir(parents=True)
+    live = Path(tempfile.gettempdir()) / f"{reaper.DISCARDING_PREFIX}{os.getpid()}-{reaper.RAY_TMPDIR_PREFIX}y"
+    live.mkdir()
+    try:
+        removed = reaper.remove_orphan_ray_tmpdirs()
+        assert remains in removed and not remains.exists()
+        assert live.exists() and live not in removed  # this process may be discarding it right now
+    finally:
+        shutil.rmtree(remains, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)
+
+
 def _not_utf8(path: Path) -> Path:
     path.write_bytes("rounds = 2\n# caf\u00e9\n".encode("latin-1"))
     return path
