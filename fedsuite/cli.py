@@ -440,8 +440,13 @@ def sweep(
     last: int = typer.Option(10, "--last", help="a run's reading: the mean of its last k evaluations"),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="a grid key: the report names the best setting per value"),
     report_only: bool = typer.Option(False, "--report", help="only write the report from the runs on disk"),
+    search: Optional[str] = typer.Option(None, "--search", help="random|asha: a Ray Tune search over --space instead of a grid"),
+    space: list[str] = typer.Option([], "--space", help="a search range: lr=log:0.001:0.3, uniform:A:B, int:A:B, choice:a,b (repeatable)"),
+    samples: int = typer.Option(8, "--samples", help="a search's number of trials"),
+    grace_rounds: Optional[int] = typer.Option(None, "--grace-rounds", help="ASHA's first rung, in rounds (default: a quarter of the rounds)"),
 ) -> None:
-    """Run a grid of settings times seeds as one resumable queue, and report mean ± std per setting."""
+    """Run a grid of settings times seeds as one resumable queue, and report mean ± std per setting;
+    or, with --search, a Ray Tune search (ASHA stops poor trials early), each trial a fedsuite run."""
     from fedsuite.reproduce import ReproduceError
     from fedsuite.sweep import run_sweep
 
@@ -451,7 +456,21 @@ def sweep(
         fail(f"--seeds expects integers separated by commas, got {seeds!r}")
     if seed_list is not None and (not seed_list or any(s < 0 for s in seed_list)):
         fail(f"--seeds expects non-negative integers separated by commas, got {seeds!r}")
+    if search is None and (space or grace_rounds is not None):
+        fail("--space and --grace-rounds belong to a search: add --search random|asha")
+    if search is not None and (grid or group_by or report_only):
+        fail("a search samples --space: --grid, --group-by and --report belong to a grid sweep "
+             "(a grid key's values are a choice: --space key=choice:v1,v2)")
     try:
+        if search is not None:
+            from fedsuite.search import run_search
+
+            if jobs < 1 or last < 1:
+                fail("--jobs and --last must be at least 1")
+            folder = (out / (name or (config.stem if config is not None else "search"))).resolve()
+            code = run_search(search, space, samples, grace_rounds, config, set_, seed_list or [0], folder, jobs,
+                              num_gpus, ray_address, last, console)
+            raise typer.Exit(code)
         code = run_sweep(config, set_, grid, seed_list, out, name, jobs, num_gpus, ray_address, last, group_by,
                          report_only, console)
     except ReproduceError as exc:  # SweepError, or missing data

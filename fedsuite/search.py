@@ -1,0 +1,342 @@
+"""``fedsuite sweep --search random|asha``: a Ray Tune search over ranges, each trial a fedsuite run.
+
+Where a grid (:mod:`fedsuite.sweep`) runs every combination, a search samples ``--samples`` settings
+from a space of ranges::
+
+    fedsuite sweep --search asha --samples 16 --space lr=log:0.001:0.3 --space local_epochs=int:1:5 \\
+        --space strategy=choice:fedavg,fedprox --set rounds=100
+
+A range is ``log:LOW:HIGH`` (log-uniform), ``uniform:LOW:HIGH``, ``int:LOW:HIGH`` (an integer,
+both ends included) or ``choice:V1,V2,...`` (values read as ``--set`` reads them). Both ends of a
+range and every choice are validated as run settings before anything runs.
+
+Each trial is one ``fedsuite simulate`` run (one seed: ``--seeds`` names it) in
+``<out>/<name>/trials/<trial>``, started by a Tune trainable (:class:`FedsuiteTrial`) that reports
+every evaluation of the run to Tune as ``test_accuracy`` at ``round``. With ``asha``, Tune's
+asynchronous successive halving (:class:`ray.tune.schedulers.ASHAScheduler`, reduction factor 2,
+first rung at ``--grace-rounds``) stops a trial whose accuracy at a rung is below the median of
+those recorded there; its run is stopped as Ctrl-C stops one (SIGTERM: the run directory keeps its
+rounds and checkpoint, and ``fedsuite simulate --config <trial>/config.json --resume`` would go on).
+``random`` runs every sampled trial to the end. Tune places the trials on a private Ray of its own
+(``--jobs`` trials at a time; its folder removed at the end); each trial's run starts its own private
+Ray for its clients, or puts them on ``--ray-address`` (and ``--num-gpus`` is passed to every run).
+The sampling is seeded with the trials' seed, so the same command samples the same settings. A search is not resumed as a whole:
+a second search into a folder that holds trials is refused (give ``--name``); its runs are.
+
+The report (``report.md``, ``trials.csv``, ``accuracy.png``) lists every trial: its setting, what
+became of it (completed; stopped by ASHA at a round; failed, with why), its rounds, its reading
+(mean of its last ``--last`` evaluations) and its run directory; the best completed trial; one curve
+per trial. A failed trial makes the command exit 1.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from fedsuite import rundir
+from fedsuite.config import ConfigError, build_config, parse_value
+from fedsuite.sweep import SweepError, _text, _toml_value, setting_label, split_values
+
+SEARCHES = ("random", "asha")
+#: ASHA's reduction factor: at each rung the better half goes on
+REDUCTION_FACTOR = 2
+
+
+@dataclass(frozen=True)
+class Range:
+    """One key's range: ``kind`` is log, uniform, int or choice; ``values`` the ends or the choices."""
+
+    key: str
+    kind: str
+    values: tuple[Any, ...]
+
+    def domain(self):
+        from ray import tune
+
+        if self.kind == "log":
+            return tune.loguniform(*self.values)
+        if self.kind == "uniform":
+            return tune.uniform(*self.values)
+        if self.kind == "int":
+            return tune.randint(self.values[0], self.values[1] + 1)  # Tune's upper end is excluded
+        return tune.choice(list(self.values))
+
+
+def parse_space(items: Sequence[str]) -> list[Range]:
+    """``["lr=log:0.001:0.3", "strategy=choice:fedavg,fedprox"]`` -> ranges; one line for a bad one."""
+    ranges: dict[str, Range] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key, (kind, _, spec) = key.strip(), text.partition(":")
+        usage = (f"--space expects key=log:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or choice:V1,V2,..., "
+                 f"got {item!r}")
+        if not key or not sep or kind not in ("log", "uniform", "int", "choice") or not spec.strip():
+            raise SweepError(usage)
+        if key in ranges:
+            raise SweepError(f"--space names {key!r} twice")
+        if key == "seed":
+            raise SweepError("seed is not a search key: --seeds names the trials' seed")
+        if kind == "choice":
+            values = split_values(spec)
+            if any(v == "" for v in values):
+                raise SweepError(usage)
+            ranges[key] = Range(key, kind, tuple(parse_value(v) for v in values))
+            continue
+        ends = spec.split(":")
+        try:
+            low, high = (int(e) for e in ends) if kind == "int" else (float(e) for e in ends)
+        except ValueError:
+            raise SweepError(usage) from None
+        if not (math.isfinite(low) and math.isfinite(high) and low < high) or (kind == "log" and low <= 0):
+            raise SweepError(f"--space {key}: the range needs LOW < HIGH{' and LOW > 0' if kind == 'log' else ''}, "
+                             f"got {spec!r}")
+        ranges[key] = Range(key, kind, (low, high))
+    return list(ranges.values())
+
+
+def check_space(space: Sequence[Range], base_set: Sequence[str], config: Path | None) -> int:
+    """Validate both ends of every range and every choice as run settings (:class:`SweepError`
+    naming the key and the field); returns the runs' number of rounds."""
+    if not space:
+        raise SweepError("the search space is empty: give at least one --space key=log:LOW:HIGH (or uniform, int, "
+                         "choice)")
+    rounds = None
+    for rng in space:
+        for value in rng.values:
+            try:
+                cfg = build_config(config, [*base_set, f"{rng.key}={_toml_value(value)}"])
+            except ConfigError as exc:
+                raise SweepError(f"--space {rng.key}={_text(value)}: {str(exc).splitlines()[0]}") from None
+            rounds = cfg.rounds
+    return int(rounds)
+
+
+class FedsuiteTrial:
+    """A Tune trainable (built by :func:`trainable`): one ``fedsuite simulate`` run, one Tune result
+    per evaluation. ``step`` waits for the run's next evaluated round in ``metrics.jsonl``; the
+    run's end gives ``done`` (completed) or an error (failed: Tune marks the trial ERROR);
+    ``cleanup`` (a trial stopped by the scheduler, or the search interrupted) stops the run's
+    process tree with SIGTERM, as Ctrl-C would."""
+
+
+def trainable(folder: Path, config: Path | None, base_set: Sequence[str], seed: int, rounds: int,
+              placement: Sequence[str], env: dict[str, str], poll_s: float = 0.5):
+    """The :class:`FedsuiteTrial` class for a search writing its runs under ``folder/trials``.
+    ``env``: the environment the runs start with (the search's own, not a Tune worker's)."""
+    from ray import tune
+
+    from fedsuite import launch, reaper
+    from fedsuite.reproduce import simulate_command
+    from fedsuite.results import read_metrics
+
+    class Trial(tune.Trainable, FedsuiteTrial):
+        def setup(self, setting: dict[str, Any]) -> None:
+            self.run_dir = folder / "trials" / self.trial_id
+            items = [*base_set, *(f"{k}={_toml_value(v)}" for k, v in setting.items()), f"seed={seed}",
+                     f"output_dir={json.dumps(str(self.run_dir.parent))}",
+                     f"run_name={json.dumps(self.run_dir.name)}"]
+            self.run_dir.parent.mkdir(parents=True, exist_ok=True)
+            self.log = (self.run_dir.parent / f"{self.run_dir.name}.log").open("ab")
+            self.proc = subprocess.Popen(simulate_command(config, items, False, placement), stdout=self.log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                         preexec_fn=reaper.die_with_parent())
+            self.reported = 0  # evaluations passed to Tune so far
+            self.record = {"trial": self.trial_id, "setting": setting, "rounds": rounds, "started": time.time()}
+            self._write_record()
+
+        def _write_record(self) -> None:
+            path = folder / "trials" / f"{self.trial_id}.json"
+            path.with_suffix(".json.tmp").write_text(json.dumps(self.record))
+            path.with_suffix(".json.tmp").replace(path)
+
+        def step(self) -> dict[str, Any]:
+            while True:
+                ended = self.proc.poll() is not None  # before reading: an ended run's rows are all there
+                evals = [r for r in read_metrics(self.run_dir, tolerant=True)
+                         if r["round"] > 0 and r.get("test_accuracy") is not None]
+                if self.reported < len(evals) and (ended or evals[self.reported]["round"] < rounds):
+                    # the last round's evaluation waits for the run's end, so that a scheduler that
+                    # stops trials at max_t = rounds never stops a run before it has written its summary
+                    row = evals[self.reported]
+                    self.reported += 1
+                    return {"round": row["round"], "test_accuracy": row["test_accuracy"],
+                            "test_loss": row.get("test_loss"), "train_loss": row.get("train_loss")}
+                if ended:
+                    if rundir.state(self.run_dir) == "completed" and self.proc.returncode == 0 and evals:
+                        return {"round": evals[-1]["round"], "test_accuracy": evals[-1]["test_accuracy"], "done": True}
+                    self.record["error"] = (rundir.why_incomplete(self.run_dir, "its run") +
+                                            f" (exit {self.proc.returncode}; log {self.run_dir}.log)")
+                    self._write_record()
+                    raise RuntimeError(f"trial {self.trial_id}: {self.record['error']}")
+                time.sleep(poll_s)
+
+        def cleanup(self) -> None:
+            if self.proc.poll() is None:
+                launch.stop_tree(self.proc)
+            self.log.close()
+
+    return Trial
+
+
+def run_search(search: str, space_items: Sequence[str], samples: int, grace_rounds: int | None,
+               config: Path | None, base_set: Sequence[str], seeds: Sequence[int], folder: Path, jobs: int,
+               num_gpus: float | None, ray_address: str | None, last: int, console) -> int:
+    """The command: check, search, report. Returns the exit code (0 every trial completed or was
+    stopped by ASHA, 1 a trial failed, 130 interrupted); :class:`SweepError` for bad input."""
+    from fedsuite import reaper
+    from fedsuite.reproduce import _child_env, placement_options
+
+    if search not in SEARCHES:
+        raise SweepError(f"--search must be one of {', '.join(SEARCHES)}, got {search!r}")
+    if samples < 1:
+        raise SweepError(f"--samples must be at least 1, got {samples}")
+    if len(seeds) != 1:
+        raise SweepError(f"a search runs one seed per trial; give one --seeds value, got {len(seeds)}")
+    space = parse_space(space_items)
+    rounds = check_space(space, base_set, config)
+    grace = grace_rounds if grace_rounds is not None else max(1, rounds // 4)
+    if not 1 <= grace <= rounds:
+        raise SweepError(f"--grace-rounds must be between 1 and the runs' {rounds} rounds, got {grace}")
+    trials_dir = folder / "trials"
+    if trials_dir.is_dir() and any(trials_dir.iterdir()):
+        raise SweepError(f"{folder} already holds a search's trials (a search is not resumed as a whole; its runs "
+                         "are): give another --name, or remove the folder")
+    problem = rundir.folder_problem(folder)
+    if problem is not None:
+        raise SweepError(f"--out: {problem}")
+    from fedsuite.reproduce import missing_data
+
+    cfg = build_config(config, list(base_set))
+    problems = missing_data([_DataNeed(cfg)])
+    if problems:
+        raise SweepError("missing data, nothing was started:\n  " + "\n  ".join(problems))
+
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search import BasicVariantGenerator
+
+    folder.mkdir(parents=True, exist_ok=True)
+    env = _child_env()
+    ray_tmpdir = reaper.make_ray_tmpdir(folder)
+    scheduler = (ASHAScheduler(time_attr="round", max_t=rounds, grace_period=grace, reduction_factor=REDUCTION_FACTOR)
+                 if search == "asha" else FIFOScheduler())
+    console.print(f"[bold]search {folder.name}[/] ({search}): {samples} trials of {rounds} rounds, seed {seeds[0]}, "
+                  f"{jobs} at a time" + (f", ASHA rungs from round {grace}" if search == "asha" else "")
+                  + f" -> {folder}", highlight=False)
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # trials' runs see the GPUs (their clients use them)
+    interrupted = False
+    try:
+        # Tune's own Ray only places the trials (a trial is a process that starts a run, one CPU each:
+        # --jobs at a time); the runs' clients go to their own private Ray, or to --ray-address
+        ray.init(num_cpus=jobs, num_gpus=0, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=str(ray_tmpdir / "ray"))
+        tuner = tune.Tuner(
+            tune.with_resources(trainable(folder, config, base_set, seeds[0], rounds,
+                                          placement_options(num_gpus, ray_address), env), {"cpu": 1}),
+            param_space={r.key: r.domain() for r in space},
+            tune_config=tune.TuneConfig(metric="test_accuracy", mode="max", num_samples=samples, scheduler=scheduler,
+                                        search_alg=BasicVariantGenerator(max_concurrent=jobs, random_state=seeds[0])),
+            run_config=tune.RunConfig(name="tune", storage_path=str(folder), verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=0),
+                                      # the run directory is the trial's checkpoint: Tune keeps none
+                                      checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False)),
+        )
+        try:
+            grid = tuner.fit()
+        except KeyboardInterrupt:
+            interrupted = True
+            grid = None
+        tune_errors = 0 if grid is None else grid.num_errors
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_tmpdir, ignore_errors=True)
+    if interrupted:
+        console.print("interrupted: running trials stopped; their run directories keep what they did")
+        return 130
+    trials = read_trials(folder)
+    path = write_report(trials, folder, rounds, last, search)
+    failed = [t for t in trials if t["outcome"].startswith("failed")]
+    console.print(f"report -> {path}" + (f"; {len(failed)} trial(s) failed (logs beside them)" if failed else ""))
+    return 1 if failed or tune_errors else 0
+
+
+@dataclass
+class _DataNeed:
+    """What :func:`fedsuite.reproduce.missing_data` reads of a run: its dataset and label."""
+
+    cfg: Any
+
+    @property
+    def dataset(self) -> tuple[str, str, str]:
+        return self.cfg.dataset, self.cfg.data_root, json.dumps(self.cfg.dataset_options, sort_keys=True)
+
+    label = "the search's runs"
+
+
+def read_trials(folder: Path) -> list[dict[str, Any]]:
+    """Every trial the search started (``trials/<trial>.json``, written as it starts): its id,
+    setting, run directory, rounds and outcome (:func:`trial_outcome`), in the order they started."""
+    trials = []
+    for path in (folder / "trials").glob("*.json"):
+        record = json.loads(path.read_text())
+        run_dir = path.with_suffix("")
+        trials.append({**record, "run_dir": run_dir, "outcome": trial_outcome(run_dir, record["rounds"],
+                                                                              record.get("error"))})
+    return sorted(trials, key=lambda t: t["started"])
+
+
+def trial_outcome(run_dir: Path, rounds: int, error: str | None) -> str:
+    """What became of a trial: ``completed``; ``stopped early at round r of R`` (ASHA stopped it, or
+    the search was interrupted: the run is partial); ``failed: why``."""
+    now = rundir.state(run_dir)
+    if error is not None or now in ("failed", "new", "debris"):
+        return "failed: " + (error or rundir.why_incomplete(run_dir, "its run"))
+    if now == "completed":
+        return "completed"
+    return f"stopped early at round {rundir.rounds_done(run_dir)} of {rounds}"
+
+
+def write_report(trials: Sequence[dict[str, Any]], folder: Path, rounds: int, last: int, search: str) -> Path:
+    """``report.md``, ``trials.csv`` and ``accuracy.png`` (one curve per trial) in ``folder``."""
+    from fedsuite.reproduce import run_value
+    from fedsuite.results import plot_groups, read_metrics
+
+    rows, curves = [], {}
+    for t in trials:
+        metrics = read_metrics(t["run_dir"], tolerant=True)
+        evals = [(r["round"], r["test_accuracy"]) for r in metrics if r["round"] > 0 and r.get("test_accuracy") is not None]
+        reading = run_value(evals, "accuracy", last)[0] if evals else None
+        rows.append({"trial": t["trial"], **{k: _text(v) for k, v in t["setting"].items()}, "outcome": t["outcome"],
+                     "rounds": rundir.rounds_done(t["run_dir"]), "reading": reading, "run_dir": str(t["run_dir"])})
+        if evals:
+            curves[f"{t['trial']} {setting_label(t['setting'])}"] = [metrics]
+    rows.sort(key=lambda r: -1 if r["reading"] is None else r["reading"], reverse=True)
+    md = [f"# Search: {folder.name} ({search}, {len(trials)} trials)", "",
+          f"Reading: each trial's mean test accuracy over its last {last} evaluations (a stopped trial: "
+          "over those it did). Sorted by reading.", "",
+          "| trial | setting | outcome | rounds | reading (%) |", "|---|---|---|---|---|"]
+    for r, t in ((r, next(t for t in trials if t["trial"] == r["trial"])) for r in rows):
+        reading = "-" if r["reading"] is None else f"{r['reading']:.2f}"
+        md.append(f"| {r['trial']} | {setting_label(t['setting'])} | {r['outcome']} | {r['rounds']} | {reading} |")
+    completed = [r for r in rows if r["outcome"] == "completed" and r["reading"] is not None]
+    md += ["", f"Best completed trial: **{completed[0]['trial']}** ({completed[0]['reading']:.2f}), "
+           f"run directory `{completed[0]['run_dir']}`" if completed else "No trial completed."]
+    if curves:
+        plot_groups(curves, folder / "accuracy.png", title=f"search {folder.name}: one curve per trial")
+        md += ["", "![accuracy](accuracy.png)"]
+    (folder / "report.md").write_text("\n".join(md) + "\n")
+    with (folder / "trials.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["trial"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return folder / "report.md"

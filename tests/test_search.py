@@ -1,0 +1,111 @@
+"""``fedsuite sweep --search`` (issue 31 item 2): a Ray Tune search, each trial a fedsuite run.
+
+* End to end, real processes: 4 trials under ASHA (lr from a choice of a useless and a good value,
+  3 rounds, first rung at round 1) on the offline default. ASHA stops at least one trial early; every
+  trial keeps its run directory (a stopped one is a partial run with its checkpoint, resumable);
+  the report's readings equal what the runs' own ``metrics.jsonl`` give.
+* Bad spaces (unknown key, a bound that fails validation, a malformed or empty range, a grid
+  beside a search, several seeds) are one line, exit 2, before anything runs or is created.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from typer.testing import CliRunner
+
+from fedsuite import rundir
+from fedsuite.cli import app
+from fedsuite.results import read_metrics
+from fedsuite.search import Range, parse_space
+from fedsuite.sweep import SweepError
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ["--set", "rounds=3", "--set", "num_clients=8", "--set", "clients_per_round=3", "--set", "batch_size=32"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def _search(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fedsuite.cli", "sweep", *args]
+
+
+def test_ranges_are_read_as_the_tune_domains_they_name():
+    space = parse_space(["lr=log:0.001:0.3", "mu=uniform:0:1", "local_epochs=int:1:5",
+                         "strategy=choice:fedavg,fedprox", "augment=choice:true,false"])
+    assert space == [Range("lr", "log", (0.001, 0.3)), Range("mu", "uniform", (0.0, 1.0)),
+                     Range("local_epochs", "int", (1, 5)), Range("strategy", "choice", ("fedavg", "fedprox")),
+                     Range("augment", "choice", (True, False))]
+    rng = np.random.default_rng(0)
+    draws = [space[2].domain().sample(random_state=rng) for _ in range(200)]
+    assert set(draws) == {1, 2, 3, 4, 5}  # both ends included
+    logs = [space[0].domain().sample(random_state=rng) for _ in range(200)]
+    assert all(0.001 <= x <= 0.3 for x in logs)
+    for bad in ["lr=log:0:1", "lr=log:0.3:0.001", "lr=between:1:2", "lr=uniform:a:b", "lr", "=log:1:2",
+                "lr=choice:", "lr=choice:a,,b", "seed=int:0:3"]:
+        with pytest.raises(SweepError):
+            parse_space([bad])
+
+
+def test_an_asha_search_stops_a_poor_trial_early_and_keeps_every_trials_run(tmp_path, worker_ray_cluster):
+    out = tmp_path / "out"
+    folder = out / "lr-search"
+    res = subprocess.run(_search("--search", "asha", "--samples", "4", "--space", "lr=choice:0.0005,0.1",
+                                 "--grace-rounds", "1", *BASE, "--set", f"data_root={tmp_path / 'data'}",
+                                 "--out", str(out), "--name", "lr-search", "--jobs", "2", "--last", "2",
+                                 "--ray-address", worker_ray_cluster),
+                         env=_env(), capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    with (folder / "trials.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 4
+    stopped = [r for r in rows if r["outcome"].startswith("stopped early")]
+    completed = [r for r in rows if r["outcome"] == "completed"]
+    assert stopped and completed and len(stopped) + len(completed) == 4, rows
+    for row in rows:
+        run_dir = Path(row["run_dir"])
+        assert run_dir.parent == folder / "trials" and (run_dir / "config.json").is_file()
+        evals = [r["test_accuracy"] for r in read_metrics(run_dir) if r["round"] > 0 and r.get("test_accuracy") is not None]
+        assert float(row["reading"]) == pytest.approx(100 * np.mean(evals[-2:]), abs=1e-9)
+        assert int(row["rounds"]) == rundir.rounds_done(run_dir)
+        assert float(row["lr"]) in (0.0005, 0.1)
+    for row in completed:
+        assert rundir.state(Path(row["run_dir"])) == "completed" and int(row["rounds"]) == 3
+    for row in stopped:  # stopped as Ctrl-C stops a run: partial, with its checkpoint, to --resume
+        run_dir = Path(row["run_dir"])
+        assert rundir.state(run_dir) == "partial" and 1 <= int(row["rounds"]) < 3
+        assert rundir.checkpointed_round(run_dir) == int(row["rounds"])
+    # a stopped trial is a poor one: below every completed trial at the round it stopped
+    assert max(float(r["reading"]) for r in stopped) < min(float(r["reading"]) for r in completed)
+    report = (folder / "report.md").read_text()
+    assert "Best completed trial" in report and (folder / "accuracy.png").is_file()
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--space", "no_such_key=choice:1,2"], "no_such_key"),
+    (["--space", "lr=choice:-1,0.1"], "lr=-1"),
+    (["--space", "lr=log:0:0.1"], "LOW > 0"),
+    (["--space", "lr=somewhere:1:2"], "--space expects"),
+    ([], "search space is empty"),
+    (["--space", "lr=log:0.01:0.1", "--grid", "lr=0.1"], "--grid"),
+    (["--space", "lr=log:0.01:0.1", "--seeds", "0,1"], "one seed per trial"),
+    (["--space", "lr=log:0.01:0.1", "--samples", "0"], "--samples"),
+    (["--space", "lr=log:0.01:0.1", "--grace-rounds", "9"], "--grace-rounds"),
+])
+def test_a_bad_search_is_one_line_before_anything_runs(tmp_path, args, words):
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["sweep", "--search", "asha", *args, *BASE, "--set",
+                                   f"data_root={tmp_path / 'data'}", "--out", str(out)])
+    text = res.stdout + (res.stderr or "")
+    assert res.exit_code == 2 and words in text and "Traceback" not in text, text
+    assert len([line for line in text.splitlines() if line.strip()]) <= 3, text  # one message (maybe wrapped)
+    assert not out.exists()
