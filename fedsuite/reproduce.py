@@ -565,7 +565,7 @@ def _fmt(value: float | None, std: float | None = None, metric: str = "accuracy"
 def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[str, Any]]:
     """Per row: its cells (published, obtained mean ± std over the completed seeds, best accuracy,
     difference at paper scale), its claims and verdict, and the curves of its completed runs."""
-    from fedsuite.results import read_metrics
+    from fedsuite.results import evaluations, read_metrics
 
     rows = []
     for row in target.rows:
@@ -583,8 +583,7 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
                 if rundir.state(s.run_dir) != "completed":
                     continue
                 metrics = read_metrics(s.run_dir)
-                evals = [(r["round"], r["test_accuracy"]) for r in metrics if r.get("test_accuracy") is not None
-                         and r["round"] > 0]
+                evals = evaluations(metrics)
                 if not evals:
                     continue
                 value, tail = run_value(evals, target.metric, target.last, acc)

@@ -74,6 +74,13 @@ def read_metrics(run_dir: str | Path, tolerant: bool = False) -> list[dict[str, 
     return rows
 
 
+def evaluations(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """``(round, test accuracy in [0, 1])`` of each evaluated round of ``metrics.jsonl`` rows, round 0
+    (the initial model) left out: what a run's reading (``fedsuite.reproduce.run_value``) is taken
+    from, in ``reproduce``'s, ``sweep``'s and a search's reports alike."""
+    return [(r["round"], r["test_accuracy"]) for r in rows if r["round"] > 0 and r.get("test_accuracy") is not None]
+
+
 def tensorboard_installed() -> bool:
     """Whether the ``tensorboard`` package (which torch's ``SummaryWriter`` writes for) is importable."""
     import importlib.util

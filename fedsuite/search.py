@@ -161,7 +161,7 @@ def trainable(folder: Path, config: Path | None, base_set: Sequence[str], seed: 
         def step(self) -> dict[str, Any]:
             while True:
                 ended = self.proc.poll() is not None  # before reading: an ended run's rows are all there
-                evals = [r for r in read_metrics(self.run_dir, tolerant=True)
+                evals = [r for r in read_metrics(self.run_dir, tolerant=True)  # as results.evaluations
                          if r["round"] > 0 and r.get("test_accuracy") is not None]
                 if self.reported < len(evals) and (ended or evals[self.reported]["round"] < rounds):
                     # the last round's evaluation waits for the run's end, so that a scheduler that
@@ -309,12 +309,12 @@ def trial_outcome(run_dir: Path, rounds: int, error: str | None) -> str:
 def write_report(trials: Sequence[dict[str, Any]], folder: Path, rounds: int, last: int, search: str) -> Path:
     """``report.md``, ``trials.csv`` and ``accuracy.png`` (one curve per trial) in ``folder``."""
     from fedsuite.reproduce import run_value
-    from fedsuite.results import plot_groups, read_metrics
+    from fedsuite.results import evaluations, plot_groups, read_metrics
 
     rows, curves = [], {}
     for t in trials:
         metrics = read_metrics(t["run_dir"], tolerant=True)
-        evals = [(r["round"], r["test_accuracy"]) for r in metrics if r["round"] > 0 and r.get("test_accuracy") is not None]
+        evals = evaluations(metrics)
         reading = run_value(evals, "accuracy", last)[0] if evals else None
         rows.append({"trial": t["trial"], **{k: _text(v) for k, v in t["setting"].items()}, "outcome": t["outcome"],
                      "rounds": rundir.rounds_done(t["run_dir"]), "reading": reading, "run_dir": str(t["run_dir"])})

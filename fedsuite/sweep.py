@@ -208,7 +208,7 @@ def read_sweep_section(config: Path | None) -> tuple[dict[str, Any] | None, dict
 def collect(runs: Sequence[SweepRun], last: int) -> list[dict[str, Any]]:
     """Per setting: the completed seeds' readings (mean of the last ``last`` evaluations, in %),
     their mean ± std, the mean best accuracy, and the curves."""
-    from fedsuite.results import read_metrics
+    from fedsuite.results import evaluations, read_metrics
 
     out: dict[str, dict[str, Any]] = {}
     for run in runs:
@@ -220,7 +220,7 @@ def collect(runs: Sequence[SweepRun], last: int) -> list[dict[str, Any]]:
             entry["incomplete"].append(run)
             continue
         rows = read_metrics(run.run_dir)
-        evals = [(r["round"], r["test_accuracy"]) for r in rows if r.get("test_accuracy") is not None and r["round"] > 0]
+        evals = evaluations(rows)
         if not evals:
             entry["incomplete"].append(run)
             continue
