@@ -117,7 +117,10 @@ def discard_ray_tmpdir(ray_tmpdir: Path, run_dir: Path) -> bool:
         completed = json.loads((run_dir / "summary.json").read_text()).get("status") == "completed"
     except (OSError, ValueError):
         completed = False
-    logs = claimed / "ray" / "session_latest" / "logs"
+    # Ray's session_latest is a symbolic link to the session's absolute path, which the rename moved
+    latest = claimed / "ray" / "session_latest"
+    session = claimed / "ray" / Path(os.readlink(latest)).name if latest.is_symlink() else latest
+    logs = session / "logs"
     if not completed and logs.is_dir():
         try:
             shutil.copytree(logs, run_dir / "ray-logs", dirs_exist_ok=True, ignore_dangling_symlinks=True)

@@ -520,13 +520,24 @@ def test_a_private_ray_folder_is_discarded_by_one_process_only_and_a_failed_log_
     run = tmp_path / "run"
     run.mkdir()
     folder = reaper.make_ray_tmpdir(run)
-    (folder / "ray" / "session_latest" / "logs").mkdir(parents=True)
-    (folder / "ray" / "session_latest" / "logs" / "raylet.out").write_text("the raylet's log")
+    session = folder / "ray" / "session_2026-11-25_12-00-00_000000_1"  # as Ray lays it out: an absolute link
+    (session / "logs").mkdir(parents=True)
+    (session / "logs" / "raylet.out").write_text("the raylet's log")
+    (folder / "ray" / "session_latest").symlink_to(session)
     (run / "ray-logs").write_text("a file where the logs' folder would go")  # the copy must fail
     assert reaper.discard_ray_tmpdir(folder, run) is True
     assert not folder.exists() and not list(folder.parent.glob(f"{reaper.DISCARDING_PREFIX}*{folder.name}"))
     assert "Ray's logs of" in capfd.readouterr().err
     assert reaper.discard_ray_tmpdir(folder, run) is False  # already claimed and gone: nothing to do
+    # the logs are found through session_latest although the rename moved the folder it points into
+    folder = reaper.make_ray_tmpdir(run)
+    session = folder / "ray" / "session_2026-11-25_12-00-01_000000_1"
+    (session / "logs").mkdir(parents=True)
+    (session / "logs" / "raylet.out").write_text("the raylet's log")
+    (folder / "ray" / "session_latest").symlink_to(session)
+    (run / "ray-logs").unlink()
+    assert reaper.discard_ray_tmpdir(folder, run) is True
+    assert (run / "ray-logs" / "raylet.out").read_text() == "the raylet's log" and not folder.exists()
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
