@@ -1,40 +1,66 @@
 #!/usr/bin/env bash
 # Issue 32: the four papers' claims targets at CPU scale, and their committed reports.
 #
-#   experiments/claims_cpu.sh run OUT DATA_ROOT      # the queue: seed by seed across the papers, so a
-#                                                    # stop leaves whole seeds; run it again to go on
+#   experiments/claims_cpu.sh run OUT DATA_ROOT      # the queue, seed by seed (a stop leaves whole
+#                                                    # seeds); run it again to go on
 #   experiments/claims_cpu.sh report OUT             # each report (+ CSVs, figures) and the finished
 #                                                    # runs' records into experiments/<paper>/results/claims-cpu/
 #
 # OUT is the runs' folder (reproduce --out), DATA_ROOT the folder holding FashionMNIST/raw/*.gz.
 # About 10 CPU-hours in all, two runs at a time; `fedsuite` from this checkout's environment.
+#
+# The queue outlives the machine: `run` first copies the committed records of finished runs
+# (config.json, metrics.jsonl, summary.json) back into OUT, where reproduce skips a run whose
+# summary says completed, and writes the reports after each paper's seed, so committing
+# experiments/*/results/claims-cpu keeps every finished run. FedMRUR, FedNLR and FedInit, whose claims
+# had never been asked at this scale, run all their seeds before FedMR's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PAPERS=(fedmrur fednlr fedinit fedmr)
 FEDSUITE=${FEDSUITE:-.venv/bin/fedsuite}
+
+restore() {  # committed records -> OUT (never over a run folder that is already there)
+    local paper=$1 out=$2 src rel
+    for src in "experiments/$paper/results/claims-cpu/runs"/*/*/; do
+        [ -f "$src/summary.json" ] || continue
+        rel="${src#"experiments/$paper/results/claims-cpu/runs/"}"
+        [ -e "$out/$paper/cpu/$rel" ] && continue
+        mkdir -p "$out/$paper/cpu/$rel" && cp "$src"/* "$out/$paper/cpu/$rel/"
+    done
+}
+
+report() {  # OUT's report of one paper and its finished runs' records -> the committed folder
+    local paper=$1 out=$2 dest="experiments/$1/results/claims-cpu" run rel
+    "$FEDSUITE" reproduce "$paper-claims" --scale cpu --seeds 0 1 2 --out "$out" --report
+    rm -rf "$dest" && mkdir -p "$dest/runs"
+    cp "$out/$paper/cpu/$paper-claims/"{report.md,report.csv,claims.csv} "$dest/"
+    cp "$out/$paper/cpu/$paper-claims/"*.png "$dest/" 2>/dev/null || true  # no figure before a run ends
+    # the records of the runs the report read (checkpoints stay out: the numbers need only these)
+    for run in "$out/$paper/cpu"/*/*-s[0-9]*/; do
+        [ -f "$run/summary.json" ] || continue
+        rel="${run#"$out/$paper/cpu/"}"
+        mkdir -p "$dest/runs/$rel"
+        cp "$run"/{config.json,metrics.jsonl,summary.json} "$dest/runs/$rel/"
+    done
+}
+
+run_seed() {
+    local paper=$1 seed=$2 out=$3 data=$4
+    echo "=== $(date -u +%FT%TZ) $paper-claims seed $seed"
+    "$FEDSUITE" reproduce "$paper-claims" --scale cpu --seeds "$seed" --jobs 2 --data-root "$data" --out "$out" \
+        || echo "=== $paper-claims seed $seed: exit $?"
+    report "$paper" "$out"
+}
+
 case "${1:-}" in
 run)
+    for paper in "${PAPERS[@]}"; do restore "$paper" "$2"; done
     for seed in 0 1 2; do
-        for paper in "${PAPERS[@]}"; do
-            echo "=== $(date -u +%FT%TZ) $paper-claims seed $seed"
-            "$FEDSUITE" reproduce "$paper-claims" --scale cpu --seeds "$seed" --jobs 2 --data-root "$3" --out "$2" \
-                || echo "=== $paper-claims seed $seed: exit $?"
-        done
-    done ;;
+        for paper in fedmrur fednlr fedinit; do run_seed "$paper" "$seed" "$2" "$3"; done
+    done
+    for seed in 0 1 2; do run_seed fedmr "$seed" "$2" "$3"; done ;;
 report)
-    for paper in "${PAPERS[@]}"; do
-        "$FEDSUITE" reproduce "$paper-claims" --scale cpu --seeds 0 1 2 --out "$2" --report
-        dest="experiments/$paper/results/claims-cpu"
-        rm -rf "$dest" && mkdir -p "$dest/runs"
-        cp "$2/$paper/cpu/$paper-claims/"{report.md,report.csv,claims.csv,*.png} "$dest/" 2>/dev/null || true
-        # the records of the runs the report read (checkpoints stay out: the numbers need only these)
-        for run in "$2/$paper/cpu"/*/*-s[0-9]*/; do
-            [ -f "$run/summary.json" ] || continue
-            rel="${run#"$2/$paper/cpu/"}"
-            mkdir -p "$dest/runs/$rel"
-            cp "$run"/{config.json,metrics.jsonl,summary.json} "$dest/runs/$rel/"
-        done
-    done ;;
+    for paper in "${PAPERS[@]}"; do report "$paper" "$2"; done ;;
 *)
     sed -n '2,11p' "$0"; exit 2 ;;
 esac
