@@ -26,31 +26,33 @@ STATE_NAME = "feddyn-h"
 
 
 class FedDynClient(ClientRule):
-    """Local SGD on FedDyn's dynamically regularised objective."""
+    """Local SGD on FedDyn's dynamically regularised objective (per round: ``h`` = h_i and
+    ``correction`` = λ (h_i − w_{i,0}), trainable parameters by name)."""
+
+    h: dict[str, torch.Tensor]
+    correction: dict[str, torch.Tensor]
 
     def start(self, task: LocalTask) -> None:
         params = named_trainable(task.model)
         h = task.state.load_arrays(STATE_NAME, task.device)
-        task.scratch["feddyn-h"] = {n: (h[n].to(task.device, p.dtype) if h else torch.zeros_like(p).detach()) for n, p in params.items()}
+        self.h = {n: (h[n].to(task.device, p.dtype) if h else torch.zeros_like(p).detach()) for n, p in params.items()}
 
     def make_optimizer(self, task: LocalTask) -> torch.optim.Optimizer:
         alpha = task.method_params.alpha
-        h = task.scratch["feddyn-h"]  # start_point is final now: λ (h_i − w_{i,0}) is fixed for the round
-        task.scratch["feddyn-corr"] = {n: alpha * (h[n] - task.start_point[n]) for n in h}
+        # start_point is final now: λ (h_i − w_{i,0}) is fixed for the round
+        self.correction = {n: alpha * (self.h[n] - task.start_point[n]) for n in self.h}
         cfg = task.cfg
         return torch.optim.SGD(task.params, lr=task.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay + alpha)
 
     def adjust_gradient(self, task: LocalTask) -> None:
-        corr = task.scratch["feddyn-corr"]
         for n, p in named_trainable(task.model).items():
             if p.grad is not None:
-                p.grad.add_(corr[n])
+                p.grad.add_(self.correction[n])
 
     def finish(self, task: LocalTask) -> LocalResult:
         result = super().finish(task)
-        h = task.scratch["feddyn-h"]
         params = named_trainable(task.model)
-        task.state.save_arrays(STATE_NAME, {n: h[n] + (p.detach() - task.start_point[n]) for n, p in params.items()})
+        task.state.save_arrays(STATE_NAME, {n: self.h[n] + (p.detach() - task.start_point[n]) for n, p in params.items()})
         if any(not torch.equal(task.start_point[n], task.received[n]) for n in params):
             result.extras["start-offset"] = {n: task.start_point[n] - task.received[n] for n in params}
         return result

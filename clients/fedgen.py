@@ -65,25 +65,31 @@ def label_counts(task: LocalTask, num_classes: int) -> torch.Tensor:
 
 
 class FedGenClient(ClientRule):
-    """Local SGD on CE plus the generator's knowledge-distillation terms (module docstring)."""
+    """Local SGD on CE plus the generator's knowledge-distillation terms (module docstring). Per
+    round: the local ``counts`` per class; once the server sends a generator, the frozen ``feature_generator``
+    and the ``labels`` present locally (ŷ is drawn from them)."""
+
+    counts: torch.Tensor
+    feature_generator: Generator | None = None
+    labels: torch.Tensor | None = None
 
     def start(self, task: LocalTask) -> None:
         num_classes = int(task.model.head.out_features)
-        counts = label_counts(task, num_classes)
-        task.scratch["fedgen-counts"] = counts
+        self.counts = counts = label_counts(task, num_classes)
+        self.feature_generator = self.labels = None
         if "generator" in task.extras:
             gen = Generator.from_state(task.extras["generator"], num_classes).to(task.device).eval()
             gen.requires_grad_(False)
-            task.scratch["fedgen-gen"] = gen
-            task.scratch["fedgen-labels"] = torch.nonzero(counts > 0).flatten().to(task.device)
+            self.feature_generator = gen
+            self.labels = torch.nonzero(counts > 0).flatten().to(task.device)
 
     def loss(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         z = self.logits(task, x)
         ce = F.cross_entropy(z, y)
-        gen = task.scratch.get("fedgen-gen")
+        gen = self.feature_generator
         if gen is None:
             return ce
-        available, b_g = task.scratch["fedgen-labels"], int(task.config["fedgen-gen-batch"])
+        available, b_g = self.labels, int(task.config["fedgen-gen-batch"])
         with torch.no_grad():
             gen_y, _ = gen(y, generator=task.generator)
             y_s = available[torch.randint(len(available), (b_g,), generator=task.generator, device=available.device)]
@@ -94,5 +100,5 @@ class FedGenClient(ClientRule):
 
     def finish(self, task: LocalTask) -> LocalResult:
         result = super().finish(task)
-        result.extras["label-counts"] = {"counts": task.scratch["fedgen-counts"]}
+        result.extras["label-counts"] = {"counts": self.counts}
         return result

@@ -31,11 +31,15 @@ def calibrated_loss(logits: torch.Tensor, y: torch.Tensor, shift: torch.Tensor) 
 class FedLCClient(ClientRule):
     """Local SGD on the calibrated cross-entropy."""
 
+    #: τ n_{i,·}^{−1/4}, from the local labels at the round's first batch (``start`` clears it)
+    shift: torch.Tensor | None = None
+
+    def start(self, task: LocalTask) -> None:
+        self.shift = None
+
     def loss(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         z = self.logits(task, x)
-        shift = task.scratch.get("fedlc-shift")
-        if shift is None:
+        if self.shift is None:
             counts = torch.bincount(task.data.y.to(torch.long), minlength=z.shape[1])
-            shift = calibration_shift(counts, task.method_params.tau).to(z.device, z.dtype)
-            task.scratch["fedlc-shift"] = shift
-        return calibrated_loss(z, y, shift)
+            self.shift = calibration_shift(counts, task.method_params.tau).to(z.device, z.dtype)
+        return calibrated_loss(z, y, self.shift)

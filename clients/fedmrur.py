@@ -88,16 +88,25 @@ class FedMRURClient(SamMomentumClient):
     sam = True
     uses_momentum = True
 
+    # --- per-round state ------------------------------------------------------------------------
+    #: the frozen received model w^t (None with the regulariser off, and after ``finish``)
+    global_model: torch.nn.Module | None = None
+    #: ẑ of the current batch, Φ(w^t; x)
+    z_global: torch.Tensor | None = None
+    #: d²_j and R_b of every first-pass loss this round (the logged diagnostics)
+    d2_seen: list[torch.Tensor]
+    r_seen: list[torch.Tensor]
+
     def start(self, task: LocalTask) -> None:
         super().start(task)
+        self.global_model = self.z_global = None
         if task.method_params.hyperbolic:
             frozen = copy.deepcopy(task.model)
             frozen.load_state_dict(task.received)
             frozen.requires_grad_(False)
             frozen.train(task.model.training)  # same mode as the local model, so ẑ = z at w = w^t
-            task.scratch["global_model"] = frozen
-        task.scratch["d2"] = []
-        task.scratch["R"] = []
+            self.global_model = frozen
+        self.d2_seen, self.r_seen = [], []
 
     def _features(self, model: torch.nn.Module, x: torch.Tensor, task: LocalTask) -> tuple[torch.Tensor, torch.Tensor]:
         """(z, logits): z is the penultimate feature (A1) or the logits (``feature_layer="logits"``)."""
@@ -108,31 +117,31 @@ class FedMRURClient(SamMomentumClient):
         return z, model.head(z)
 
     def prepare_batch(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> None:
-        if "global_model" in task.scratch:
+        if self.global_model is not None:
             with torch.no_grad():
-                task.scratch["z_global"] = self._features(task.scratch["global_model"], x, task)[0]
+                self.z_global = self._features(self.global_model, x, task)[0]
 
     def loss(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         z, logits = self._features(task.model, x, task)
         ce = F.cross_entropy(logits, y)
-        if "global_model" not in task.scratch:
+        if self.global_model is None:
             return ce
         reg, d2 = manifold_regularizer(
-            z, task.scratch["z_global"], beta=task.method_params.beta,
+            z, self.z_global, beta=task.method_params.beta,
             sigma=task.method_params.sigma, manifold=task.method_params.manifold,
             exp_clamp=task.method_params.exp_clamp,
         )
-        if task.scratch.get("sam_pass", 1) == 1:
-            task.scratch["d2"].append(d2.detach())
-            task.scratch["R"].append(reg.detach())
+        if self.sam_pass == 1:
+            self.d2_seen.append(d2.detach())
+            self.r_seen.append(reg.detach())
         return ce + task.method_params.gamma * reg
 
     def finish(self, task: LocalTask) -> LocalResult:
         result = super().finish(task)
-        if task.scratch.get("d2"):
-            d2 = torch.cat(task.scratch["d2"])
+        if self.d2_seen:
+            d2 = torch.cat(self.d2_seen)
             result.metrics["fedmrur-d2-mean"] = float(d2.mean())
             result.metrics["fedmrur-d2-max"] = float(d2.max())
-            result.metrics["fedmrur-R-mean"] = float(torch.stack(task.scratch["R"]).mean())
-        task.scratch.pop("global_model", None)
+            result.metrics["fedmrur-R-mean"] = float(torch.stack(self.r_seen).mean())
+        self.global_model = self.z_global = None  # the frozen copy is not kept past the round
         return result

@@ -31,10 +31,16 @@ def restriction_scale(counts: torch.Tensor, alpha: float, scaling: str = "hard")
 class FedRSClient(ClientRule):
     """Local SGD on CE(s ⊙ z, y) (restricted softmax)."""
 
+    #: s per class, from the local labels at the round's first batch (``start`` clears it)
+    scale: torch.Tensor | None = None
+
+    def start(self, task: LocalTask) -> None:
+        self.scale = None
+
     def logits(self, task: LocalTask, x: torch.Tensor) -> torch.Tensor:
         z = task.model(x)
-        if "fedrs-scale" not in task.scratch:  # counts from the local labels, once per round
+        if self.scale is None:  # counts from the local labels, once per round
             counts = torch.bincount(task.data.y.to(torch.long), minlength=z.shape[1])
             p = task.method_params
-            task.scratch["fedrs-scale"] = restriction_scale(counts, p.alpha, p.scaling).to(z.device, z.dtype)
-        return z * task.scratch["fedrs-scale"]
+            self.scale = restriction_scale(counts, p.alpha, p.scaling).to(z.device, z.dtype)
+        return z * self.scale

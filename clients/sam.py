@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from fedsuite.arrays import tensor_norm
-from fedsuite.training import ClientRule, LocalResult, LocalTask, clip_grad
+from fedsuite.training import ClientRule, LocalTask, clip_grad
 from fedsuite.wire import MOMENTUM
 
 
@@ -86,17 +86,25 @@ class SamMomentumClient(ClientRule):
     #: whether the rule mixes in the server's momentum direction (FedCM family)
     uses_momentum: bool = False
 
+    # --- per-round state (set by ``start`` and the steps) ---------------------------------------
+    #: the trainable parameters' names, in ``task.params`` order (ASAM's "weight" test)
+    param_names: list[str]
+    #: m^t per trainable parameter (None where the server sent none), or None without momentum
+    momentum: list[torch.Tensor | None] | None = None
+    #: which SAM pass the loss is being taken in: 1 at w, 2 at w + e (FedMRUR logs pass 1 only)
+    sam_pass: int = 1
+    #: e of the latest SAM step
+    perturbation: list[torch.Tensor] | None = None
+
     # --- hooks --------------------------------------------------------------------------------
     def start(self, task: LocalTask) -> None:
         named = [(n, p) for n, p in task.model.named_parameters() if p.requires_grad]
-        task.scratch["param_names"] = [n for n, _ in named]
+        self.param_names = [n for n, _ in named]
         momentum = task.extras.get(MOMENTUM) if self.uses_momentum else None
-        if momentum is not None:
-            task.scratch["momentum"] = [
-                momentum[n].to(device=p.device, dtype=p.dtype) if n in momentum else None for n, p in named
-            ]
-        else:
-            task.scratch["momentum"] = None
+        self.momentum = None if momentum is None else [
+            momentum[n].to(device=p.device, dtype=p.dtype) if n in momentum else None for n, p in named
+        ]
+        self.sam_pass, self.perturbation = 1, None
 
     def prepare_batch(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> None:
         """Called once per mini-batch before both SAM passes (FedMRUR computes ẑ here)."""
@@ -122,7 +130,7 @@ class SamMomentumClient(ClientRule):
         """Replace ``p.grad`` by the gradient at w + e (e from SAM or ASAM); restore w exactly."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         if self.adaptive:
-            e = asam_perturbation(task.scratch["param_names"], params, grads, rho, task.method_params.eta)
+            e = asam_perturbation(self.param_names, params, grads, rho, task.method_params.eta)
         else:
             e = sam_perturbation(grads, rho)
         saved = [p.detach().clone() for p in params]
@@ -131,25 +139,21 @@ class SamMomentumClient(ClientRule):
                 p.add_(ei)
         for p in params:
             p.grad = None
-        task.scratch["sam_pass"] = 2
+        self.sam_pass = 2
         closure().backward()
-        task.scratch["sam_pass"] = 1
+        self.sam_pass = 1
         with torch.no_grad():
             for p, w in zip(params, saved):
                 p.copy_(w)
-        task.scratch["last_perturbation"] = e
+        self.perturbation = e
 
     def adjust_gradient(self, task: LocalTask) -> None:
         if self.uses_momentum:
             params = task.params
-            momentum = task.scratch.get("momentum") or [None] * len(params)
+            momentum = self.momentum or [None] * len(params)
             # a parameter without a data gradient still follows m (u = (1−α)m); without m it is left alone
             grads = [p.grad if p.grad is not None or m is None else torch.zeros_like(p) for p, m in zip(params, momentum)]
             live = [i for i, g in enumerate(grads) if g is not None]
             mix_momentum([grads[i] for i in live], [momentum[i] for i in live], task.method_params.alpha)
             for i in live:
                 params[i].grad = grads[i]
-
-    def finish(self, task: LocalTask) -> LocalResult:
-        task.scratch.pop("last_perturbation", None)
-        return super().finish(task)

@@ -37,7 +37,12 @@ def control_variate_update(c_i: dict, c: dict, delta: dict, steps: int, lr: floa
 
 
 class ScaffoldClient(ClientRule):
-    """Local SGD with the drift correction c − c_i."""
+    """Local SGD with the drift correction c − c_i (per round: ``c``, ``c_i`` and ``correction`` = c − c_i,
+    trainable parameters by name)."""
+
+    c: dict[str, torch.Tensor]
+    c_i: dict[str, torch.Tensor]
+    correction: dict[str, torch.Tensor]
 
     def start(self, task: LocalTask) -> None:
         params = named_trainable(task.model)
@@ -46,21 +51,18 @@ class ScaffoldClient(ClientRule):
         c_i = task.state.load_arrays(STATE_NAME, task.device) or zeros
         c = {n: c[n].to(task.device, p.dtype) for n, p in params.items()}
         c_i = {n: c_i[n].to(task.device, p.dtype) for n, p in params.items()}
-        task.scratch["scaffold"] = {"c": c, "c_i": c_i, "corr": {n: c[n] - c_i[n] for n in params}}
+        self.c, self.c_i, self.correction = c, c_i, {n: c[n] - c_i[n] for n in params}
 
     def adjust_gradient(self, task: LocalTask) -> None:
-        corr = task.scratch["scaffold"]["corr"]
         for n, p in named_trainable(task.model).items():
             if p.grad is not None:
-                p.grad.add_(corr[n])
+                p.grad.add_(self.correction[n])
 
     def finish(self, task: LocalTask) -> LocalResult:
         result = super().finish(task)
-        s = task.scratch["scaffold"]
         delta = {n: p.detach() - task.start_point[n] for n, p in named_trainable(task.model).items()}
-        plan = task.scratch.get("neuron_lr")  # fedsuite/plugins/neuron_lr.py: η̂ = η · s per neuron
-        scales = getattr(plan, "param_scales", None)
-        c_new = control_variate_update(s["c_i"], s["c"], delta, task.num_steps, task.lr, scales)
+        # η̂ = η · s per neuron where a plug-in scales the rates (FedNLR), else η
+        c_new = control_variate_update(self.c_i, self.c, delta, task.num_steps, task.lr, self.lr_scales())
         task.state.save_arrays(STATE_NAME, c_new)
-        result.extras["delta-cv"] = {n: c_new[n] - s["c_i"][n] for n in c_new}
+        result.extras["delta-cv"] = {n: c_new[n] - self.c_i[n] for n in c_new}
         return result

@@ -77,7 +77,6 @@ class LocalTask:
     start_point: dict[str, torch.Tensor] = field(default_factory=dict)  # w_{i,0}, set after start hooks
     num_steps: int = 0
     loss_sum: torch.Tensor | float = 0.0  # Σ batch losses, kept on the device (no host sync per step)
-    scratch: dict[str, Any] = field(default_factory=dict)  # per-round working memory of rules/plug-ins
     metrics: dict[str, float] = field(default_factory=dict)  # extra metrics to report
 
     @property
@@ -100,7 +99,11 @@ class LocalResult:
 
 
 class ClientRule:
-    """Local-training rule. Subclasses override hooks; the loop is :func:`run_local_training`."""
+    """Local-training rule. Subclasses override hooks; the loop is :func:`run_local_training`.
+
+    A rule is built for one message (one client's round), so what it works out during the round
+    (SCAFFOLD's control variates, FedMRUR's frozen w^t, ...) lives in typed attributes that its
+    ``start`` hook sets; what it needs from a plug-in it asks here (:meth:`lr_scales`)."""
 
     def __init__(self, plugins: list[Any] | None = None) -> None:
         self.plugins = list(plugins or [])
@@ -147,6 +150,17 @@ class ClientRule:
         return LocalResult(arrays=arrays, extras={}, metrics={})
 
     # --- composition with plug-ins (called by the loop) -----------------------------------------
+    def lr_scales(self) -> dict[str, torch.Tensor]:
+        """Per-parameter factors s of this round's learning rate, η̂ = η · s (broadcastable to the
+        parameter, by name), as the plug-ins set them (FedNLR's neuron-wise rates); a parameter
+        missing from the dict steps with η. Rules whose update divides by the step size (SCAFFOLD's
+        control variate) ask here."""
+        scales: dict[str, torch.Tensor] = {}
+        for plugin in self.plugins:
+            for name, s in plugin.lr_scales().items():
+                scales[name] = scales[name] * s if name in scales else s
+        return scales
+
     def run_start(self, task: LocalTask) -> None:
         for plugin in self.plugins:
             plugin.before_start(task)

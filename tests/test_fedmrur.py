@@ -102,7 +102,7 @@ def test_regularizer_gradient_is_zero_at_the_global_model():
     x, y = next(task.data.batches(32, task.generator))
     rule.prepare_batch(task, x, y)
     z = task.model.features(x)
-    reg, d2 = manifold_regularizer(z, task.scratch["z_global"], beta=1.0, sigma=1e4)
+    reg, d2 = manifold_regularizer(z, rule.z_global, beta=1.0, sigma=1e4)
     assert torch.all(d2 == 0) and reg.item() == 1.0
     grads = torch.autograd.grad(reg, task.params, allow_unused=True)
     assert all(g is None or torch.all(g == 0) for g in grads)
@@ -111,7 +111,7 @@ def test_regularizer_gradient_is_zero_at_the_global_model():
         for p in task.params:
             p.add_(0.1 * torch.randn_like(p))
     z = task.model.features(x)
-    reg, d2 = manifold_regularizer(z, task.scratch["z_global"], beta=1.0, sigma=1.0)
+    reg, d2 = manifold_regularizer(z, rule.z_global, beta=1.0, sigma=1.0)
     assert d2.min() > 0 and reg.item() > 1.0
     grads = torch.autograd.grad(reg, task.params, allow_unused=True)
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
@@ -203,7 +203,7 @@ def test_sam_second_pass_uses_perturbed_gradient_and_restores_weights():
     g = [p.grad.clone() for p in task.params]
     rule.sam_second_pass(task, task.params, 0.5, lambda: rule.loss(task, x, y))
     assert all(torch.equal(p, w) for p, w in zip(task.params, before))  # restored exactly
-    e = task.scratch["last_perturbation"]
+    e = rule.perturbation
     assert tensor_norm(e).item() == pytest.approx(0.5, rel=1e-5)
     # reference: the gradient of the loss at w + e, computed on a copy
     ref_task, _ = make_task({"strategy": "mofedsam"})
@@ -255,12 +255,13 @@ def test_fedcm_pure_momentum_displacement():
 
 
 def test_fedmrur_logs_distances_and_is_finite():
-    result, task = _round(FedMRURClient(), {"strategy": "fedmrur", "fedmrur.sigma": 1.0, "lr": 0.2})
+    rule = FedMRURClient()
+    result, task = _round(rule, {"strategy": "fedmrur", "fedmrur.sigma": 1.0, "lr": 0.2})
     m = result.metrics
     assert m["fedmrur-d2-max"] >= m["fedmrur-d2-mean"] > 0  # the local model moved within the round
     assert m["fedmrur-R-mean"] >= 1.0
     assert all(torch.isfinite(v).all() for v in result.arrays.values())
-    assert "global_model" not in task.scratch
+    assert rule.global_model is None  # the frozen w^t is released with the round
 
 
 # --- equivalences at hook level (same LocalTask, compared with torch.equal) --------------------

@@ -18,10 +18,11 @@ from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 
 from clients.fedavg import FedAvgClient
-from fedsuite.plugins.neuron_lr import NeuronLROptimizer
 from fedsuite.plugins.neuron_lr import (
     PRESETS,
+    NeuronLROptimizer,
     NeuronLRParams,
+    NeuronLRPlan,
     NeuronLRPlugin,
     activation_stats,
     discover_layers,
@@ -208,7 +209,7 @@ def test_stats_are_label_free_and_use_the_received_model_without_touching_traini
             p.add_(0.3)
     drifted = copy.deepcopy(task.model.state_dict())
     plugin.before_start(task)
-    plan = task.scratch["neuron_lr"]
+    plan = plugin.plan
     assert torch.equal(task.generator.get_state(), gen_state)
     assert all(torch.equal(drifted[k], v) for k, v in task.model.state_dict().items())
     assert task.model.training
@@ -217,11 +218,11 @@ def test_stats_are_label_free_and_use_the_received_model_without_touching_traini
     task2.data.y = task2.data.y[torch.randperm(len(task2.data.y))].flip(0) % 3
     assert all(torch.equal(before[k], v) for k, v in task2.received.items())
     plugin.before_start(task2)
-    for a, b in zip(plan.scales, task2.scratch["neuron_lr"].scales):
+    for a, b in zip(plan.scales, plugin.plan.scales):
         assert torch.equal(a, b)
     # statelessness: the same inputs give the same scales, no client state is written
     plugin.before_start(task2)
-    assert all(torch.equal(a, b) for a, b in zip(plan.scales, task2.scratch["neuron_lr"].scales))
+    assert all(torch.equal(a, b) for a, b in zip(plan.scales, plugin.plan.scales))
     assert not any(task2.state.folder.rglob("*"))
 
 
@@ -320,25 +321,30 @@ def test_refuses_adaptive_optimizers():
 # ------------------------------------------------------------------------------------------------
 
 
+def neuron_lr_plan(rule) -> NeuronLRPlan | None:
+    """The round's plan of the neuron-lr plug-in wrapping ``rule`` (None without the plug-in)."""
+    return next((p.plan for p in rule.plugins if isinstance(p, NeuronLRPlugin)), None)
+
+
 def _train(values: dict, rule_cls=None, seed: int = 0):
+    """One local round; returns the task, the result and the neuron-lr plan the round used."""
     task, cfg = make_task(values, seed=seed)
     rule = (rule_cls or cfg.method.client)(plugins=active_plugins(cfg))
     torch.manual_seed(1234)
     result = run_local_training(rule, task)
-    return task, result
+    return task, result, neuron_lr_plan(rule)
 
 
 @pytest.mark.parametrize("extra", [{}, {"momentum": 0.9, "weight_decay": 5e-4, "local_epochs": 2}])
 def test_uniform_plugin_equals_fedavg_bit_for_bit(extra):
     """§8.12: all scales 1 (preset uniform, stats pass still run) = FedAvg exactly, also with
     momentum and weight decay; a real preset changes the result."""
-    _, plain = _train({"strategy": "fedavg", **extra})
-    task, uniform = _train({"strategy": "fedavg", "neuron_lr.preset": "uniform", **extra})
-    plan = task.scratch["neuron_lr"]
+    _, plain, _ = _train({"strategy": "fedavg", **extra})
+    _, uniform, plan = _train({"strategy": "fedavg", "neuron_lr.preset": "uniform", **extra})
     assert all(torch.equal(s, torch.ones_like(s)) for s in plan.scales)
     for k in plain.arrays:
         assert torch.equal(plain.arrays[k], uniform.arrays[k]), k
-    _, nlr = _train({"strategy": "fedavg", "neuron_lr.preset": "paper_main", **extra})
+    _, nlr, _ = _train({"strategy": "fedavg", "neuron_lr.preset": "paper_main", **extra})
     assert any(not torch.equal(plain.arrays[k], nlr.arrays[k]) for k in plain.arrays)
     assert all(torch.isfinite(v).all() for v in nlr.arrays.values())
 
@@ -359,6 +365,9 @@ class _SAMProbeRule(FedAvgClient):
     """A SAM-type rule (two gradient passes, then ``opt.step()``) that records, per step, the SAM
     gradient it produced and the scales the optimizer held."""
 
+    def start(self, task):
+        self.opt, self.sam_grads, self.scales = None, [], []
+
     def make_optimizer(self, task):
         return _RecordingOptimizer(task.params, lr=task.lr)
 
@@ -376,9 +385,9 @@ class _SAMProbeRule(FedAvgClient):
         with torch.no_grad():
             for p, g in zip(task.params, grads):
                 p.sub_(0.05 * g / (norm + 1e-12))
-        task.scratch["opt"] = opt
-        task.scratch.setdefault("sam-grads", []).append([p.grad.detach().clone() for p in task.params])
-        task.scratch.setdefault("scales", []).append([opt.scale_of(p) for p in task.params])
+        self.opt = opt
+        self.sam_grads.append([p.grad.detach().clone() for p in task.params])
+        self.scales.append([opt.scale_of(p) for p in task.params])
         opt.step()
         return float(loss.detach())
 
@@ -388,12 +397,13 @@ def test_sam_type_rule_steps_with_scaled_two_pass_gradient_and_constant_scales()
     gradient the rule computed at the perturbed point), with the scales computed from w^t before the
     first step and never changed during the round."""
     task, cfg = make_task({"strategy": "fednlr", "local_epochs": 2})
-    run_local_training(_SAMProbeRule(plugins=active_plugins(cfg)), task)
-    plan = task.scratch["neuron_lr"]
+    probe = _SAMProbeRule(plugins=active_plugins(cfg))
+    run_local_training(probe, task)
+    plan = neuron_lr_plan(probe)
     names = [n for n, p in task.model.named_parameters() if p.requires_grad]
-    sam_grads, inner = task.scratch["sam-grads"], task.scratch["opt"].inner
+    sam_grads, inner = probe.sam_grads, probe.opt.inner
     assert task.num_steps == len(sam_grads) == len(inner.seen) > 2
-    for step_scales, rule_grads, applied in zip(task.scratch["scales"], sam_grads, inner.seen):
+    for step_scales, rule_grads, applied in zip(probe.scales, sam_grads, inner.seen):
         for name, s, g, a in zip(names, step_scales, rule_grads, applied):
             assert torch.equal(s, plan.param_scales[name])
             assert torch.equal(a, g * plan.param_scales[name])
@@ -402,24 +412,23 @@ def test_sam_type_rule_steps_with_scaled_two_pass_gradient_and_constant_scales()
 def test_fednlr_client_defaults_and_overrides():
     """Method fednlr turns the plug-in on with [fednlr] preset (default paper_main); an explicit
     neuron_lr.preset wins; fednlr with preset uniform is FedAvg bit for bit."""
-    task, _ = _train({"strategy": "fednlr"})
-    sizes = [layer.size for layer in task.scratch["neuron_lr"].layers]
+    task, _, plan = _train({"strategy": "fednlr"})
+    sizes = [layer.size for layer in plan.layers]
     assert sizes == [200, 200, 10]
-    assert task.scratch["neuron_lr"].mus == pytest.approx(layer_mus(sizes, *PRESETS["paper_main"]))
+    assert plan.mus == pytest.approx(layer_mus(sizes, *PRESETS["paper_main"]))
     assert task.metrics["nlr-mu-l3"] == pytest.approx(1.75)
-    task, _ = _train({"strategy": "fednlr", "neuron_lr.preset": "paper_final"})
-    assert task.scratch["neuron_lr"].mus == pytest.approx(layer_mus(sizes, 1, 1, 1))
-    task, _ = _train({"strategy": "fednlr", "fednlr.preset": "paper_final", "neuron_lr.a2": 0.0})
-    assert task.scratch["neuron_lr"].mus == pytest.approx(layer_mus(sizes, 1, 1, 0))
-    _, plain = _train({"strategy": "fedavg"})
-    _, uni = _train({"strategy": "fednlr", "fednlr.preset": "uniform"})
+    _, _, plan = _train({"strategy": "fednlr", "neuron_lr.preset": "paper_final"})
+    assert plan.mus == pytest.approx(layer_mus(sizes, 1, 1, 1))
+    _, _, plan = _train({"strategy": "fednlr", "fednlr.preset": "paper_final", "neuron_lr.a2": 0.0})
+    assert plan.mus == pytest.approx(layer_mus(sizes, 1, 1, 0))
+    _, plain, _ = _train({"strategy": "fedavg"})
+    _, uni, _ = _train({"strategy": "fednlr", "fednlr.preset": "uniform"})
     assert_same_arrays({k: v.numpy() for k, v in plain.arrays.items()}, {k: v.numpy() for k, v in uni.arrays.items()})
 
 
 def test_layers_and_mu_override_options():
     """Fig. 4 ablation: NLR on one layer only; Fig. 5 'manual': μ_l per layer; bad lengths are errors."""
-    task, _ = _train({"strategy": "fednlr", "neuron_lr.layers": [2], "neuron_lr.mu_override": [2.0, 1.75, 3.0]})
-    plan = task.scratch["neuron_lr"]
+    _, _, plan = _train({"strategy": "fednlr", "neuron_lr.layers": [2], "neuron_lr.mu_override": [2.0, 1.75, 3.0]})
     assert plan.mus == [1.0, 1.75, 1.0]
     assert torch.equal(plan.scales[0], torch.ones(200, dtype=torch.float64))
     assert float(plan.scales[1].max() / plan.scales[1].min()) == pytest.approx(1.75)
@@ -467,7 +476,7 @@ def _method_round(method: str, preset: str | None):
     task.received = {k: v.detach().clone() for k, v in task.model.state_dict().items()}
     rule = cfg.method.client(plugins=active_plugins(cfg))
     torch.manual_seed(4321)
-    return task, run_local_training(rule, task)
+    return rule, run_local_training(rule, task)
 
 
 @pytest.mark.parametrize("method", sorted(registry.methods()))
@@ -486,9 +495,9 @@ def test_plugin_composes_with_every_method(method):
         return
     reference = "fedavg" if method == "fednlr" else method  # fednlr without the flag already runs paper_main
     _, plain = _method_round(reference, None)
-    task_u, uniform = _method_round(method, "uniform")
-    task_p, nlr = _method_round(method, "paper_final")
-    assert "neuron_lr" in task_u.scratch and "neuron_lr" in task_p.scratch
+    rule_u, uniform = _method_round(method, "uniform")
+    rule_p, nlr = _method_round(method, "paper_final")
+    assert neuron_lr_plan(rule_u) is not None and neuron_lr_plan(rule_p) is not None
     assert "nlr-mu-l1" in nlr.metrics
     for k in plain.arrays:
         assert torch.equal(plain.arrays[k], uniform.arrays[k]), f"{method}: {k} differs with all scales 1"

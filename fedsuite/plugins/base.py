@@ -42,7 +42,8 @@ class ServerHooks:
 
 
 class ClientPlugin(ABC):
-    """The client half: hooks around the client rule's ``start``, optimizer and ``finish``."""
+    """The client half: hooks around the client rule's ``start``, optimizer and ``finish``. Like the
+    rule it wraps, it is built for one message: what it works out in a round is its own attribute."""
 
     name: ClassVar[str]
     params: ClassVar[type[BaseModel]]
@@ -63,6 +64,11 @@ class ClientPlugin(ABC):
 
     def wrap_optimizer(self, task: LocalTask, opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return opt
+
+    def lr_scales(self) -> dict[str, torch.Tensor]:
+        """The per-parameter learning-rate factors this plug-in applies this round (by parameter
+        name); read through ``ClientRule.lr_scales``."""
+        return {}
 
     def after_finish(self, task: LocalTask, result: LocalResult) -> LocalResult:
         return result

@@ -390,7 +390,7 @@ class NeuronLROptimizer:
 
 @dataclass
 class NeuronLRPlan:
-    """What one round's stats pass produced (kept in ``task.scratch["neuron_lr"]``)."""
+    """What one round's stats pass produced (the plug-in's ``plan``)."""
 
     layers: list[NeuronLayer]
     hbar: list[torch.Tensor]
@@ -449,6 +449,8 @@ class NeuronLRPlugin(ClientPlugin):
 
     name = "neuron_lr"
     params = NeuronLRParams
+    #: this round's layers, statistics and scales, from ``before_start`` (None before it runs)
+    plan: NeuronLRPlan | None = None
 
     @classmethod
     def enabled(cls, params: NeuronLRParams) -> bool:
@@ -462,15 +464,18 @@ class NeuronLRPlugin(ClientPlugin):
         batches = (to_float(data.x[i : i + bs], data.bundle) for i in range(0, len(data), bs))
         plan = make_plan(model, batches, to_float(data.x[:1], data.bundle), self.p)
         plan.param_scales = {k: v.to(task.device) for k, v in plan.param_scales.items()}
-        task.scratch["neuron_lr"] = plan
+        self.plan = plan
         if self.p.diagnostics:
             task.metrics.update(plan.metrics())
 
     def wrap_optimizer(self, task: LocalTask, opt: torch.optim.Optimizer) -> NeuronLROptimizer:
         """η̂ = η·s per neuron, fixed for the round (Eq. 18)."""
-        plan: NeuronLRPlan = task.scratch["neuron_lr"]
         named = dict(task.model.named_parameters())
-        return NeuronLROptimizer(opt, {named[n]: s for n, s in plan.param_scales.items() if n in named})
+        return NeuronLROptimizer(opt, {named[n]: s for n, s in self.plan.param_scales.items() if n in named})
+
+    def lr_scales(self) -> dict[str, torch.Tensor]:
+        """s per covered parameter (η̂ = η · s), fixed for the round."""
+        return self.plan.param_scales if self.plan is not None else {}
 
     def server_hooks(self, strategy):
         """Server side: only diagnostics (the method's own aggregation is unchanged, spec §2.7)."""

@@ -160,6 +160,8 @@ class RelaxedInit(ClientPlugin):
 
     name = "relaxed_init"
     params = RelaxedInitParams
+    #: r_i = w_{i,0} − s when this client translates its upload (``aggregation="delta"``), else None
+    offset: Tensors | None = None
 
     @classmethod
     def enabled(cls, params: RelaxedInitParams) -> bool:
@@ -173,7 +175,7 @@ class RelaxedInit(ClientPlugin):
         keys = trainable_keys(task.model)
         state = task.model.state_dict()
         start = {k: state[k] for k in keys}  # s: the host's start point (views into the model)
-        task.scratch["relaxed_init.offset"] = None  # r_i when this client translates its upload
+        self.offset = None  # r_i when this client translates its upload
         if self.p.storage == "server-state":
             self._server_start(task, keys, start)
             return
@@ -184,7 +186,7 @@ class RelaxedInit(ClientPlugin):
             for name, p in task.model.named_parameters():
                 if name in offset:
                     p.add_(offset[name])  # w_{i,0} = s + r_i, in place (the same op as relaxed_start)
-        task.scratch["relaxed_init.offset"] = offset
+        self.offset = offset
 
     def _client_offset(self, task: LocalTask, keys: list[str], start: Tensors) -> Tensors | None:
         if self.beta == 0:
@@ -213,7 +215,7 @@ class RelaxedInit(ClientPlugin):
                     p.copy_(sent[name])
 
     def after_finish(self, task: LocalTask, result: LocalResult) -> LocalResult:
-        offset = task.scratch.pop("relaxed_init.offset", None)
+        offset = self.offset
         if self.p.storage == "client-state":
             if self.beta != 0:  # β = 0 never reads ŵ_i: do not pay for writing it
                 state = task.model.state_dict()
