@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedsuite import reaper
+from fedsuite.processes import marked
 
 if TYPE_CHECKING:
     from fedsuite.config import BaseRunConfig
@@ -150,7 +150,7 @@ def start_debris(run_dir: Path) -> bool:
 def clear_start_debris(run_dir: Path) -> None:
     """Remove a start-up's debris (:func:`start_debris`), unless a run is starting in it right now
     (a live process carries its ``FLWR_HOME``): then :class:`RunDirError`, and nothing is removed."""
-    live = reaper.marked("FLWR_HOME", str(run_dir / ".flwr"))
+    live = marked("FLWR_HOME", str(run_dir / ".flwr"))
     if live:
         raise RunDirError(f"a run is starting in {run_dir} (process {live[0].pid}); wait for it or stop it first")
     shutil.rmtree(run_dir)
