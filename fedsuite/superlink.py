@@ -177,12 +177,10 @@ def submit_and_follow(app_dir: Path, connection: str, run_config: str) -> int:
     run finished:completed. The ServerApp runs on the SuperLink's machine, so there is no run
     directory here to watch: Flower's status is the outcome."""
     env, cwd = dict(os.environ), Path.cwd()
-    out = subprocess.run([bin_path("flwr"), "run", str(app_dir), connection, "--run-config", run_config,
-                          "--format", "json"], env=env, stdout=subprocess.PIPE, text=True)
     try:
-        run_id = int(_json_from(out.stdout)["run-id"])
-    except (ValueError, KeyError, TypeError):
-        print(f"submit: error: flwr run refused the run: {out.stdout.rstrip(chr(10))}", file=sys.stderr, flush=True)
+        run_id = submit(app_dir, env, connection, run_config=run_config)
+    except LaunchError as exc:  # "flwr run refused the run: ..." or "flwr run failed (code N): ..."
+        print(f"submit: error: {exc}", file=sys.stderr, flush=True)
         return 1
     print(f"submit: run {run_id} submitted; following its log", flush=True)
     subprocess.run([bin_path("flwr"), "log", str(run_id), connection, "--stream"], env=env)

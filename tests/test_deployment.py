@@ -129,3 +129,23 @@ def test_dead_restarted_and_hung_clients_on_the_deployment_engine(tmp_path, data
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
     for node in nodes:
         assert not psutil.pid_exists(node.pid) or psutil.Process(node.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_containers_submit_command_says_why_flwr_run_failed(tmp_path):
+    """``docker/submit.sh`` is ``python -m fedsuite.superlink submit``: with no SuperLink behind its
+    connection (written by ``... connection``, as ``docker/entrypoint.sh`` does), it exits 1 with one
+    ``submit: error:`` line naming ``flwr run``'s complaint, and submits nothing."""
+    import sys
+
+    home, app_dir = tmp_path / ".flwr", tmp_path / "app"
+    address = f"127.0.0.1:{superlink.free_port()}"  # nothing listens there
+    subprocess.run([sys.executable, "-m", "fedsuite.superlink", "connection", str(home), address], check=True)
+    assert f'address = "{address}"\ninsecure = true\n' in (home / "config.toml").read_text()
+    app_dir.mkdir()
+    (app_dir / "pyproject.toml").write_text((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    out = subprocess.run([sys.executable, "-m", "fedsuite.superlink", "submit", str(app_dir), "fedsuite",
+                          "--run-config", "rounds=1"], env=processes.flower_env(home), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 1, out
+    assert out.stderr.startswith("submit: error: flwr run "), out.stderr
+    assert "submitted" not in out.stdout
