@@ -1,23 +1,21 @@
 #!/bin/sh
 # Every fedsuite container starts here. With FEDSUITE_SUPERLINK set (host:port), it writes the `flwr`
 # CLI's connection "fedsuite" into $FLWR_HOME/config.toml: TLS verified against FEDSUITE_CA (default
-# /credentials/ca.crt), or plain HTTP when FEDSUITE_INSECURE=1 (loopback experiments only). Then it
-# runs the command.
+# /credentials/ca.crt), or plain HTTP when FEDSUITE_INSECURE=1 (loopback experiments only), with
+# fedsuite's own writer (fedsuite/superlink.py, `connection`; python3 is the image's fedsuite
+# environment, first on PATH). Then it runs the command.
 set -eu
 if [ -n "${FEDSUITE_SUPERLINK:-}" ]; then
-    mkdir -p "$FLWR_HOME"
     if [ "${FEDSUITE_INSECURE:-0}" = "1" ]; then
         echo "entrypoint: WARNING: FEDSUITE_INSECURE=1, the connection to $FEDSUITE_SUPERLINK is not encrypted" >&2
-        security="insecure = true"
+        python3 -m fedsuite.superlink connection "$FLWR_HOME" "$FEDSUITE_SUPERLINK"
     else
         ca="${FEDSUITE_CA:-/credentials/ca.crt}"
         if [ ! -f "$ca" ]; then
             echo "entrypoint: error: the CA certificate $ca is missing (make it with \`fedsuite certs\`)" >&2
             exit 2
         fi
-        security="root-certificates = \"$ca\""
+        python3 -m fedsuite.superlink connection "$FLWR_HOME" "$FEDSUITE_SUPERLINK" --root-certificates "$ca"
     fi
-    printf '[superlink]\ndefault = "fedsuite"\n\n[superlink.fedsuite]\naddress = "%s"\n%s\n' \
-        "$FEDSUITE_SUPERLINK" "$security" > "$FLWR_HOME/config.toml"
 fi
 exec "$@"

@@ -39,9 +39,7 @@ until python3 -c "import socket; socket.create_connection(('127.0.0.1', 9093), 1
     sleep 1
 done
 export FLWR_HOME=/tmp/superlink-cli
-mkdir -p "$FLWR_HOME"
-printf '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:9093"\nroot-certificates = "%s"\n' \
-    "$C/ca.crt" > "$FLWR_HOME/config.toml"
+python3 -m fedsuite.superlink connection "$FLWR_HOME" 127.0.0.1:9093 --root-certificates "$C/ca.crt" --name local
 count=0
 for key in "$ALLOWED"/*.pub; do
     [ -f "$key" ] || continue

@@ -1,13 +1,15 @@
 """The ``fedsuite`` command: simulate, list, partition, report, reproduce, certs.
 
 User errors (bad config, unknown names, missing data) print one line and exit with code 2, and
-leave no run directory behind (the data check runs while the simulation process starts, see
-``launch.simulate``; a run it refuses is removed with everything it started).
+leave no run directory behind (the data check, ``runtime.check_data``, runs while the simulation
+process starts, see ``launch.simulate``; a run it refuses is removed with everything it started).
+This module holds the commands' options and what they print; the logic lives with the modules
+that own it: ``launch`` (a run), ``rundir`` (a run directory, ``--resume``), ``runtime`` (the data
+and hardware checks), ``results`` (the report), ``certs``, ``sweep``, ``search``, ``reproduce``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import sys
@@ -87,8 +89,8 @@ def simulate(
         try:
             cfg = build_config(config, set_, values)
             if resume:  # the run's record is the base; the command line may change only RESUME_MUTABLE
-                cfg = resume_config(cfg, config, set_, values)
-            check_hardware(cfg)
+                cfg = rundir.resume_config(cfg, config, set_, values)
+            runtime.check_hardware(cfg)
         except ConfigError as exc:
             fail(str(exc))
 
@@ -99,23 +101,6 @@ def simulate(
             fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
         check_writable_folder(run_dir, "output_dir")
 
-        def check_data() -> None:
-            """Missing data, an impossible partition or a model that cannot take the data (``--model
-            cnn`` on feature vectors): one line, exit 2, and nothing left behind."""
-            import torch
-
-            from fedsuite.models import make_model
-
-            try:
-                bundle = runtime.load_bundle(cfg)
-                runtime.client_indices(cfg, bundle, 0)  # a first run computes and caches the partition here
-                with torch.device("meta"):  # the builders check the input shape; no weights are made
-                    make_model(cfg, bundle)
-            except Exception as exc:  # data errors from loaders and partitioners are user errors
-                if exc.__class__.__name__ in ("DatasetError", "ValueError"):
-                    raise DataCheckError(str(exc)) from None
-                raise
-
         progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=console, transient=False)
         task = progress.add_task("starting Flower", total=cfg.rounds, start=False, visible=False)
@@ -123,7 +108,7 @@ def simulate(
         def begin() -> None:
             """Check the data (``launch.simulate``'s ``before_start``: while the simulation process starts
             Ray), then say what runs and show the progress bar."""
-            check_data()
+            runtime.check_data(cfg)
             console.print(f"[bold]fedsuite[/] {cfg.strategy} on {cfg.dataset} ({cfg.partitioner}), "
                           f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds -> {run_dir}")
             for risk in cfg.method.risks(cfg):
@@ -145,9 +130,7 @@ def simulate(
 
         try:
             outcome = launch.simulate(cfg, run_dir, on_progress, before_start=begin, process=process)
-        except DataCheckError as exc:
-            fail(str(exc))
-        except rundir.RunDirError as exc:
+        except (runtime.DataCheckError, rundir.RunDirError) as exc:
             fail(str(exc))
         except launch.LaunchError as exc:
             fail(str(exc), code=1)
@@ -157,72 +140,16 @@ def simulate(
             console.print(f"{run_dir} is complete ({cfg.rounds} rounds): nothing was run or changed; "
                           "pass a larger --rounds to continue it", highlight=False)
             return
-        summary_path = run_dir / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        summary = rundir.summary(run_dir)
         if not outcome.ok:
             # outcome.details: the failed replies' message, error.txt's last line, or the process's exit
             # code; a failure Flower logged is more telling than the last two
-            detail = outcome.details if "failure" in summary else (flower_log_reason(run_dir) or outcome.details)
+            detail = outcome.details if "failure" in summary else (rundir.flower_log_reason(run_dir) or outcome.details)
             fail(f"run {outcome.status}: {detail} (logs: {run_dir / 'flower.log'})", code=1)
         acc = summary.get("final_accuracy")
         failed = summary.get("failed_replies", 0)
         note = f" ({failed} failed client replies in {summary.get('rounds_with_failures')} rounds)" if failed else ""
         console.print(f"done: final accuracy {100 * acc:.2f}%{note}" if acc is not None else f"done{note}", f"-> {run_dir}")
-
-
-class DataCheckError(Exception):
-    """The run's data is missing or cannot be partitioned as configured (a user error, exit 2)."""
-
-
-def resume_config(given, config: Optional[Path], set_: list[str], values: dict[str, Any]):
-    """The config a ``--resume`` continues with: the run's recorded ``config.json`` with the command
-    line's options on top, refused (``ConfigError``, exit 2, nothing written) if they change a field
-    outside ``fedsuite.config.RESUME_MUTABLE`` or ask for fewer rounds than the run has done. A run
-    killed before it recorded its config (``rundir.start_debris``) starts anew from the command line's."""
-    from fedsuite import rundir, runtime
-    from fedsuite.config import ConfigError, build_config, check_resume
-
-    if given.run_name is None:
-        raise ConfigError("--resume needs the run's --run-name (and --output-dir, if not the default)")
-    run_dir = runtime.default_run_dir(given)
-    record = run_dir / "config.json"
-    if not record.is_file():
-        if rundir.start_debris(run_dir):  # killed before it recorded its config: start it anew
-            return given
-        raise ConfigError(f"--resume: {run_dir} holds no run to continue (no config.json)")
-    recorded = rundir.recorded_config(run_dir)
-    cfg = build_config(config, set_, values, base=recorded)
-    cfg.output_dir, cfg.run_name = given.output_dir, given.run_name  # where the run was found
-    check_resume(recorded, cfg, rundir.checkpointed_round(run_dir))
-    return cfg
-
-
-def check_hardware(cfg) -> None:
-    """GPUs asked for (``num_gpus`` > 0 or ``device=cuda``) must be visible here; else one line, exit 2,
-    instead of Ray failing late ("ActorPool is empty") or training silently on the CPU."""
-    from fedsuite.config import ConfigError
-
-    if cfg.ray_address:  # the clients run on the cluster's nodes: ask the cluster (fedsuite.raycluster)
-        from fedsuite.raycluster import ClusterError, check_cluster
-
-        try:
-            check_cluster(cfg.ray_address, cfg.num_cpus, cfg.num_gpus)
-        except ClusterError as exc:
-            raise ConfigError(str(exc)) from None
-        if cfg.device != "cuda":
-            return
-    elif cfg.num_gpus <= 0 and cfg.device != "cuda":
-        return
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    asked = f"num_gpus={cfg.num_gpus:g}" if cfg.num_gpus > 0 else "device=cuda"
-    if count == 0:
-        raise ConfigError(f"{asked} asks for a GPU, but no CUDA GPU is visible on this machine "
-                          "(torch.cuda.is_available() is False); use num_gpus=0 and device=auto or cpu")
-    if cfg.num_gpus > count and not cfg.ray_address:
-        raise ConfigError(f"num_gpus={cfg.num_gpus:g} is the GPU share of one client, but this machine has "
-                          f"{count} GPU(s); use a share of at most {count} (e.g. 0.25 puts 4 clients on a GPU)")
 
 
 def check_writable_folder(folder: Path, field: str) -> None:
@@ -246,21 +173,6 @@ def figure_path(out: Path) -> Path:
     if out.suffix.lower() not in FIGURE_SUFFIXES:
         fail(f"--out {out}: a figure is written as {', '.join(FIGURE_SUFFIXES)}; got {out.suffix!r}")
     return out
-
-
-def flower_log_reason(run_dir: Path) -> str | None:
-    """The real reason of a run that failed before the ServerApp could record one, from flower.log
-    (Flower's own status says only "An error was encountered")."""
-    log = run_dir / "flower.log"
-    if not log.is_file():
-        return None
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
-    if any("ActorPool is empty" in line for line in lines):
-        return ("Ray could not start any client (ActorPool is empty): the per-client resources "
-                "(num_cpus, num_gpus) exceed what this machine offers")
-    errors = [line for line in lines if ("ERROR" in line or "Error:" in line or "Exception:" in line)
-              and "An error was encountered" not in line and "exception occurred !!" not in line]
-    return errors[-1] if errors else None
 
 
 @app.command("list")
@@ -321,7 +233,7 @@ def partition(
     except ConfigError as exc:
         fail(str(exc))
     except Exception as exc:
-        if exc.__class__.__name__ in ("DatasetError", "ValueError"):
+        if runtime.is_data_error(exc):
             fail(str(exc))
         raise
     out = figure_path(out.expanduser())
@@ -351,9 +263,7 @@ def report(
                              "(and diagnostics-<run>.png per run with pool diagnostics)"),
 ) -> None:
     """Table of final accuracy (mean ± std over seeds), rounds to a target, and figures."""
-    from fedsuite.results import (
-        ResultsError, has_pool_diagnostics, plot_groups, plot_pool_diagnostics, read_metrics, report as make_report,
-    )
+    from fedsuite.results import ResultsError, report as make_report, report_table, write_report
 
     if last < 1:
         fail(f"--last must be at least 1 (the number of final evaluations averaged per run), got {last}")
@@ -367,35 +277,14 @@ def report(
     except ResultsError as exc:
         fail(str(exc))
     check_writable_folder(out.resolve(), "--out")
-    out.mkdir(parents=True, exist_ok=True)
+    headers, cells = report_table(rows, target)
     table = Table(title="fedsuite report")
-    headers = ["setting", "seeds", "final acc (%)", "best acc (%)"] + ([f"rounds to {target:g}%"] if target else [])
     for h in headers:
         table.add_column(h)
-    md = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    for r in rows:
-        cells = [
-            r["group"], str(r["seeds"]),
-            f"{100 * r['final_mean']:.2f} ± {100 * r['final_std']:.2f}" if r["final_mean"] is not None else "-",
-            f"{100 * r['best_mean']:.2f}" if r["best_mean"] is not None else "-",
-        ]
-        if target:
-            cells.append(f"{r['rounds_to_target']:.0f} ({r['reached']})" if r["rounds_to_target"] else f"∞ ({r['reached']})")
-        table.add_row(*cells)
-        md.append("| " + " | ".join(cells) + " |")
+    for row in cells:
+        table.add_row(*row)
     console.print(table)
-    (out / "report.md").write_text("\n".join(md) + "\n")
-    (out / "report.json").write_text(json.dumps(rows, indent=2) + "\n")
-    plot_groups(curves, out / "accuracy.png")
-    figures = [out / "accuracy.png"]
-    for i, run_dir in enumerate(run_dirs):
-        rows = read_metrics(run_dir)
-        if has_pool_diagnostics(rows):
-            name = f"diagnostics-{run_dir.resolve().name}.png"
-            if out / name in figures:  # two runs of one name in different folders
-                name = f"diagnostics-{i}-{run_dir.resolve().name}.png"
-            plot_pool_diagnostics(rows, out / name, title=str(run_dir))
-            figures.append(out / name)
+    figures = write_report(out, run_dirs, rows, curves, headers, cells)
     console.print(f"-> {out / 'report.md'}, " + ", ".join(str(f) for f in figures))
 
 

@@ -1,7 +1,7 @@
 """Running a simulation's virtual clients on an existing Ray cluster (``ray_address``).
 
 The run's simulation process (``fedsuite.simulation``) calls ``ray.init()``; with ``RAY_ADDRESS`` set
-in that process's environment (``fedsuite.launch.flower_env``), Ray connects to the cluster there
+in that process's environment (``fedsuite.processes.flower_env``), Ray connects to the cluster there
 instead of starting a private one, and the ClientApp actors are placed on the cluster's nodes. The
 ServerApp stays on the machine that runs ``fedsuite simulate``.
 
@@ -104,7 +104,7 @@ def cluster_nodes(address: str) -> list[NodeResources]:
     import ray
 
     check_reachable(address)
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as in Flower's processes (launch.py)
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as in Flower's processes (processes.py)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)

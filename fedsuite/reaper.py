@@ -13,7 +13,10 @@ them running. Two mechanisms:
   daemons and workers; a SuperLink and its children), discards the private Ray's temporary directory
   (:func:`discard_ray_tmpdir`), then exits. After a normal run the CLI stops it.
 
-This module imports only the standard library and psutil, so the watcher starts fast and small.
+The processes are found and stopped through ``fedsuite.processes`` (:func:`sweep` repeats its scan
+until Ray has stopped starting workers), a run's outcome read through ``fedsuite.rundir``. This
+module imports only the standard library, psutil and those two (whose own heavy imports wait inside
+functions), so the watcher starts fast and small.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ import time
 from pathlib import Path
 
 import psutil
+
+from fedsuite.processes import fedsuite_first, marked, terminate_all
+from fedsuite.rundir import summary_status
 
 PR_SET_PDEATHSIG = 1
 
@@ -49,34 +55,6 @@ def die_with_parent(sig: int = signal.SIGTERM):
                 os._exit(1)
 
     return preexec
-
-
-def marked(key: str, value: str, exclude: tuple[int, ...] = ()) -> list[psutil.Process]:
-    """Processes whose environment has ``key=value`` (our private ``FLWR_HOME``)."""
-    out = []
-    for p in psutil.process_iter():
-        if p.pid in exclude:
-            continue
-        try:
-            if p.environ().get(key) == value:
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return out
-
-
-def terminate_all(procs: list[psutil.Process], timeout: float) -> None:
-    """SIGTERM every process of ``procs`` at once, then SIGKILL those still alive after ``timeout``
-    seconds, and wait (5 s at most) for them to go."""
-    for sig_fn in ("terminate", "kill"):
-        for p in procs:
-            try:
-                getattr(p, sig_fn)()
-            except psutil.NoSuchProcess:
-                pass
-        _, procs = psutil.wait_procs(procs, timeout=timeout if sig_fn == "terminate" else 5.0)
-        if not procs:
-            return
 
 
 def sweep(key: str, value: str, exclude: tuple[int, ...] = (), settle: float = 2.0, limit: float = 60.0) -> int:
@@ -113,10 +91,7 @@ def discard_ray_tmpdir(ray_tmpdir: Path, run_dir: Path) -> bool:
         os.rename(ray_tmpdir, claimed)
     except FileNotFoundError:
         return False
-    try:
-        completed = json.loads((run_dir / "summary.json").read_text()).get("status") == "completed"
-    except (OSError, ValueError):
-        completed = False
+    completed = summary_status(run_dir) == ("finished:completed", "")
     # Ray's session_latest is a symbolic link to the session's absolute path, which the rename moved
     latest = claimed / "ray" / "session_latest"
     session = claimed / "ray" / Path(os.readlink(latest)).name if latest.is_symlink() else latest
@@ -184,9 +159,7 @@ def start(flwr_home: Path, log_path: Path | None = None, remove: Path | None = N
     (``<run>/.flwr``); ``remove``: the run's private Ray directory, discarded after the sweep
     (:func:`discard_ray_tmpdir`)."""
     me = psutil.Process()
-    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    env = fedsuite_first({k: v for k, v in os.environ.items() if k != "FLWR_HOME"})
     out = log_path.open("ab") if log_path is not None else subprocess.DEVNULL
     try:
         return subprocess.Popen(

@@ -401,6 +401,45 @@ def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 1)
     return table, curves
 
 
+def report_table(rows: list[dict[str, Any]], target: float | None) -> tuple[list[str], list[list[str]]]:
+    """:func:`report`'s rows as a table: (headers, one list of cells per setting); ``target`` in %."""
+    headers = ["setting", "seeds", "final acc (%)", "best acc (%)"] + ([f"rounds to {target:g}%"] if target else [])
+    table = []
+    for r in rows:
+        cells = [
+            r["group"], str(r["seeds"]),
+            f"{100 * r['final_mean']:.2f} ± {100 * r['final_std']:.2f}" if r["final_mean"] is not None else "-",
+            f"{100 * r['best_mean']:.2f}" if r["best_mean"] is not None else "-",
+        ]
+        if target:
+            cells.append(f"{r['rounds_to_target']:.0f} ({r['reached']})" if r["rounds_to_target"] else f"∞ ({r['reached']})")
+        table.append(cells)
+    return headers, table
+
+
+def write_report(out: Path, run_dirs: list[Path], rows: list[dict[str, Any]], curves: dict,
+                 headers: list[str], cells: list[list[str]]) -> list[Path]:
+    """``fedsuite report``'s files in ``out``: report.md (the table), report.json (:func:`report`'s
+    rows), accuracy.png, and diagnostics-<run>.png for each run with pool diagnostics. Returns the
+    figures written."""
+    out.mkdir(parents=True, exist_ok=True)
+    md = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    md += ["| " + " | ".join(row) + " |" for row in cells]
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    (out / "report.json").write_text(json.dumps(rows, indent=2) + "\n")
+    plot_groups(curves, out / "accuracy.png")
+    figures = [out / "accuracy.png"]
+    for i, run_dir in enumerate(run_dirs):
+        metrics = read_metrics(run_dir)
+        if has_pool_diagnostics(metrics):
+            name = f"diagnostics-{run_dir.resolve().name}.png"
+            if out / name in figures:  # two runs of one name in different folders
+                name = f"diagnostics-{i}-{run_dir.resolve().name}.png"
+            plot_pool_diagnostics(metrics, out / name, title=str(run_dir))
+            figures.append(out / name)
+    return figures
+
+
 def plot_groups(curves: dict[str, list[list[dict[str, Any]]]], path: Path, title: str | None = None) -> None:
     """Mean accuracy versus round per group, with a ± std band over seeds. Words shared by every
     group label (model, dataset, partition) go to the title (or ``title``, when given), so the legend

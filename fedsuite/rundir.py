@@ -3,9 +3,12 @@
 A run directory (``<output_dir>/<run_name>``, see ``fedsuite.results`` for its files) is in one of
 the states of :func:`state`. The CLI, the launcher, ``reproduce`` and ``report`` read it only
 through this module: whether a run finished (:func:`summary_status`), how many rounds it has done
-(:func:`checkpointed_round`, :func:`rounds_done`), whether a command may continue it
-(:func:`check_resumable`, :func:`recorded_config`), whether it is the debris of a start-up
-(:func:`start_debris`), and whether a folder can take a run at all (:func:`folder_problem`).
+(:func:`checkpointed_round`, :func:`rounds_done`), what its summary says (:func:`summary`) and
+why it failed (:func:`why_incomplete`, :func:`flower_log_reason`), whether a command may continue
+it (:func:`check_resumable`, :func:`recorded_config`, :func:`resume_config`), whether it is the
+debris of a start-up (:func:`start_debris`), and whether a folder can take a run at all
+(:func:`folder_problem`). The parent-death watcher (``fedsuite.reaper``) reads a run's outcome here
+too.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedsuite import reaper
+from fedsuite.processes import marked
 
 if TYPE_CHECKING:
     from fedsuite.config import BaseRunConfig
@@ -40,14 +43,21 @@ def state(run_dir: Path) -> str:
     return "debris" if run_dir.exists() else "new"
 
 
-def summary_status(run_dir: Path) -> tuple[str, str] | None:
-    """The outcome the ServerApp recorded in ``summary.json`` (Flower's status names), or None
-    before it has written one."""
+def summary(run_dir: Path) -> dict[str, Any]:
+    """The run's ``summary.json`` ({} before the ServerApp has written one, or if it is not a JSON
+    object)."""
     try:
         ours = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):  # none yet, or being written (it is replaced atomically)
-        return None
-    if not isinstance(ours, dict) or "status" not in ours:
+        return {}
+    return ours if isinstance(ours, dict) else {}
+
+
+def summary_status(run_dir: Path) -> tuple[str, str] | None:
+    """The outcome the ServerApp recorded in ``summary.json`` (Flower's status names), or None
+    before it has written one."""
+    ours = summary(run_dir)
+    if "status" not in ours:
         return None
     if ours.get("status") == "completed":
         return "finished:completed", ""
@@ -66,6 +76,21 @@ def why_incomplete(run_dir: Path, who: str) -> str:
     reason = recorded[1] if recorded is not None else last_line(run_dir / "error.txt")
     where = f", stopped after round {rounds_done(run_dir)}" if now in ("failed", "partial") else ""
     return f"{who}: {now}{where}" + (f": {reason}" if reason else "")
+
+
+def flower_log_reason(run_dir: Path) -> str | None:
+    """The real reason of a run that failed before the ServerApp could record one, from flower.log
+    (Flower's own status says only "An error was encountered")."""
+    log = run_dir / "flower.log"
+    if not log.is_file():
+        return None
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
+    if any("ActorPool is empty" in line for line in lines):
+        return ("Ray could not start any client (ActorPool is empty): the per-client resources "
+                "(num_cpus, num_gpus) exceed what this machine offers")
+    errors = [line for line in lines if ("ERROR" in line or "Error:" in line or "Exception:" in line)
+              and "An error was encountered" not in line and "exception occurred !!" not in line]
+    return errors[-1] if errors else None
 
 
 def last_line(path: Path) -> str:
@@ -93,6 +118,29 @@ def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> int:
     done = checkpointed_round(run_dir)
     check_resume(recorded_config(run_dir), cfg, done)
     return done
+
+
+def resume_config(given: BaseRunConfig, config: Path | None, set_: list[str], values: dict[str, Any]) -> BaseRunConfig:
+    """The config ``fedsuite simulate --resume`` continues with: the run's recorded ``config.json``
+    with the command line's options (``config``, ``set_``, ``values``: as ``build_config`` takes
+    them) on top, refused (``ConfigError``, exit 2, nothing written) if they change a field outside
+    ``fedsuite.config.RESUME_MUTABLE`` or ask for fewer rounds than the run has done
+    (:func:`check_resumable`). A run killed before it recorded its config (:func:`start_debris`)
+    starts anew from ``given``, the command line's."""
+    from fedsuite.config import ConfigError, build_config
+    from fedsuite.runtime import default_run_dir
+
+    if given.run_name is None:
+        raise ConfigError("--resume needs the run's --run-name (and --output-dir, if not the default)")
+    run_dir = default_run_dir(given)
+    if not (run_dir / "config.json").is_file():
+        if start_debris(run_dir):  # killed before it recorded its config: start it anew
+            return given
+        raise ConfigError(f"--resume: {run_dir} holds no run to continue (no config.json)")
+    cfg = build_config(config, set_, values, base=recorded_config(run_dir))
+    cfg.output_dir, cfg.run_name = given.output_dir, given.run_name  # where the run was found
+    check_resumable(cfg, run_dir)
+    return cfg
 
 
 def recorded_config(run_dir: Path) -> dict[str, Any]:
@@ -150,7 +198,7 @@ def start_debris(run_dir: Path) -> bool:
 def clear_start_debris(run_dir: Path) -> None:
     """Remove a start-up's debris (:func:`start_debris`), unless a run is starting in it right now
     (a live process carries its ``FLWR_HOME``): then :class:`RunDirError`, and nothing is removed."""
-    live = reaper.marked("FLWR_HOME", str(run_dir / ".flwr"))
+    live = marked("FLWR_HOME", str(run_dir / ".flwr"))
     if live:
         raise RunDirError(f"a run is starting in {run_dir} (process {live[0].pid}); wait for it or stop it first")
     shutil.rmtree(run_dir)

@@ -1,7 +1,9 @@
 """What the ServerApp and the ClientApp share: config from the run config, data, model, device.
 
 Datasets and partitions are cached per worker process (a Ray actor serves many virtual clients),
-so they are read from disk once, not once per round.
+so they are read from disk once, not once per round. Before a run starts, the CLI checks here that
+its data and model fit together (:func:`check_data`) and that the GPUs it asks for exist
+(:func:`check_hardware`): one line and exit 2 instead of a failure inside Flower.
 """
 
 from __future__ import annotations
@@ -74,3 +76,56 @@ def device_for(cfg: BaseRunConfig) -> torch.device:
 
 def _freeze(options: dict[str, Any]) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
+
+
+class DataCheckError(Exception):
+    """The run's data is missing or cannot be partitioned as configured (a user error, exit 2)."""
+
+
+def is_data_error(exc: BaseException) -> bool:
+    """Whether a loader's or partitioner's exception is the user's (missing files, an impossible
+    partition: ``DatasetError``, ``ValueError``) rather than a bug."""
+    return exc.__class__.__name__ in ("DatasetError", "ValueError")
+
+
+def check_data(cfg: BaseRunConfig) -> None:
+    """Missing data, an impossible partition or a model that cannot take the data (``--model cnn`` on
+    feature vectors): :class:`DataCheckError`, one line. A first run computes and caches its
+    partition here."""
+    from fedsuite.models import make_model
+
+    try:
+        bundle = load_bundle(cfg)
+        client_indices(cfg, bundle, 0)
+        with torch.device("meta"):  # the builders check the input shape; no weights are made
+            make_model(cfg, bundle)
+    except Exception as exc:  # data errors from loaders and partitioners are user errors
+        if is_data_error(exc):
+            raise DataCheckError(str(exc)) from None
+        raise
+
+
+def check_hardware(cfg: BaseRunConfig) -> None:
+    """GPUs asked for (``num_gpus`` > 0 or ``device=cuda``) must be visible here; else ``ConfigError``
+    (one line, exit 2) instead of Ray failing late ("ActorPool is empty") or training silently on the CPU."""
+    from fedsuite.config import ConfigError
+
+    if cfg.ray_address:  # the clients run on the cluster's nodes: ask the cluster (fedsuite.raycluster)
+        from fedsuite.raycluster import ClusterError, check_cluster
+
+        try:
+            check_cluster(cfg.ray_address, cfg.num_cpus, cfg.num_gpus)
+        except ClusterError as exc:
+            raise ConfigError(str(exc)) from None
+        if cfg.device != "cuda":
+            return
+    elif cfg.num_gpus <= 0 and cfg.device != "cuda":
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    asked = f"num_gpus={cfg.num_gpus:g}" if cfg.num_gpus > 0 else "device=cuda"
+    if count == 0:
+        raise ConfigError(f"{asked} asks for a GPU, but no CUDA GPU is visible on this machine "
+                          "(torch.cuda.is_available() is False); use num_gpus=0 and device=auto or cpu")
+    if cfg.num_gpus > count and not cfg.ray_address:
+        raise ConfigError(f"num_gpus={cfg.num_gpus:g} is the GPU share of one client, but this machine has "
+                          f"{count} GPU(s); use a share of at most {count} (e.g. 0.25 puts 4 clients on a GPU)")

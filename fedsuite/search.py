@@ -134,7 +134,8 @@ def trainable(folder: Path, config: Path | None, base_set: Sequence[str], seed: 
     ``env``: the environment the runs start with (the search's own, not a Tune worker's)."""
     from ray import tune
 
-    from fedsuite import launch, reaper
+    from fedsuite import reaper
+    from fedsuite.processes import stop_tree
     from fedsuite.reproduce import simulate_command
     from fedsuite.results import read_metrics
 
@@ -181,7 +182,7 @@ def trainable(folder: Path, config: Path | None, base_set: Sequence[str], seed: 
 
         def cleanup(self) -> None:
             if self.proc.poll() is None:
-                launch.stop_tree(self.proc)
+                stop_tree(self.proc)
             self.log.close()
 
     return Trial

@@ -171,7 +171,7 @@ def run(app_dir: Path | None) -> None:
     Started by the launcher (``app_dir`` None; ``launch.start_simulation_process``, which gives it
     an unnamed temporary file as its output until then), the process imports the apps at once, then
     reads the run from stdin: a JSON line naming the app folder, the run's log and its environment
-    (``launch.run_env``); it moves its output to that log, starts Ray, and waits for a ``start``
+    (``processes.run_env``); it moves its output to that log, starts Ray, and waits for a ``start``
     line (the launcher checks the data meanwhile). Without either line it ends before anything ran
     (:class:`CalledOff`)."""
     importer = threading.Thread(target=import_apps, name="import-apps", daemon=True)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsuite import launch
+from fedsuite import launch, processes, superlink
 from fedsuite.config import build_config
 from fedsuite.results import read_metrics
 
@@ -113,7 +113,7 @@ def worker_ray_cluster(tmp_path_factory, worker_id):
     index = int(worker_id[2:]) if worker_id.startswith("gw") else 99
     base = tmp_path_factory.mktemp("worker-ray")
     temp_dir = tempfile.mkdtemp(prefix="fsw", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    port = launch.free_port()
+    port = superlink.free_port()
     address = f"127.0.0.1:{port}"
     lo = 30000 + index * 50  # 30000-34999: clear of tests/test_raycluster.py's 20000-29999
     head = start_ray_node(base / "head.log", 1, (lo, lo + 49), head_port=port, temp_dir=temp_dir)
@@ -121,7 +121,7 @@ def worker_ray_cluster(tmp_path_factory, worker_id):
         wait_for_ray(address, head, base / "head.log")
         yield address
     finally:
-        launch.stop_tree(head)
+        processes.stop_tree(head)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from fedsuite import launch
+from fedsuite import processes, superlink
 from fedsuite.faults import FaultDraw
 from fedsuite.results import read_metrics
 from tests.conftest import deployment_app
@@ -20,7 +20,7 @@ from tests.conftest import deployment_app
 def test_two_supernodes_train_two_rounds(tmp_path, data_root):
     _, run_dir, app_dir = deployment_app(tmp_path, data_root, rounds=2)
     nodes: list[subprocess.Popen] = []
-    with launch.private_superlink(run_dir) as (env, connection):
+    with superlink.private_superlink(run_dir) as (env, connection):
         address = (run_dir / ".flwr" / "config.toml").read_text().split('address = "')[1].split('"')[0]
         nodes += [start_supernode(run_dir, env, address, pid, 2) for pid in range(2)]
         run_to_completion(app_dir, env, connection, run_dir, nodes)
@@ -39,12 +39,12 @@ def run_to_completion(app_dir: Path, env: dict[str, str], connection, run_dir: P
     """Submit the app, follow it to its end, stop every SuperNode in ``nodes`` by PID (also those
     ``on_progress`` appends), and assert the run completed."""
     try:
-        run_id = launch.submit(app_dir, env, connection)
-        launch.follow(run_id, env, connection, run_dir, on_progress=on_progress)
-        status, details = launch.final_status(run_id, env, connection, run_dir)
+        run_id = superlink.submit(app_dir, env, connection)
+        superlink.follow(run_id, env, connection, run_dir, on_progress=on_progress)
+        status, details = superlink.final_status(run_id, env, connection, run_dir)
     finally:
         for node in nodes:
-            launch.stop_tree(node)
+            processes.stop_tree(node)
     error = (run_dir / "error.txt").read_text() if (run_dir / "error.txt").exists() else details
     assert status == "finished:completed", error
 
@@ -53,8 +53,8 @@ def start_supernode(run_dir: Path, env: dict[str, str], address: str, pid: int, 
     """A real ``flower-supernode`` holding partition ``pid`` (its log appended to supernode<pid>.log)."""
     with (run_dir / f"supernode{pid}.log").open("ab") as log:
         return subprocess.Popen(
-            [launch.bin_path("flower-supernode"), "--insecure", "--superlink", address,
-             "--host", "127.0.0.1", "--port", str(launch.free_port()),
+            [processes.bin_path("flower-supernode"), "--insecure", "--superlink", address,
+             "--host", "127.0.0.1", "--port", str(superlink.free_port()),
              "--node-config", f"partition-id={pid} num-partitions={num} state-dir='{run_dir / f'node{pid}'}'"],
             env={**env, "FLWR_HOME": str(run_dir / f"node{pid}-home")}, stdout=log, stderr=subprocess.STDOUT,
             cwd=run_dir, start_new_session=True,
@@ -95,7 +95,7 @@ def test_dead_restarted_and_hung_clients_on_the_deployment_engine(tmp_path, data
     assert stragglers == [(0, 6)]  # the seed was chosen for this
     nodes: list[subprocess.Popen] = []
     events: dict[str, int] = {}
-    with launch.private_superlink(run_dir) as (env, connection):
+    with superlink.private_superlink(run_dir) as (env, connection):
         address = (run_dir / ".flwr" / "config.toml").read_text().split('address = "')[1].split('"')[0]
         nodes += [start_supernode(run_dir, env, address, pid, 2) for pid in range(2)]
 
@@ -129,3 +129,23 @@ def test_dead_restarted_and_hung_clients_on_the_deployment_engine(tmp_path, data
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
     for node in nodes:
         assert not psutil.pid_exists(node.pid) or psutil.Process(node.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_containers_submit_command_says_why_flwr_run_failed(tmp_path):
+    """``docker/submit.sh`` is ``python -m fedsuite.superlink submit``: with no SuperLink behind its
+    connection (written by ``... connection``, as ``docker/entrypoint.sh`` does), it exits 1 with one
+    ``submit: error:`` line naming ``flwr run``'s complaint, and submits nothing."""
+    import sys
+
+    home, app_dir = tmp_path / ".flwr", tmp_path / "app"
+    address = f"127.0.0.1:{superlink.free_port()}"  # nothing listens there
+    subprocess.run([sys.executable, "-m", "fedsuite.superlink", "connection", str(home), address], check=True)
+    assert f'address = "{address}"\ninsecure = true\n' in (home / "config.toml").read_text()
+    app_dir.mkdir()
+    (app_dir / "pyproject.toml").write_text((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    out = subprocess.run([sys.executable, "-m", "fedsuite.superlink", "submit", str(app_dir), "fedsuite",
+                          "--run-config", "rounds=1"], env=processes.flower_env(home), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 1, out
+    assert out.stderr.startswith("submit: error: flwr run "), out.stderr
+    assert "submitted" not in out.stdout

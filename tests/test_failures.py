@@ -168,7 +168,7 @@ def test_a_data_check_that_fails_while_ray_starts_leaves_nothing_behind(tmp_path
 
     import psutil
 
-    from fedsuite import launch, reaper
+    from fedsuite import launch, processes
 
     cfg = build_config(values={**FAST, "data_root": str(tmp_path / "data")})
     run_dir = (tmp_path / "runs" / "r").resolve()
@@ -177,7 +177,7 @@ def test_a_data_check_that_fails_while_ray_starts_leaves_nothing_behind(tmp_path
 
     def marked(name: str) -> list[psutil.Process]:  # the run's processes whose command names ``name``
         found = []
-        for p in reaper.marked("FLWR_HOME", marker):
+        for p in processes.marked("FLWR_HOME", marker):
             with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
                 if name in " ".join(p.cmdline()):
                     found.append(p)
@@ -210,7 +210,7 @@ def test_a_simulation_process_never_told_to_start_runs_nothing(tmp_path):
     import shutil
     import tempfile
 
-    from fedsuite import launch
+    from fedsuite import launch, processes, reaper
 
     cfg = build_config(values={**FAST, "data_root": str(tmp_path / "data")})
     run_dir = (tmp_path / "run").resolve()
@@ -219,12 +219,12 @@ def test_a_simulation_process_never_told_to_start_runs_nothing(tmp_path):
     try:
         proc = launch.start_simulation_process()
         launch.tell(proc, json.dumps({"app": str(run_dir / "app"), "log": str(run_dir / "flower.log"),
-                                      "env": launch.run_env(run_dir / ".flwr", None, ray_tmpdir)}))
+                                      "env": processes.run_env(run_dir / ".flwr", None, ray_tmpdir)}))
         proc.stdin.close()
         code = proc.wait(timeout=240)
         ray_started = (ray_tmpdir / "ray" / "session_latest").exists()
     finally:
-        launch.reaper.sweep("FLWR_HOME", str(run_dir / ".flwr"), settle=0.5)
+        reaper.sweep("FLWR_HOME", str(run_dir / ".flwr"), settle=0.5)
         shutil.rmtree(ray_tmpdir, ignore_errors=True)
     assert code == 3, (run_dir / "flower.log").read_text()
     assert ray_started

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedsuite import launch, reaper
+from fedsuite import processes, superlink
 from fedsuite.certs import make_credentials
 from fedsuite.results import read_metrics
 from tests.conftest import deployment_app
@@ -108,7 +108,7 @@ def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        launch.stop_tree(proc)
+        processes.stop_tree(proc)
         raise AssertionError(f"process {proc.args} still running after {timeout:.0f} s") from None
 
 
@@ -116,8 +116,8 @@ def stop_all(procs: list[tuple[subprocess.Popen, Path | None]], timeout: float =
     """Stop every process of ``procs`` and what each started (its descendants and the detached
     processes carrying its FLWR_HOME), all at once: SIGTERM, then SIGKILL after ``timeout``."""
     alive = {p.pid: p for proc, home in procs
-             for p in launch.process_tree(proc, ("FLWR_HOME", str(home)) if home else None)}
-    reaper.terminate_all(list(alive.values()), timeout)
+             for p in processes.process_tree(proc, ("FLWR_HOME", str(home)) if home else None)}
+    processes.terminate_all(list(alive.values()), timeout)
     for proc, _ in procs:
         proc.poll()
 
@@ -142,8 +142,8 @@ def test_federation_across_network_namespaces(tmp_path, data_root, network):
     address = f"{LINK_IP}:{PORT}"
     procs: list[tuple[subprocess.Popen, Path | None]] = []  # with the FLWR_HOME that marks its detached children
     homes = {name: tmp_path / f"home-{name}" for name in ("link", "node0", "node1", "rogue", "noca", "user", "user-noca")}
-    env = {name: launch.flower_env(home) for name, home in homes.items()}
-    launch.write_connection(homes["user"], address, root_certificates=creds.ca_cert, name="fed")
+    env = {name: processes.flower_env(home) for name, home in homes.items()}
+    superlink.write_connection(homes["user"], address, root_certificates=creds.ca_cert, name="fed")
     # the same connection without the CA certificate: TLS must then fail to verify the SuperLink
     homes["user-noca"].mkdir()
     (homes["user-noca"] / "config.toml").write_text(
@@ -151,7 +151,7 @@ def test_federation_across_network_namespaces(tmp_path, data_root, network):
     t0 = time.monotonic()
     try:
         log = run_dir / "superlink.log"
-        link = start(net, "link", [launch.bin_path("flower-superlink"), *creds.superlink_tls_args(),
+        link = start(net, "link", [processes.bin_path("flower-superlink"), *creds.superlink_tls_args(),
                                    "--enable-supernode-auth", "--host", "0.0.0.0", "--port", str(PORT),
                                    "--database", str(homes["link"] / "state.db"),
                                    "--disable-runtime-dependency-installation"],
@@ -160,7 +160,7 @@ def test_federation_across_network_namespaces(tmp_path, data_root, network):
         wait_for_log(link, log, "Uvicorn running on")
 
         # the allowed SuperNodes: node0 and node1 are registered (both at once), "rogue" never is
-        register = {name: subprocess.Popen([*net.wrap("user"), launch.bin_path("flwr"), "supernode", "register",
+        register = {name: subprocess.Popen([*net.wrap("user"), processes.bin_path("flwr"), "supernode", "register",
                                             str(creds.supernode_pub(name)), "fed", "--format", "json"],
                                            env=env["user"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            text=True, cwd=run_dir)
@@ -172,7 +172,7 @@ def test_federation_across_network_namespaces(tmp_path, data_root, network):
 
         def supernode(role: str, name: str, key: str | None, pid: int, ca: bool = True) -> subprocess.Popen:
             args = creds.supernode_args(key) if ca else ["--auth-supernode-private-key", str(creds.supernode_key(key))]
-            cmd = [launch.bin_path("flower-supernode"), *args, "--superlink", address,
+            cmd = [processes.bin_path("flower-supernode"), *args, "--superlink", address,
                    "--node-config", f"partition-id={pid} num-partitions=2 state-dir='{run_dir / f'state-{name}'}'"]
             if name in ("rogue", "noca"):  # both in the user's namespace: their own Runtime API ports
                 cmd += ["--max-retries", "1", "--max-wait-time", "20", "--port", "9095" if name == "rogue" else "9096"]
@@ -185,20 +185,20 @@ def test_federation_across_network_namespaces(tmp_path, data_root, network):
         # refused on the same federation, while it trains: an unregistered key, and no CA certificate
         rogue = supernode("user", "rogue", "rogue", 0)
         noca = supernode("user", "noca", "node0", 1, ca=False)
-        cli_noca = subprocess.Popen([*net.wrap("user"), launch.bin_path("flwr"), "ls", "fed", "--format", "json"],
+        cli_noca = subprocess.Popen([*net.wrap("user"), processes.bin_path("flwr"), "ls", "fed", "--format", "json"],
                                     env=env["user-noca"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, cwd=run_dir)
         procs.append((cli_noca, None))
 
         wrap = net.wrap("user")
-        run_id = launch.submit(app_dir, env["user"], "fed", wrap=wrap)
+        run_id = superlink.submit(app_dir, env["user"], "fed", wrap=wrap)
         rogue_code, noca_code = wait_exit(rogue, 60), wait_exit(noca, 60)
         cli_noca_out, _ = cli_noca.communicate(timeout=60)
         # a refused SuperNode leaves its detached SuperExec retrying: stop it now, by its FLWR_HOME
         for name, proc in (("rogue", rogue), ("noca", noca)):
-            launch.stop_tree(proc, ("FLWR_HOME", str(homes[name])))
-        launch.follow(run_id, env["user"], "fed", run_dir, wrap=wrap)
-        status, details = launch.final_status(run_id, env["user"], "fed", run_dir, wrap=wrap)
+            processes.stop_tree(proc, ("FLWR_HOME", str(homes[name])))
+        superlink.follow(run_id, env["user"], "fed", run_dir, wrap=wrap)
+        status, details = superlink.final_status(run_id, env["user"], "fed", run_dir, wrap=wrap)
     finally:
         stop_all(procs)
     elapsed = time.monotonic() - t0
@@ -271,7 +271,7 @@ def build_image(tmp_path: Path) -> float:
         if wheelhouse:
             if not Path(wheelhouse).is_dir():
                 raise AssertionError(f"FEDSUITE_DOCKER_WHEELHOUSE={wheelhouse} is not a folder")
-            port = launch.free_port()
+            port = superlink.free_port()
             server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
                                        "--directory", wheelhouse], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             args += ["--build-arg", "TORCH_INDEX_URL=",
@@ -305,7 +305,7 @@ def test_compose_federation_with_tls_and_authentication(tmp_path):
     folders = {key: tmp_path / key for key in ("credentials", "runs", "data", "intruder")}
     for folder in folders.values():
         folder.mkdir()
-    env = {**os.environ, "FEDSUITE_IMAGE": IMAGE, "FEDSUITE_PORT": str(launch.free_port()),
+    env = {**os.environ, "FEDSUITE_IMAGE": IMAGE, "FEDSUITE_PORT": str(superlink.free_port()),
            "FEDSUITE_CREDENTIALS": str(folders["credentials"]), "FEDSUITE_RUNS": str(folders["runs"]),
            "FEDSUITE_DATA": str(folders["data"])}
 
@@ -402,10 +402,13 @@ def test_missing_credentials_fail_loudly(tmp_path):
                          env={**os.environ, "FEDSUITE_SUPERLINK": "superlink:9093", "FLWR_HOME": str(tmp_path / "h"),
                               "FEDSUITE_CA": str(tmp_path / "none" / "ca.crt")})
     assert out.returncode == 2 and f"{tmp_path / 'none' / 'ca.crt'} is missing" in out.stderr, out.stderr
+    # it writes the connection with fedsuite's `python3 -m fedsuite.superlink connection`: the image puts
+    # its environment's python3 first on PATH (docker/Dockerfile), and so does this test
+    image_path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     out = subprocess.run(["sh", str(REPO / "docker" / "entrypoint.sh"), "cat", str(tmp_path / "h" / "config.toml")],
                          capture_output=True, text=True,
                          env={**os.environ, "FEDSUITE_SUPERLINK": "127.0.0.1:9093", "FLWR_HOME": str(tmp_path / "h"),
-                              "FEDSUITE_INSECURE": "1"})
+                              "FEDSUITE_INSECURE": "1", "PATH": image_path})
     assert out.returncode == 0 and "insecure = true" in out.stdout and "not encrypted" in out.stderr
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedsuite.launch import free_port, stop_tree
+from fedsuite.processes import stop_tree
+from fedsuite.superlink import free_port
 from fedsuite.raycluster import NodeResources, actors_that_fit, resource_problem, translate_connect_error
 from tests.conftest import ray_env, start_ray_node, wait_for_ray
 

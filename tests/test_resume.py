@@ -36,7 +36,7 @@ from typer.testing import CliRunner
 
 from fedsuite import cli, launch, rundir
 from fedsuite.config import ConfigError, apply_override, build_config
-from fedsuite.launch import process_tree
+from fedsuite.processes import process_tree
 from fedsuite.results import read_metrics
 from fedsuite.state import ClientState, prune_committed
 from tests.conftest import FAST, assert_same_arrays

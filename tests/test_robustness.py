@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from conftest import FAST
-from fedsuite import launch, reaper
+from fedsuite import launch, processes, reaper
 from fedsuite.cli import app
 from fedsuite.config import build_config
 from fedsuite.data.datasets import DatasetError, load_dataset
@@ -95,7 +95,7 @@ def test_load_synthetic_finishes_while_another_thread_forks(tmp_path):
 def test_flower_processes_get_single_threaded_openblas(tmp_path):
     # any numpy BLAS in a ServerApp thread (a plain x @ w here) survives Ray's forks in the
     # environment that fedsuite gives Flower's processes (before the fix: hang)
-    env = launch.flower_env(tmp_path / ".flwr")
+    env = processes.flower_env(tmp_path / ".flwr")
     assert env["OPENBLAS_NUM_THREADS"] == "1"
     proc = _fork_race(tmp_path, "matmul", 10, env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -133,7 +133,7 @@ def test_watchdog_fails_a_run_without_progress_and_stops_it(tmp_path):
 
 
 def _marked(flwr_home: str) -> list[psutil.Process]:
-    return reaper.marked("FLWR_HOME", flwr_home)
+    return processes.marked("FLWR_HOME", flwr_home)
 
 
 def _wait_gone(flwr_home: str, timeout: float) -> list[str]:

@@ -26,7 +26,7 @@ pytest.importorskip("tensorboard", reason="the tracking tests read event files w
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from fedsuite import launch  # noqa: E402
+from fedsuite import superlink  # noqa: E402
 from fedsuite.results import RunRecorder, read_metrics, scalars  # noqa: E402
 
 TRACKED = {"strategy": "fedmr", "fedmr.diagnostics": True, "rounds": 3, "faults.client_error": 0.25,
@@ -64,7 +64,7 @@ def test_every_metric_of_metrics_jsonl_is_a_tensorboard_scalar(simulate):
 
 def test_a_tensorboard_server_serves_the_runs_scalars(simulate, tmp_path):
     run = simulate(**TRACKED)
-    port = launch.free_port()
+    port = superlink.free_port()
     log = (tmp_path / "tensorboard.log").open("wb")
     server = subprocess.Popen([str(Path(sys.executable).parent / "tensorboard"), "--logdir", str(run.run_dir.parent),
                                "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "1"],

@@ -1,0 +1,148 @@
+"""The processes fedsuite starts: their environment, and how they are found and stopped.
+
+* environment: :func:`fedsuite_first` (this fedsuite first on ``PYTHONPATH``, once: every process
+  fedsuite starts imports the same code, and a run started by a run does not grow the path),
+  :func:`process_env` (a run's Flower processes, before the run is named), :func:`run_env` (what
+  ties a process to one run: its ``FLWR_HOME``, the mark), :func:`flower_env` (both);
+  :func:`bin_path` (a console script of this environment);
+* finding: :func:`marked` (the one scan of the process table: processes whose environment carries a
+  mark), :func:`process_tree` (a process, its descendants and the marked);
+* stopping: :func:`terminate_all` (SIGTERM, then SIGKILL), :func:`stop_tree`.
+
+The simulation launcher (``fedsuite.launch``), the SuperLink helpers (``fedsuite.superlink``), the
+parent-death watcher (``fedsuite.reaper``) and the queues (``fedsuite.reproduce``, sweeps, searches)
+start, find and stop processes only through this module. It imports only the standard library and
+psutil, so the watcher starts fast and small.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import psutil
+
+#: the folder holding this fedsuite (a checkout, or site-packages for an installed one)
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+#: SIGTERM-to-SIGKILL grace when a run's processes are stopped. Everything a run produces is on disk
+#: before its processes are stopped (checkpoint and rows written atomically, summary.json last), so
+#: nothing is lost by not waiting for Flower's own teardown (shutting Ray down took 4.5 s of every
+#: run's wall time on 2 cores).
+STOP_GRACE_S = 1.0
+
+
+def fedsuite_first(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``env`` with this fedsuite first on ``PYTHONPATH``, so that a subprocess imports this
+    very fedsuite (a checkout or an installed package). Nothing is added when it is first already."""
+    out = dict(env)
+    parts = out["PYTHONPATH"].split(os.pathsep) if out.get("PYTHONPATH") else []
+    if parts[:1] != [ROOT]:
+        out["PYTHONPATH"] = os.pathsep.join([ROOT, *parts])
+    return out
+
+
+def flower_env(flwr_home: Path, ray_address: str | None = None, ray_tmpdir: Path | None = None) -> dict[str, str]:
+    """The environment of a run's Flower processes: :func:`process_env` and :func:`run_env`."""
+    return {**process_env(), **run_env(flwr_home, ray_address, ray_tmpdir)}
+
+
+def run_env(flwr_home: Path, ray_address: str | None = None, ray_tmpdir: Path | None = None) -> dict[str, str]:
+    """What ties a process to one run: ``FLWR_HOME`` (Flower's home for the run, and the mark by which
+    the run's processes are found and stopped), the Ray cluster it joins, its private Ray's folder."""
+    env = {"FLWR_HOME": str(flwr_home)}
+    # Flower's simulation process calls ray.init(), which joins the cluster named by RAY_ADDRESS:
+    # set exactly when the run asks for one (fedsuite.raycluster), never inherited from the shell
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
+    # a private Ray keeps its session (sockets, logs) under RAY_TMPDIR/ray instead of the shared
+    # /tmp/ray: removed with the run's processes, and a plain ray.init() elsewhere never finds it
+    if ray_tmpdir is not None:
+        env["RAY_TMPDIR"] = str(ray_tmpdir)
+    return env
+
+
+def process_env() -> dict[str, str]:
+    """This process's environment as a run's Flower processes need it, before any run is named."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR", "FLWR_HOME")}
+    env.update({
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        "RAY_DEDUP_LOGS": "0",
+        "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": str(2 * 1024**3),
+        "PYTHONUNBUFFERED": "1",
+        # numpy's OpenBLAS single-threaded in Flower's processes: the simulation process runs the
+        # ServerApp thread while Ray forks its daemons, and OpenBLAS's at-fork handler can then leave a
+        # threaded BLAS call in another thread spinning forever (issue 16, item 1)
+        "OPENBLAS_NUM_THREADS": "1",
+    })
+    # deterministic cuBLAS (torch.use_deterministic_algorithms needs it on CUDA); no effect on CPU
+    env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # Flower's processes start others by name (flower-superexec, flwr-serverapp; Ray its workers):
+    # put this environment's scripts first
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return fedsuite_first(env)
+
+
+def bin_path(name: str) -> str:
+    """A console script of the running interpreter's environment (works without an activated venv)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else (shutil.which(name) or name)
+
+
+def marked(key: str, value: str, exclude: tuple[int, ...] = ()) -> list[psutil.Process]:
+    """Processes whose environment has ``key=value`` (a run's private ``FLWR_HOME``, a private Ray's
+    ``RAY_TMPDIR``), except the PIDs in ``exclude``."""
+    out = []
+    for p in psutil.process_iter():
+        if p.pid in exclude:
+            continue
+        try:
+            if p.environ().get(key) == value:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def process_tree(proc: subprocess.Popen, marker_env: tuple[str, str] | None = None) -> list[psutil.Process]:
+    """``proc``, its descendants and any process whose environment carries ``marker_env`` (our
+    private ``FLWR_HOME``: Ray daemons re-parented to init, and a SuperLink's SuperExec, which Flower
+    detaches into a new session)."""
+    procs: dict[int, psutil.Process] = {}
+    try:
+        root = psutil.Process(proc.pid)
+        procs[root.pid] = root
+        procs.update({p.pid: p for p in root.children(recursive=True)})
+    except psutil.NoSuchProcess:
+        pass
+    if marker_env is not None:
+        procs.update({p.pid: p for p in marked(*marker_env, exclude=tuple(procs))})
+    return list(procs.values())
+
+
+def terminate_all(procs: list[psutil.Process], timeout: float) -> None:
+    """SIGTERM every process of ``procs`` at once, then SIGKILL those still alive after ``timeout``
+    seconds, and wait (5 s at most) for them to go."""
+    for sig_fn in ("terminate", "kill"):
+        for p in procs:
+            try:
+                getattr(p, sig_fn)()
+            except psutil.NoSuchProcess:
+                pass
+        _, procs = psutil.wait_procs(procs, timeout=timeout if sig_fn == "terminate" else 5.0)
+        if not procs:
+            return
+
+
+def stop_tree(proc: subprocess.Popen, marker_env: tuple[str, str] | None = None, timeout: float = 10.0) -> None:
+    """Stop ``proc`` and everything it started (:func:`process_tree`, collected before anything is
+    killed): SIGTERM, then SIGKILL for what is still alive after ``timeout``."""
+    terminate_all(process_tree(proc, marker_env), timeout)
+    proc.poll()
