@@ -34,6 +34,7 @@ import torch
 
 from fedsuite.models import build_model
 from fedsuite.plugins.relaxed_init import ROUND_KEY, STATE_NAME, RelaxedInit, RelaxedInitParams, RelaxedInitServer, trainable_keys
+from fedsuite.rounds import RoundLog, ServerSetup
 from fedsuite.state import ArrayStore, ClientState
 from fedsuite.training import LocalResult
 from fedsuite.wire import ClientReply, to_record
@@ -88,7 +89,7 @@ def server_state_round(hooks: RelaxedInitServer, global_sd: dict[str, np.ndarray
         content = RecordDict({"arrays": record})
         hooks.payload(server_round, pid, content)
         replies.append(ClientReply(pid, dict(global_sd), 250, {"num-examples": 250.0}, {}))
-    hooks.observe(server_round, replies)
+    hooks.observe(server_round, replies, RoundLog(round=server_round, cohort=cohort))
     return time.perf_counter() - t0
 
 
@@ -137,9 +138,9 @@ def main() -> None:
     t_client = [client_state_round(model, cstore, c, r + 1) for r, c in enumerate(cohorts)]
     rss_client = peak_rss_mb()
 
-    setup = SimpleNamespace(build_model=lambda: model, run_dir=sroot,
-                            initial={k: v.detach().numpy() for k, v in model.state_dict().items()})
-    hooks = RelaxedInitServer(RelaxedInitParams(beta=0.1, storage="server-state"), SimpleNamespace(setup=setup))
+    setup = ServerSetup(cfg=None, node_to_pid={}, build_model=lambda: model, run_dir=sroot,
+                        initial={k: v.detach().numpy() for k, v in model.state_dict().items()})
+    hooks = RelaxedInitServer(RelaxedInitParams(beta=0.1, storage="server-state"), setup)
     global_sd = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     t_server = [server_state_round(hooks, global_sd, c, r + 1) for r, c in enumerate(cohorts)]
     rss_server = peak_rss_mb()

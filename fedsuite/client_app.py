@@ -31,7 +31,10 @@ from fedsuite.raycluster import node_label
 from fedsuite.seeding import seed_for
 from fedsuite.state import ClientState
 from fedsuite.training import LocalData, LocalTask, run_local_training
-from fedsuite.wire import ARRAYS, CHECKSUM_REQUEST, METRICS, STATISTICS, STATISTICS_QUERY, record_checksum, to_record
+from fedsuite.wire import (
+    ARRAYS, CHECKSUM_REQUEST, CONFIG, INFO, METRICS, NUM_EXAMPLES, PARTITION_ID, RECEIVED_CHECKSUM, SERVER_ROUND,
+    STATISTICS, STATISTICS_QUERY, record_checksum, to_record,
+)
 
 app = ClientApp()
 
@@ -39,14 +42,14 @@ app = ClientApp()
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     pid = int(context.node_config["partition-id"])
-    return Message(RecordDict({"info": MetricRecord({"partition-id": pid})}), reply_to=msg)
+    return Message(RecordDict({INFO: MetricRecord({PARTITION_ID: pid})}), reply_to=msg)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     cfg, run_dir = runtime.split_run_config(dict(context.run_config))
     pid = int(context.node_config["partition-id"])
-    server_round = int(msg.content["config"]["server-round"])
+    server_round = int(msg.content[CONFIG][SERVER_ROUND])
     faults = FaultDraw.for_task(cfg.faults, cfg.seed, pid, server_round)
     faults.before_training(pid, server_round)
     device, data, model = _received_model(cfg, msg, context, pid)
@@ -72,9 +75,9 @@ def train(msg: Message, context: Context) -> Message:
     content = RecordDict({ARRAYS: to_record(faults.corrupt(result.arrays))})
     for name, arrays in result.extras.items():
         content[name] = to_record(arrays)
-    metrics = {**result.metrics, "partition-id": pid}
-    if msg.content["config"].get(CHECKSUM_REQUEST):  # a server that sends per-client models verifies them
-        metrics["received-checksum"] = record_checksum(msg.content[ARRAYS])
+    metrics = {**result.metrics, PARTITION_ID: pid}
+    if msg.content[CONFIG].get(CHECKSUM_REQUEST):  # a server that sends per-client models verifies them
+        metrics[RECEIVED_CHECKSUM] = record_checksum(msg.content[ARRAYS])
     content[METRICS] = MetricRecord(metrics)
     return Message(content, reply_to=msg)
 
@@ -86,7 +89,7 @@ def statistics(msg: Message, context: Context) -> Message:
     pid = int(context.node_config["partition-id"])
     _, data, model = _received_model(cfg, msg, context, pid)
     stats = cfg.method.client().statistics(model, data, cfg)  # no plug-ins: it describes w itself
-    metrics = MetricRecord({"partition-id": pid, "num-examples": len(data)})
+    metrics = MetricRecord({PARTITION_ID: pid, NUM_EXAMPLES: len(data)})
     return Message(RecordDict({STATISTICS: to_record(stats), METRICS: metrics}), reply_to=msg)
 
 

@@ -1,8 +1,9 @@
 """fedsuite's Flower ServerApp (Message API). The same app runs in simulation and deployment.
 
-1. read the config from the run config; send the handshake (``Handshake``: one QUERY to every node,
-   which maps Flower node ids to partition ids; the strategy re-maps before every round, so a
-   SuperNode that reconnects under a new node id gets work again);
+1. read the config from the run config; send the handshake (``fedsuite.nodes.Handshake``: one
+   QUERY to every node, which maps Flower node ids to partition ids; the strategy's
+   ``fedsuite.nodes.NodeMap`` re-maps before every round, so a SuperNode that reconnects under a
+   new node id gets work again);
 2. while the clients start and answer, load the dataset (test split for central evaluation), build
    w^0 from the seed and the central evaluator; then collect the handshake's replies;
 3. build the method's strategy (its ``ServerSetup.evaluate`` is this app's
@@ -26,22 +27,21 @@ import traceback
 from pathlib import Path
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
 from fedsuite import runtime
 from fedsuite.models import initial_arrays, make_model
+from fedsuite.nodes import Handshake
 from fedsuite.results import RunRecorder, tensorboard_installed, write_json
+from fedsuite.rounds import RoundFailure, ServerSetup
 from fedsuite.state import prune_committed
-from fedsuite.strategy import RoundFailure, ServerSetup
 from fedsuite.training import arrays_evaluator
 from fedsuite.wire import to_ndarrays, to_record
 
 log = logging.getLogger("fedsuite")
 app = ServerApp()
-
-HANDSHAKE_TIMEOUT_S = 600.0
 
 #: seconds between the ServerApp's checks for replies in simulation. Flower's InMemoryGrid sleeps
 #: 0.1 s between checks, so every send_and_receive idles 50 ms on average after its last reply (a
@@ -174,43 +174,3 @@ def tune_grid(grid: Grid) -> None:
     A deployment's grid (Flower's ``HttpGrid``) keeps its own pace."""
     if isinstance(grid, InMemoryGrid):
         grid.pull_interval = SIMULATION_PULL_INTERVAL_S
-
-
-class Handshake:
-    """One QUERY to every node, answered with its partition id: Flower node id -> partition id.
-
-    Construction waits until ``expected`` nodes have connected and sends the queries;
-    ``partition_ids()`` collects the replies. What the ServerApp does in between overlaps the
-    clients' start."""
-
-    def __init__(self, grid: Grid, expected: int) -> None:
-        self.grid, self.deadline = grid, time.monotonic() + HANDSHAKE_TIMEOUT_S
-        while len(list(grid.get_node_ids())) < expected:
-            if time.monotonic() > self.deadline:
-                raise RuntimeError(f"only {len(list(grid.get_node_ids()))} of {expected} nodes connected")
-            time.sleep(0.5)
-        queries = [Message(RecordDict({}), dst_node_id=n, message_type=MessageType.QUERY)
-                   for n in sorted(grid.get_node_ids())]
-        self.pending = set(grid.push_messages(queries))
-
-    def partition_ids(self) -> dict[int, int]:
-        """Wait for every reply (until ``HANDSHAKE_TIMEOUT_S`` after the start); raise on an error
-        reply, a missing reply or two nodes that claim the same partition."""
-        mapping = {}
-        while self.pending:
-            if time.monotonic() > self.deadline:
-                raise RuntimeError(f"{len(self.pending)} nodes did not answer the handshake within "
-                                   f"{HANDSHAKE_TIMEOUT_S:g} s")
-            replies = list(self.grid.pull_messages(self.pending))
-            for reply in replies:
-                if reply.has_error():
-                    raise RuntimeError(f"handshake failed on node {reply.metadata.src_node_id}: "
-                                       f"{reply.error.reason}")
-                mapping[reply.metadata.src_node_id] = int(reply.content["info"]["partition-id"])
-                self.pending.discard(reply.metadata.reply_to_message_id)
-            if self.pending:  # the grid's own pace, as its send_and_receive (HttpGrid: every 3 s)
-                time.sleep(getattr(self.grid, "pull_interval", 3.0))
-        pids = sorted(mapping.values())
-        if len(set(pids)) != len(pids):
-            raise RuntimeError(f"two nodes claim the same partition id: {pids}")
-        return mapping

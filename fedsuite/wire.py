@@ -35,6 +35,16 @@ from fedsuite.arrays import NDArrays
 ARRAYS = "arrays"
 CONFIG = "config"
 METRICS = "metrics"
+#: the MetricRecord of a node's answer to the partition query (``fedsuite.nodes``), holding :data:`PARTITION_ID`
+INFO = "info"
+#: keys every client reports: its partition id (partition query and replies) and, in ``"metrics"``,
+#: its number of examples (the aggregation weight)
+PARTITION_ID = "partition-id"
+NUM_EXAMPLES = "num-examples"
+#: the metric of a reply to a training message that asked for :data:`CHECKSUM_REQUEST`
+RECEIVED_CHECKSUM = "received-checksum"
+#: config keys of every training message and statistics query
+SERVER_ROUND = "server-round"
 #: the server's momentum direction m^t (FedCM family), an extra ArrayRecord of the training message
 MOMENTUM = "momentum"
 #: a config key: when true, the ClientApp reports ``received-checksum`` (:func:`record_checksum` of the

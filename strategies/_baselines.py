@@ -4,14 +4,16 @@
   FedDyn papers; spec fedinit.md §7 A9).
 * :class:`FlowerOptAdapter`: lets a Flower server optimiser (``FedAdam``, ``FedAvgM``, ``FedYogi``)
   sit in front of :class:`FedSuiteStrategy` in the MRO, so Flower's ``__init__`` runs unchanged and
-  its ``aggregate_train`` updates our validated, sorted, data-size-weighted mean.
+  its ``aggregate_train`` updates our validated, sorted, data-size-weighted mean;
+  :class:`FlowerOptResult`, listed first, takes Flower's result back into the model's dtypes:
+  ``class X(FlowerOptResult, flwr Y, FlowerOptAdapter)``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, Message
 
 from fedsuite.arrays import conform, copy_arrays
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
@@ -51,9 +53,16 @@ class FlowerOptAdapter(FedSuiteStrategy):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.m_t, self.v_t = copy_arrays(state["m_t"]), copy_arrays(state["v_t"])
 
-    def finish_round(self, arrays: ArrayRecord | None) -> ArrayRecord | None:
-        """Cast Flower's result back to the model's dtypes and remember it as the global model."""
+
+class FlowerOptResult:
+    """The first base of a Flower server optimiser's strategy, ``class X(FlowerOptResult, flwr Y,
+    FlowerOptAdapter)``: its ``aggregate_train`` runs after Flower's update (which ran on our
+    validated mean), casts Flower's result back to the model's dtypes and remembers it as the global
+    model. A subclass that overrides ``aggregate_train`` (FedAdam) calls ``super()``, which is this."""
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, Any]:
+        arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is None:
-            return None
+            return None, metrics
         self.global_arrays = conform(to_ndarrays(arrays), self.template)
-        return to_record(self.global_arrays)
+        return to_record(self.global_arrays), metrics

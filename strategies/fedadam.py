@@ -25,7 +25,7 @@ from pydantic import Field
 from clients.fedavg import FedAvgClient
 from fedsuite.params import Params
 from fedsuite.registry import register_method
-from strategies._baselines import FlowerOptAdapter
+from strategies._baselines import FlowerOptAdapter, FlowerOptResult
 
 
 class FedAdamParams(Params):
@@ -36,7 +36,7 @@ class FedAdamParams(Params):
     bias_correction: bool = Field(False, description="Adam bias correction (off in FedInit's code, spec A19)")
 
 
-class FedAdamStrategy(FlowerFedAdam, FlowerOptAdapter):
+class FedAdamStrategy(FlowerOptResult, FlowerFedAdam, FlowerOptAdapter):
     """Flower's FedAdam on fedsuite's validated mean; bias correction per ``bias_correction``."""
 
     def __init__(self, setup) -> None:
@@ -56,10 +56,9 @@ class FedAdamStrategy(FlowerFedAdam, FlowerOptAdapter):
         flower_factor = math.sqrt(1 - p.beta2 ** (server_round + 1.0)) / (1 - p.beta1 ** (server_round + 1.0))
         self.eta = self.effective_lr(self.global_round(server_round)) / flower_factor
         try:
-            arrays, metrics = super().aggregate_train(server_round, replies)
+            return super().aggregate_train(server_round, replies)  # FlowerOptResult's, then Flower's
         finally:
             self.eta = p.server_lr
-        return self.finish_round(arrays), metrics
 
 
 register_method(

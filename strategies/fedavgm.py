@@ -16,7 +16,7 @@ from pydantic import Field
 from clients.fedavg import FedAvgClient
 from fedsuite.params import Params
 from fedsuite.registry import register_method
-from strategies._baselines import FlowerOptAdapter
+from strategies._baselines import FlowerOptAdapter, FlowerOptResult
 
 
 class FedAvgMParams(Params):
@@ -24,17 +24,13 @@ class FedAvgMParams(Params):
     server_momentum: float = Field(0.9, ge=0, lt=1, description="server momentum β")
 
 
-class FedAvgMStrategy(FlowerFedAvgM, FlowerOptAdapter):
+class FedAvgMStrategy(FlowerOptResult, FlowerFedAvgM, FlowerOptAdapter):
     """Flower's FedAvgM on fedsuite's validated mean."""
 
     def __init__(self, setup) -> None:
         p = setup.cfg.method_params
         self._pending_setup = setup
         FlowerFedAvgM.__init__(self, server_learning_rate=p.server_lr, server_momentum=p.server_momentum)
-
-    def aggregate_train(self, server_round, replies):
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        return self.finish_round(arrays), metrics
 
     def state_dict(self):
         if self.momentum_vector is None:

@@ -17,7 +17,7 @@ from pydantic import Field
 from clients.fedavg import FedAvgClient
 from fedsuite.params import Params
 from fedsuite.registry import register_method
-from strategies._baselines import FlowerOptAdapter
+from strategies._baselines import FlowerOptAdapter, FlowerOptResult
 
 
 class FedYogiParams(Params):
@@ -27,17 +27,13 @@ class FedYogiParams(Params):
     tau: float = Field(1e-3, gt=0, description="adaptivity τ")
 
 
-class FedYogiStrategy(FlowerFedYogi, FlowerOptAdapter):
+class FedYogiStrategy(FlowerOptResult, FlowerFedYogi, FlowerOptAdapter):
     """Flower's FedYogi on fedsuite's validated mean."""
 
     def __init__(self, setup) -> None:
         p = setup.cfg.method_params
         self._pending_setup = setup
         FlowerFedYogi.__init__(self, eta=p.server_lr, eta_l=setup.cfg.lr, beta_1=p.beta1, beta_2=p.beta2, tau=p.tau)
-
-    def aggregate_train(self, server_round, replies):
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        return self.finish_round(arrays), metrics
 
 
 register_method(

@@ -11,7 +11,8 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedsuite.arrays import weighted_mean
 from fedsuite.config import build_config
-from fedsuite.strategy import RoundFailure, RoundLog, ServerSetup, failure_reason
+from fedsuite.replies import failure_reason
+from fedsuite.strategy import RoundFailure, RoundLog, ServerSetup
 from fedsuite.wire import to_record
 from strategies.fedavg import FedAvgStrategy
 from tests.conftest import FAST, assert_same_arrays, reply_message
@@ -330,6 +331,7 @@ def test_a_node_that_never_answers_the_handshake_fails_the_run(monkeypatch):
     from flwr.supercore.task_identity import TaskIdentity
     from flwr.superlink.grid import InMemoryGrid
 
+    import fedsuite.nodes as nodes
     import fedsuite.server_app as server_app
 
     flower_sim = importlib.import_module("flwr.simulation.run_simulation")
@@ -348,9 +350,9 @@ def test_a_node_that_never_answers_the_handshake_fails_the_run(monkeypatch):
     grid = InMemoryGrid(state_factory=factory)
     grid.set_run(run)
     server_app.tune_grid(grid)
-    monkeypatch.setattr(server_app, "HANDSHAKE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(nodes, "HANDSHAKE_TIMEOUT_S", 0.5)
 
-    handshake = server_app.Handshake(grid, 3)
+    handshake = nodes.Handshake(grid, 3)
     assert len(handshake.pending) == 3
     with pytest.raises(RuntimeError, match="3 nodes did not answer the handshake within 0.5 s"):
         handshake.partition_ids()

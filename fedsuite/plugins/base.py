@@ -4,7 +4,9 @@ initialisation, FedNLR's neuron-wise learning rates), with a client half and an 
 A plug-in is a :class:`ClientPlugin` subclass listed in ``fedsuite.plugins.PLUGINS`` under its
 config section name. Its ``params`` model is the TOML section ``[<name>]``;
 :meth:`ClientPlugin.enabled` says whether a run's config switches it on. Its server half (if any)
-is a :class:`ServerHooks` returned by :meth:`ClientPlugin.server_hooks`, run by every strategy.
+is a :class:`ServerHooks` returned by :meth:`ClientPlugin.server_hooks`, run by every strategy. A
+server half gets what it needs, not the strategy: the run's ``ServerSetup`` when it is built, the
+round's ``RoundLog`` (to add its columns) with the replies it observes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from pydantic import BaseModel
 from flwr.app import RecordDict
 
+from fedsuite.rounds import RoundLog, ServerSetup
 from fedsuite.training import LocalResult, LocalTask
 from fedsuite.wire import ClientReply
 
@@ -23,15 +26,16 @@ from fedsuite.wire import ClientReply
 class ServerHooks:
     """The server half of a plug-in, run by every ``FedSuiteStrategy``: :meth:`payload` may add
     records to a client's message after the method's own ``client_payload``; :meth:`observe` sees
-    (and may replace) the validated, sorted replies before the method's ``aggregate``; its state is
-    saved under ``checkpoint_state()["plugins"][name]``."""
+    (and may replace) the validated, sorted replies before the method's ``aggregate`` and may add
+    columns to the round's log; its state is saved under ``checkpoint_state()["plugins"][name]``."""
 
     name: str = "plugin"
 
     def payload(self, server_round: int, pid: int, content: RecordDict) -> None:
         """Add to (or change) the message content for client ``pid``."""
 
-    def observe(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
+    def observe(self, server_round: int, replies: list[ClientReply], round_log: RoundLog) -> list[ClientReply]:
+        """See the round's accepted replies (return them, or replacements); ``round_log.add`` writes columns."""
         return replies
 
     def state_dict(self) -> dict[str, Any]:
@@ -73,7 +77,7 @@ class ClientPlugin(ABC):
     def after_finish(self, task: LocalTask, result: LocalResult) -> LocalResult:
         return result
 
-    def server_hooks(self, strategy: Any) -> ServerHooks | None:
-        """The plug-in's server half for ``strategy`` (a ``FedSuiteStrategy``), or None.
+    def server_hooks(self, setup: ServerSetup) -> ServerHooks | None:
+        """The plug-in's server half for the run ``setup`` describes, or None.
         Called once by every strategy whose run switches the plug-in on."""
         return None

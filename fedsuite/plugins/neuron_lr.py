@@ -52,6 +52,8 @@ from torch import nn
 from fedsuite.params import Params
 from fedsuite.data import to_float
 from fedsuite.plugins.base import ClientPlugin, ServerHooks
+from fedsuite.replies import metric_means
+from fedsuite.rounds import RoundLog, ServerSetup
 from fedsuite.training import LocalTask
 from fedsuite.wire import ClientReply
 
@@ -477,9 +479,9 @@ class NeuronLRPlugin(ClientPlugin):
         """s per covered parameter (η̂ = η · s), fixed for the round."""
         return self.plan.param_scales if self.plan is not None else {}
 
-    def server_hooks(self, strategy):
+    def server_hooks(self, setup: ServerSetup) -> "NeuronLRDiagnostics | None":
         """Server side: only diagnostics (the method's own aggregation is unchanged, spec §2.7)."""
-        return NeuronLRDiagnostics(strategy) if self.p.diagnostics else None
+        return NeuronLRDiagnostics() if self.p.diagnostics else None
 
 
 class NeuronLRDiagnostics(ServerHooks):
@@ -488,16 +490,7 @@ class NeuronLRDiagnostics(ServerHooks):
 
     name = "neuron_lr"
 
-    def __init__(self, strategy: Any) -> None:
-        self.strategy = strategy
-
-    def observe(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
+    def observe(self, server_round: int, replies: list[ClientReply], round_log: RoundLog) -> list[ClientReply]:
         if replies:
-            keys = set.intersection(*(set(r.metrics) for r in replies))
-            total = sum(r.num_examples for r in replies)
-            means = {
-                k: sum(r.metrics[k] * r.num_examples for r in replies) / total
-                for k in sorted(keys) if k.startswith("nlr-")
-            }
-            self.strategy.round_log.add(means)
+            round_log.add(metric_means(replies, lambda key: key.startswith("nlr-")))
         return replies

@@ -67,9 +67,10 @@ from fedsuite.params import Params
 from fedsuite.arrays import trainable_keys
 from fedsuite.models import initial_arrays
 from fedsuite.plugins.base import ClientPlugin, ServerHooks
+from fedsuite.rounds import RoundLog, ServerSetup
 from fedsuite.state import ArrayStore
 from fedsuite.training import LocalResult, LocalTask
-from fedsuite.wire import to_ndarrays, to_record
+from fedsuite.wire import ARRAYS, ClientReply, to_ndarrays, to_record
 
 Tensors = dict[str, torch.Tensor]
 
@@ -227,8 +228,8 @@ class RelaxedInit(ClientPlugin):
         # server-state: the reply carries w_{i,K}; the server stores it and translates (RelaxedInitServer)
         return result
 
-    def server_hooks(self, strategy: Any) -> "RelaxedInitServer | None":
-        return RelaxedInitServer(self.p, strategy) if self.p.storage == "server-state" else None
+    def server_hooks(self, setup: ServerSetup) -> "RelaxedInitServer | None":
+        return RelaxedInitServer(self.p, setup) if self.p.storage == "server-state" else None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -248,10 +249,8 @@ class RelaxedInitServer(ServerHooks):
 
     name = "relaxed_init"
 
-    def __init__(self, params: RelaxedInitParams, strategy: Any) -> None:
+    def __init__(self, params: RelaxedInitParams, setup: ServerSetup) -> None:
         self.p = params
-        self.strategy = strategy
-        setup = strategy.setup
         self.keys = setup.trainable_keys()  # buffers are not relaxed (spec A18)
         # no run folder (a strategy built outside a run): a scratch folder, removed with this object
         self._scratch = None if setup.run_dir is not None else tempfile.TemporaryDirectory(prefix="fedsuite-ri-")
@@ -275,7 +274,7 @@ class RelaxedInitServer(ServerHooks):
         return index
 
     def payload(self, server_round: int, pid: int, content: Any) -> None:
-        sent = to_ndarrays(content["arrays"])
+        sent = to_ndarrays(content[ARRAYS])
         start = {k: torch.from_numpy(np.asarray(sent[k])) for k in self.keys}
         offset = None
         if self.beta != 0:
@@ -292,7 +291,7 @@ class RelaxedInitServer(ServerHooks):
                 self.offsets[pid] = offset
         content[START_RECORD] = to_record({k: v.numpy() for k, v in relaxed.items()})
 
-    def observe(self, server_round: int, replies: list) -> list:
+    def observe(self, server_round: int, replies: list[ClientReply], round_log: RoundLog) -> list[ClientReply]:
         for reply in replies:
             pid = reply.partition_id
             w_k = {k: torch.from_numpy(np.asarray(reply.arrays[k])) for k in self.keys}
