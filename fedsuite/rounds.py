@@ -28,6 +28,9 @@ class ServerSetup:
     # central evaluation of a model given as arrays on the run's test set: {"accuracy", "loss"}
     # (the ServerApp's, fedsuite.training.evaluate; None in hand-built setups)
     evaluate: Callable[[NDArrays], dict[str, float]] | None = None
+    # n_i: the number of training samples of a partition id in the run's partition (the ServerApp's;
+    # None in hand-built setups). A server rule that weighs clients before they reply asks here.
+    partition_size: Callable[[int], int] | None = None
 
     def trainable_keys(self) -> list[str]:
         """Names of the trainable parameters in w^0's order: from a fresh model when the setup can

@@ -91,6 +91,7 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
     setup = ServerSetup(
         cfg=cfg, node_to_pid=node_to_pid, initial=initial, run_dir=run_dir,
         build_model=lambda: make_model(cfg, bundle), evaluate=evaluate_arrays,
+        partition_size=lambda pid: len(runtime.client_indices(cfg, bundle, pid)),
     )
     for risk in cfg.method.risks(cfg):
         log.warning("%s", risk)

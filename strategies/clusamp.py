@@ -152,11 +152,10 @@ class CluSampStrategy(FedSuiteStrategy):
         self.multiplicity: dict[int, int] = {}
 
     def _partition_sizes(self) -> np.ndarray:
-        """n_i from the run's partition (the server loads the dataset for evaluation anyway)."""
-        from fedsuite import runtime
-
-        bundle = runtime.load_bundle(self.cfg)
-        return np.array([len(runtime.client_indices(self.cfg, bundle, p)) for p in self.pids], dtype=np.int64)
+        """n_i from the run's partition (``ServerSetup.partition_size``)."""
+        if self.setup.partition_size is None:
+            raise ValueError("CluSamp weighs clients by their data sizes: its ServerSetup needs partition_size")
+        return np.array([self.setup.partition_size(p) for p in self.pids], dtype=np.int64)
 
     def draw(self, server_round: int) -> list[int]:
         """The m draws of Algorithm 2 (partition ids, with repeats), deterministic in (seed, round, state)."""

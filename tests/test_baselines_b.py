@@ -43,10 +43,12 @@ def make_strategy(name: str, initial: dict | None = None, num_clients: int = 4, 
 
     cfg = build_config(values={**FAST, "data_root": tempfile.gettempdir() + "/fedsuite-test-data", "strategy": name,
                                "num_clients": num_clients, "clients_per_round": cohort, **UNIT_ROUND, **values})
+    bundle = runtime.load_bundle(cfg)
     if initial is None:
-        initial = models.initial_arrays(cfg, runtime.load_bundle(cfg))
+        initial = models.initial_arrays(cfg, bundle)
     setup = ServerSetup(cfg=cfg, node_to_pid={1000 + i: i for i in range(num_clients)},
-                        initial={k: np.asarray(v) for k, v in initial.items()})
+                        initial={k: np.asarray(v) for k, v in initial.items()},
+                        partition_size=lambda pid: len(runtime.client_indices(cfg, bundle, pid)))
     return cfg.method.strategy(setup)
 
 
