@@ -20,8 +20,8 @@ file's folder name, ``<setting>`` the row's ``setting``, default its name), so r
 tables that name the same setting share their runs.
 
 The report (:func:`write_report`, also ``--report`` alone) has per cell the published value, the
-obtained mean ± std (the target's reading: :func:`run_value`, :func:`aggregate`), their difference
-(paper scale only) and, per row, each ordering the paper claims (a row's ``claims``, else read off
+obtained mean ± std (the target's reading: ``fedsuite.results.run_value``, :func:`aggregate`), their
+difference (paper scale only) and, per row, each ordering the paper claims (a row's ``claims``, else read off
 its published numbers) judged on the differences paired by seed: holds, within noise, reversed or
 not judged (:func:`claims`, :func:`paired_verdict`); as ``report.md``, ``report.csv`` (cells) and
 ``claims.csv`` (orderings), plus one accuracy-versus-round figure per row (mean over seeds with a
@@ -49,6 +49,7 @@ import numpy as np
 
 from fedsuite import rundir
 from fedsuite.config import ConfigError, build_config
+from fedsuite.results import best_accuracy, evaluations, read_metrics, run_value
 
 #: the tables files that ship with fedsuite: experiments/<paper>/tables.toml
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
@@ -432,20 +433,6 @@ def run_queue(specs: Sequence[RunSpec], jobs: int = 1, placement: Sequence[str] 
 # ------------------------------------------------------------------------------------------------
 
 
-def run_value(evals: Sequence[tuple[int, float]], metric: str, last: int = 1,
-              target_accuracy: float | None = None) -> tuple[float, list[float]]:
-    """One run's value from its evaluations ``(round, accuracy in [0, 1])``, in the table's units.
-    ``accuracy``: the mean of the last ``last`` accuracies in %, and those accuracies (in %);
-    ``rounds``: the first round whose accuracy in % reaches ``target_accuracy`` (``inf`` if none)."""
-    if metric == "rounds":
-        hit = next((rnd for rnd, acc in evals if 100 * acc >= target_accuracy - 1e-9), None)
-        return (math.inf if hit is None else float(hit)), []
-    tail = [100 * acc for _, acc in evals][-last:]
-    if not tail:
-        raise ValueError("a run without evaluations has no value")
-    return float(np.mean(tail)), tail
-
-
 def aggregate(values: Sequence[float], tails: Sequence[Sequence[float]] = (), metric: str = "accuracy",
               spread: str = "seeds") -> tuple[float | None, float | None]:
     """(mean, std) of a cell over its seeds' run values. ``accuracy``: the mean of the values; the
@@ -565,8 +552,6 @@ def _fmt(value: float | None, std: float | None = None, metric: str = "accuracy"
 def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[str, Any]]:
     """Per row: its cells (published, obtained mean ± std over the completed seeds, best accuracy,
     difference at paper scale), its claims and verdict, and the curves of its completed runs."""
-    from fedsuite.results import evaluations, read_metrics
-
     rows = []
     for row in target.rows:
         mine = [s for s in specs if s.row.setting == row.setting]
@@ -589,7 +574,7 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
                 value, tail = run_value(evals, target.metric, target.last, acc)
                 values.append(value)
                 tails.append(tail)
-                bests.append(100 * max(a for _, a in evals))
+                bests.append(100 * best_accuracy(evals))
                 seed_rows.append(metrics)
                 # a run that never reached a rounds target counts as reaching it one round after
                 # its end (a lower bound), so that the paired difference stays finite
