@@ -447,7 +447,7 @@ def sweep(
 ) -> None:
     """Run a grid of settings times seeds as one resumable queue, and report mean ± std per setting;
     or, with --search, a Ray Tune search (ASHA stops poor trials early), each trial a fedsuite run."""
-    from fedsuite.reproduce import ReproduceError
+    from fedsuite.reproduce.queue import ReproduceError
     from fedsuite.sweep import run_sweep
 
     try:

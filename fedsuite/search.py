@@ -135,7 +135,7 @@ def trainable(folder: Path, config: Path | None, base_set: Sequence[str], seed: 
     from ray import tune
 
     from fedsuite import launch, reaper
-    from fedsuite.reproduce import simulate_command
+    from fedsuite.reproduce.queue import simulate_command
     from fedsuite.results import read_metrics
 
     class Trial(tune.Trainable, FedsuiteTrial):
@@ -193,7 +193,7 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
     """The command: check, search, report. Returns the exit code (0 every trial completed or was
     stopped by ASHA, 1 a trial failed, 130 interrupted); :class:`SweepError` for bad input."""
     from fedsuite import reaper
-    from fedsuite.reproduce import _child_env, placement_options
+    from fedsuite.reproduce.queue import child_env, placement_options
 
     if search not in SEARCHES:
         raise SweepError(f"--search must be one of {', '.join(SEARCHES)}, got {search!r}")
@@ -213,7 +213,7 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
     problem = rundir.folder_problem(folder)
     if problem is not None:
         raise SweepError(f"--out: {problem}")
-    from fedsuite.reproduce import missing_data
+    from fedsuite.reproduce.queue import missing_data
 
     cfg = build_config(config, list(base_set))
     problems = missing_data([_DataNeed(cfg)])
@@ -226,7 +226,7 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
     from ray.tune.search import BasicVariantGenerator
 
     folder.mkdir(parents=True, exist_ok=True)
-    env = _child_env()
+    env = child_env()
     ray_tmpdir = reaper.make_ray_tmpdir(folder)
     scheduler = (ASHAScheduler(time_attr="round", max_t=rounds, grace_period=grace, reduction_factor=REDUCTION_FACTOR)
                  if search == "asha" else FIFOScheduler())
@@ -272,7 +272,7 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
 
 @dataclass
 class _DataNeed:
-    """What :func:`fedsuite.reproduce.missing_data` reads of a run: its dataset and label."""
+    """What :func:`fedsuite.reproduce.queue.missing_data` reads of a run: its dataset and label."""
 
     cfg: Any
 

@@ -13,7 +13,7 @@ or, in the config file, a ``[sweep]`` section (command-line ``--grid`` and ``--s
 
 Every setting (one value per key: the grid's Cartesian product) runs once per seed, as a
 ``fedsuite simulate`` run in ``<out>/<name>/<setting>/s<seed>``. The runs go through the queue of
-``fedsuite reproduce`` (:func:`fedsuite.reproduce.run_queue`): ``--jobs`` at a time, finished runs
+``fedsuite reproduce`` (:func:`fedsuite.reproduce.queue.run_queue`): ``--jobs`` at a time, finished runs
 skipped, interrupted ones resumed, Ctrl-C and kill safe. Before anything runs, every run's config is
 validated (an unknown key, a value that fails validation, an empty grid: one line, exit 2) and
 every dataset the runs need is checked.
@@ -39,8 +39,8 @@ import numpy as np
 
 from fedsuite import rundir
 from fedsuite.config import ConfigError, build_config, load_toml, parse_value
-from fedsuite.reproduce import (ReproduceError, aggregate, pending, placement_options, queue_and_report,
-                                simulate_command)
+from fedsuite.reproduce.queue import ReproduceError, pending, placement_options, queue_and_report, simulate_command
+from fedsuite.reproduce.report import aggregate
 
 
 class SweepError(ReproduceError):
