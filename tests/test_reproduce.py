@@ -404,6 +404,32 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_options_take_several_values_after_one_flag_and_a_usage_error_is_one_line(tmp_path):
+    """``--rows a b``, ``--methods a b`` and ``--seeds 0 1 2`` as the README writes them (a click option
+    takes one value per flag); a usage error (no value, a bad value, an unknown option) is one line, exit 2."""
+    from typer.testing import CliRunner
+
+    from fedsuite.cli import ManyValuesCommand, app
+
+    spread = ManyValuesCommand("reproduce").spread
+    assert spread(["t", "--rows", "a", "b", "--seeds", "0", "-1", "--jobs", "2", "--methods=m", "--report"]) == [
+        "t", "--rows", "a", "--rows", "b", "--seeds", "0", "--seeds", "-1", "--jobs", "2", "--methods", "m", "--report"]
+    assert spread(["--seeds", "1", "t", "--", "--rows"]) == ["--seeds", "1", "--seeds", "t", "--", "--rows"]
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(TINY.format(dataset="synthetic"))
+    base = ["reproduce", "tiny", "--tables", str(tables), "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, [*base, "--seeds", "0", "1", "--methods", "fedavg", "fedprox", "--report"])
+    assert result.exit_code == 0, result.output
+    assert [r["seeds_planned"] for r in csv.DictReader((tmp_path / "out/tiny/paper/tiny/report.csv").open())] == ["2", "2"]
+    for args, words in ((["--seeds"], "--seeds expects one or more values"), (["--seeds", "a"], "'a' is not a valid"),
+                        (["--scale", "gpu"], "unknown scale 'gpu'"), (["--bogus"], "No such option '--bogus'"),
+                        (["--jobs", "x"], "'x' is not a valid integer")):
+        result = CliRunner().invoke(app, [*base, *args])
+        text = result.stdout + (result.stderr or "")
+        assert result.exit_code == 2 and words in text and len(text.strip().splitlines()) == 1, text
+
+
 def _flower_processes(under: Path) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter():

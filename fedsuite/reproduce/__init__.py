@@ -1,6 +1,6 @@
 """``fedsuite reproduce``: a paper's table as one resumable, parallel queue of runs, and its report.
 
-``fedsuite reproduce TARGET`` (:func:`main`, its options: :func:`parser`)
+``fedsuite reproduce TARGET`` (:func:`run_reproduce`; the options are ``fedsuite.cli.reproduce``'s)
 plans one ``fedsuite simulate`` run per (row, method, seed) of a paper's table under ``--out``,
 checks that every dataset the runs need is on disk, works through the queue with ``--jobs``
 simulations at once, and writes the report. One idea per module:
@@ -18,7 +18,6 @@ simulations at once, and writes the report. One idea per module:
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Sequence
 
@@ -28,66 +27,38 @@ from fedsuite.reproduce.report import write_report
 from fedsuite.reproduce.tables import SCALES, Target, load_targets, plan
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit code 2
-        raise ReproduceError(message)
-
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fedsuite reproduce", description=(
-        "Reproduce a paper's table: run its grid (rows x methods x seeds) as a resumable queue of "
-        "`fedsuite simulate` runs and report obtained beside published. `fedsuite reproduce list` "
-        "shows the targets."))
-    p.add_argument("target", help="a target name (see `fedsuite reproduce list`), or `list`")
-    p.add_argument("--rows", nargs="+", help="only these rows (names as in `list`)")
-    p.add_argument("--methods", nargs="+", help="only these methods (columns)")
-    p.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the target's, per scale)")
-    p.add_argument("--scale", choices=SCALES, default="paper",
-                   help="paper: the paper's settings; cpu: the target's CPU-sized variant (orderings only)")
-    p.add_argument("--jobs", type=int, default=1, help="simulations at once (default 1)")
-    p.add_argument("--out", type=Path, default=Path("runs/reproduce"), help="folder for runs and reports")
-    p.add_argument("--data-root", help="data_root of every run (where the datasets are)")
-    p.add_argument("--num-gpus", type=float, help="GPU share per simulated client, passed to every run")
-    p.add_argument("--ray-address", help="run every simulation's clients on this Ray cluster (host:port, auto)")
-    p.add_argument("--tables", type=Path, action="append", default=[], help="another tables file (repeatable)")
-    p.add_argument("--report", action="store_true", help="only write the report from the runs on disk")
-    return p
-
-
-def main(argv: Sequence[str]) -> int:
-    """``fedsuite reproduce ...``; returns the exit code (0 all runs completed, 1 a run failed,
-    2 a user error, 130 interrupted)."""
-    from rich.console import Console
-
-    console, err = Console(), Console(stderr=True)
-    try:
-        args = parser().parse_args(list(argv))
-        if args.jobs < 1:
-            raise ReproduceError(f"--jobs must be at least 1, got {args.jobs}")
-        problem = rundir.folder_problem(args.out)
-        if problem is not None:
-            raise ReproduceError(f"--out: {problem}")
-        targets = load_targets(args.tables)
-        if args.target == "list":
-            print_targets(targets, console)
-            return 0
-        if args.target not in targets:
-            raise ReproduceError(f"unknown target {args.target!r}; allowed: {', '.join(sorted(targets))}")
-        target = targets[args.target]
-        specs = plan(target, args.scale, args.out, args.rows, args.methods, args.seeds, args.data_root)
-        report_dir = (args.out / target.paper_key / args.scale / target.name).resolve()
-        if args.report:
-            path = write_report(target, specs, args.scale, report_dir)
-            console.print(f"report -> {path}")
-            return 0
-        todo = pending(specs)
-    except ReproduceError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        return 2
-    console.print(f"[bold]{target.name}[/] ({args.scale} scale): {len(specs)} runs, "
-                  f"{len(specs) - len(todo)} already done, {args.jobs} at a time -> {report_dir.parent}")
-    return queue_and_report(specs, args.jobs, placement_options(args.num_gpus, args.ray_address), console,
-                            lambda: write_report(target, specs, args.scale, report_dir))
+def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequence[str] | None,
+                  seeds: Sequence[int] | None, scale: str, jobs: int, out: Path, data_root: str | None,
+                  num_gpus: float | None, ray_address: str | None, tables: Sequence[Path], report_only: bool,
+                  console) -> int:
+    """The command (``target_name`` ``list``: the targets): plan, check, queue, report. Returns the
+    exit code (0 every run completed, 1 a run did not, 130 interrupted); raises
+    :class:`ReproduceError` for bad input (exit 2, nothing started)."""
+    if scale not in SCALES:
+        raise ReproduceError(f"unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
+    if jobs < 1:
+        raise ReproduceError(f"--jobs must be at least 1, got {jobs}")
+    problem = rundir.folder_problem(out)
+    if problem is not None:
+        raise ReproduceError(f"--out: {problem}")
+    targets = load_targets(tables)
+    if target_name == "list":
+        print_targets(targets, console)
+        return 0
+    if target_name not in targets:
+        raise ReproduceError(f"unknown target {target_name!r}; allowed: {', '.join(sorted(targets))}")
+    target = targets[target_name]
+    specs = plan(target, scale, out, rows, methods, seeds, data_root)
+    report_dir = (out / target.paper_key / scale / target.name).resolve()
+    if report_only:
+        path = write_report(target, specs, scale, report_dir)
+        console.print(f"report -> {path}")
+        return 0
+    todo = pending(specs)
+    console.print(f"[bold]{target.name}[/] ({scale} scale): {len(specs)} runs, "
+                  f"{len(specs) - len(todo)} already done, {jobs} at a time -> {report_dir.parent}")
+    return queue_and_report(specs, jobs, placement_options(num_gpus, ray_address), console,
+                            lambda: write_report(target, specs, scale, report_dir))
 
 
 def print_targets(targets: dict[str, Target], console) -> None:
