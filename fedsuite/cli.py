@@ -1,4 +1,4 @@
-"""The ``fedsuite`` command: simulate, list, partition, report, reproduce, certs.
+"""The ``fedsuite`` command: simulate, list, partition, report, certs, sweep, reproduce.
 
 User errors (bad config, unknown names, missing data) print one line and exit with code 2, and
 leave no run directory behind (the data check, ``runtime.check_data``, runs while the simulation
@@ -11,15 +11,18 @@ and hardware checks), ``results`` (the report), ``certs``, ``sweep``, ``search``
 from __future__ import annotations
 
 import math
+import re
 import signal
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
+import click
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperCommand
 
 # fedsuite.config and the registry (torch, pydantic, every method) are imported where a command
 # needs them: `fedsuite simulate` first starts its simulation process, whose imports then run on
@@ -336,7 +339,7 @@ def sweep(
 ) -> None:
     """Run a grid of settings times seeds as one resumable queue, and report mean ± std per setting;
     or, with --search, a Ray Tune search (ASHA stops poor trials early), each trial a fedsuite run."""
-    from fedsuite.reproduce import ReproduceError
+    from fedsuite.reproduce.queue import ReproduceError
     from fedsuite.sweep import run_sweep
 
     try:
@@ -367,13 +370,72 @@ def sweep(
     raise typer.Exit(code)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-             add_help_option=False)
-def reproduce(ctx: typer.Context) -> None:
-    """Reproduce a paper's table as one resumable queue of runs; `fedsuite reproduce list`, `--help`."""
-    from fedsuite.reproduce import main as reproduce_main
+class ManyValuesCommand(TyperCommand):
+    """A command whose options in :attr:`many` take one or more values after one flag, as in
+    ``--seeds 0 1 2`` (a click option takes one value per flag: the values are handed to it as
+    ``--seeds 0 --seeds 1 --seeds 2``); a usage error is one line and exit code 2."""
 
-    raise typer.Exit(reproduce_main(ctx.args))
+    many = ("--rows", "--methods", "--seeds")
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, self.spread(args))
+        except click.UsageError as exc:
+            fail(exc.format_message())
+
+    def spread(self, args: list[str]) -> list[str]:
+        out: list[str] = []
+        filling, count = None, 0  # the option taking values, and how many it has taken
+        for i, arg in enumerate(args):
+            name, eq, value = arg.partition("=")
+            if filling and (not arg.startswith("-") or re.fullmatch(r"-\d+", arg)):
+                out += [filling, arg]
+                count += 1
+                continue
+            if filling and not count:
+                raise click.UsageError(f"{filling} expects one or more values")
+            filling = None
+            if arg == "--":
+                return out + args[i:]
+            if name in self.many and eq:
+                out += [name, value]
+            elif arg in self.many:
+                filling, count = arg, 0
+            else:
+                out.append(arg)
+        if filling and not count:
+            raise click.UsageError(f"{filling} expects one or more values")
+        return out
+
+
+@app.command(cls=ManyValuesCommand, context_settings={"help_option_names": ["-h", "--help"]})
+def reproduce(
+    target: str = typer.Argument(..., help="a target name (see `fedsuite reproduce list`), or `list`"),
+    rows: Optional[list[str]] = typer.Option(None, "--rows", help="only these rows (names as in `list`): --rows a b"),
+    methods: Optional[list[str]] = typer.Option(None, "--methods", help="only these methods (columns)"),
+    seeds: Optional[list[int]] = typer.Option(None, "--seeds", help="seeds: --seeds 0 1 2 (default: the target's, per scale)"),
+    scale: str = typer.Option("paper", "--scale", help="paper: the paper's settings; cpu: the target's "
+                              "CPU-sized variant (orderings only)"),
+    jobs: int = typer.Option(1, "--jobs", help="simulations at once"),
+    out: Path = typer.Option(Path("runs/reproduce"), "--out", help="folder for runs and reports"),
+    data_root: Optional[str] = typer.Option(None, "--data-root", help="data_root of every run (where the datasets are)"),
+    num_gpus: Optional[float] = typer.Option(None, "--num-gpus", help="GPU share per simulated client, passed to every run"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run every simulation's clients on this "
+                                              "Ray cluster (host:port, auto)"),
+    tables: list[Path] = typer.Option([], "--tables", help="another tables file (repeatable)"),
+    report_only: bool = typer.Option(False, "--report", help="only write the report from the runs on disk"),
+) -> None:
+    """Reproduce a paper's table: run its grid (rows x methods x seeds) as a resumable queue of
+    `fedsuite simulate` runs and report obtained beside published. `fedsuite reproduce list` shows the targets."""
+    from fedsuite.reproduce import run_reproduce
+    from fedsuite.reproduce.queue import ReproduceError
+
+    try:
+        code = run_reproduce(target, rows, methods, seeds, scale, jobs, out, data_root, num_gpus, ray_address, tables,
+                             report_only, console)
+    except ReproduceError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
 
 
 def main() -> None:  # pragma: no cover

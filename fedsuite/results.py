@@ -1,4 +1,4 @@
-"""Run directories: metrics, summary, checkpoint, plots; and ``fedsuite report`` over many runs.
+"""Run directories: metrics, summary, checkpoint, plots; a run's reading; and ``fedsuite report`` over many runs.
 
 A run directory holds::
 
@@ -23,7 +23,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -76,9 +76,34 @@ def read_metrics(run_dir: str | Path, tolerant: bool = False) -> list[dict[str, 
 
 def evaluations(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
     """``(round, test accuracy in [0, 1])`` of each evaluated round of ``metrics.jsonl`` rows, round 0
-    (the initial model) left out: what a run's reading (``fedsuite.reproduce.run_value``) is taken
-    from, in ``reproduce``'s, ``sweep``'s and a search's reports alike."""
+    (the initial model) left out: what a run's reading (:func:`run_value`) is taken from, in
+    ``reproduce``'s, ``sweep``'s and a search's reports alike."""
     return [(r["round"], r["test_accuracy"]) for r in rows if r["round"] > 0 and r.get("test_accuracy") is not None]
+
+
+def last_accuracies(evals: Sequence[tuple[int, float]], last: int) -> list[float]:
+    """The accuracies of a run's last ``last`` evaluations ``(round, accuracy)``: its final reading's."""
+    return [acc for _, acc in evals[-last:]]
+
+
+def best_accuracy(evals: Sequence[tuple[int, float]]) -> float:
+    """A run's best accuracy over its evaluations ``(round, accuracy)``."""
+    return max(acc for _, acc in evals)
+
+
+def run_value(evals: Sequence[tuple[int, float]], metric: str, last: int = 1,
+              target_accuracy: float | None = None) -> tuple[float, list[float]]:
+    """One run's value from its evaluations ``(round, accuracy in [0, 1])`` (:func:`evaluations`),
+    in the units of a reproduce table, a sweep's or a search's report. ``accuracy``: the mean of the
+    last ``last`` accuracies in %, and those accuracies (in %); ``rounds``: the first round whose
+    accuracy in % reaches ``target_accuracy`` (``inf`` if none)."""
+    if metric == "rounds":
+        hit = next((rnd for rnd, acc in evals if 100 * acc >= target_accuracy - 1e-9), None)
+        return (math.inf if hit is None else float(hit)), []
+    tail = [100 * acc for acc in last_accuracies(evals, last)]
+    if not tail:
+        raise ValueError("a run without evaluations has no value")
+    return float(np.mean(tail)), tail
 
 
 def tensorboard_installed() -> bool:
@@ -382,8 +407,8 @@ def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 1)
             accs = [(r["round"], r["test_accuracy"]) for r in run["rows"] if r.get("test_accuracy") is not None]
             if not accs:
                 continue
-            finals.append(float(np.mean([a for _, a in accs[-last:]])))
-            bests.append(max(a for _, a in accs))
+            finals.append(float(np.mean(last_accuracies(accs, last))))
+            bests.append(best_accuracy(accs))
             if target is not None:
                 hit = next((rnd for rnd, a in accs if a >= target), None)
                 hits.append(hit)

@@ -136,7 +136,7 @@ def trainable(folder: Path, config: Path | None, base_set: Sequence[str], seed: 
 
     from fedsuite import reaper
     from fedsuite.processes import stop_tree
-    from fedsuite.reproduce import simulate_command
+    from fedsuite.reproduce.queue import simulate_command
     from fedsuite.results import read_metrics
 
     class Trial(tune.Trainable, FedsuiteTrial):
@@ -194,7 +194,8 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
     """The command: check, search, report. Returns the exit code (0 every trial completed or was
     stopped by ASHA, 1 a trial failed, 130 interrupted); :class:`SweepError` for bad input."""
     from fedsuite import reaper
-    from fedsuite.reproduce import _child_env, placement_options
+    from fedsuite.processes import fedsuite_first
+    from fedsuite.reproduce.queue import placement_options
 
     if search not in SEARCHES:
         raise SweepError(f"--search must be one of {', '.join(SEARCHES)}, got {search!r}")
@@ -214,7 +215,7 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
     problem = rundir.folder_problem(folder)
     if problem is not None:
         raise SweepError(f"--out: {problem}")
-    from fedsuite.reproduce import missing_data
+    from fedsuite.reproduce.queue import missing_data
 
     cfg = build_config(config, list(base_set))
     problems = missing_data([_DataNeed(cfg)])
@@ -227,7 +228,7 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
     from ray.tune.search import BasicVariantGenerator
 
     folder.mkdir(parents=True, exist_ok=True)
-    env = _child_env()
+    env = fedsuite_first(os.environ)
     ray_tmpdir = reaper.make_ray_tmpdir(folder)
     scheduler = (ASHAScheduler(time_attr="round", max_t=rounds, grace_period=grace, reduction_factor=REDUCTION_FACTOR)
                  if search == "asha" else FIFOScheduler())
@@ -273,7 +274,7 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
 
 @dataclass
 class _DataNeed:
-    """What :func:`fedsuite.reproduce.missing_data` reads of a run: its dataset and label."""
+    """What :func:`fedsuite.reproduce.queue.missing_data` reads of a run: its dataset and label."""
 
     cfg: Any
 
@@ -309,8 +310,7 @@ def trial_outcome(run_dir: Path, rounds: int, error: str | None) -> str:
 
 def write_report(trials: Sequence[dict[str, Any]], folder: Path, rounds: int, last: int, search: str) -> Path:
     """``report.md``, ``trials.csv`` and ``accuracy.png`` (one curve per trial) in ``folder``."""
-    from fedsuite.reproduce import run_value
-    from fedsuite.results import evaluations, plot_groups, read_metrics
+    from fedsuite.results import evaluations, plot_groups, read_metrics, run_value
 
     rows, curves = [], {}
     for t in trials:

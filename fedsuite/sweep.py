@@ -13,14 +13,14 @@ or, in the config file, a ``[sweep]`` section (command-line ``--grid`` and ``--s
 
 Every setting (one value per key: the grid's Cartesian product) runs once per seed, as a
 ``fedsuite simulate`` run in ``<out>/<name>/<setting>/s<seed>``. The runs go through the queue of
-``fedsuite reproduce`` (:func:`fedsuite.reproduce.run_queue`): ``--jobs`` at a time, finished runs
+``fedsuite reproduce`` (:func:`fedsuite.reproduce.queue.run_queue`): ``--jobs`` at a time, finished runs
 skipped, interrupted ones resumed, Ctrl-C and kill safe. Before anything runs, every run's config is
 validated (an unknown key, a value that fails validation, an empty grid: one line, exit 2) and
 every dataset the runs need is checked.
 
 The report (``<out>/<name>/report.md``, ``report.csv``, ``accuracy.png``) has per setting the
 mean ± std over its completed seeds of the reading (each run's mean of its last ``--last``
-evaluations, :func:`fedsuite.reproduce.run_value`), the best accuracy, the seeds that completed, and
+evaluations, :func:`fedsuite.results.run_value`), the best accuracy, the seeds that completed, and
 the best setting per group (``--group-by KEY``: per value of that grid key; else the best of all);
 the figure has one band per setting. Runs that did not complete are named with their failure.
 """
@@ -39,8 +39,8 @@ import numpy as np
 
 from fedsuite import rundir
 from fedsuite.config import ConfigError, build_config, load_toml, parse_value
-from fedsuite.reproduce import (ReproduceError, aggregate, pending, placement_options, queue_and_report, run_value,
-                                simulate_command)
+from fedsuite.reproduce.queue import ReproduceError, pending, placement_options, queue_and_report, simulate_command
+from fedsuite.reproduce.report import aggregate
 
 
 class SweepError(ReproduceError):
@@ -208,7 +208,7 @@ def read_sweep_section(config: Path | None) -> tuple[dict[str, Any] | None, dict
 def collect(runs: Sequence[SweepRun], last: int) -> list[dict[str, Any]]:
     """Per setting: the completed seeds' readings (mean of the last ``last`` evaluations, in %),
     their mean ± std, the mean best accuracy, and the curves."""
-    from fedsuite.results import evaluations, read_metrics
+    from fedsuite.results import best_accuracy, evaluations, read_metrics, run_value
 
     out: dict[str, dict[str, Any]] = {}
     for run in runs:
@@ -225,7 +225,7 @@ def collect(runs: Sequence[SweepRun], last: int) -> list[dict[str, Any]]:
             entry["incomplete"].append(run)
             continue
         entry["values"][run.seed] = run_value(evals, "accuracy", last)[0]
-        entry["bests"].append(100 * max(a for _, a in evals))
+        entry["bests"].append(100 * best_accuracy(evals))
         entry["curves"].append(rows)
     for entry in out.values():
         values = [entry["values"][s] for s in sorted(entry["values"])]

@@ -38,10 +38,14 @@ import pytest
 import torch
 from rich.console import Console
 
-from fedsuite import reproduce, rundir
-from fedsuite.reproduce import (HOLDS, NOT_JUDGED, REVERSED, WITHIN_NOISE, Claim, aggregate, claims, paired_verdict,
-                                run_value, verdict)
-from fedsuite.results import read_metrics
+from fedsuite import rundir
+from fedsuite.config import build_config
+from fedsuite.reproduce.queue import ReproduceError, missing_data, placement_options, run_queue
+from fedsuite.reproduce.report import aggregate, write_report
+from fedsuite.reproduce.tables import SCALES, Target, load_targets, parse_tables, plan
+from fedsuite.reproduce.verdicts import (HOLDS, NOT_JUDGED, REVERSED, WITHIN_NOISE, Claim, claims, paired_verdict,
+                                         verdict)
+from fedsuite.results import read_metrics, run_value
 from tests.conftest import assert_same_arrays
 from tests.test_data import make_cifar10, make_cifar100
 
@@ -89,8 +93,8 @@ def spec_cell(text: str) -> tuple[float, float | None]:
 
 
 @pytest.fixture(scope="module")
-def targets() -> dict[str, reproduce.Target]:
-    return reproduce.load_targets()
+def targets() -> dict[str, Target]:
+    return load_targets()
 
 
 def _published(targets, name: str) -> dict[str, dict[str, tuple[float, float | None]]]:
@@ -181,25 +185,25 @@ def test_fedinit_tables_match_the_spec(targets):
 def test_every_cell_builds_a_config(targets, tmp_path):
     """Each cell's config file + overrides validate at both scales; CPU scale uses MNIST-like data."""
     for target in targets.values():
-        for scale in reproduce.SCALES:
-            specs = reproduce.plan(target, scale, tmp_path)
+        for scale in SCALES:
+            specs = plan(target, scale, tmp_path)
             assert specs, target.name
             if scale == "cpu":
                 assert {s.dataset[0] for s in specs} <= {"fmnist", "mnist"}, target.name
-    fedmr = reproduce.plan(targets["fedmr-table1"], "cpu", tmp_path, rows=["cnn-c10-0.1"], seeds=[0])
+    fedmr = plan(targets["fedmr-table1"], "cpu", tmp_path, rows=["cnn-c10-0.1"], seeds=[0])
     assert [s.method for s in fedmr] == list(targets["fedmr-table1"].methods)
     assert all(s.rounds == 20 for s in fedmr)
     # where runs execute is passed to every run, before --resume (the e2e test runs on a cluster)
-    placed = fedmr[0].command(resume=True, placement=reproduce.placement_options(0.25, "127.0.0.1:6379"))
+    placed = fedmr[0].command(resume=True, placement=placement_options(0.25, "127.0.0.1:6379"))
     assert placed[-5:] == ["--num-gpus", "0.25", "--ray-address", "127.0.0.1:6379", "--resume"]
-    assert "--ray-address" not in fedmr[0].command(resume=False, placement=reproduce.placement_options(None, None))
+    assert "--ray-address" not in fedmr[0].command(resume=False, placement=placement_options(None, None))
 
 
 def test_a_row_runs_only_the_methods_it_names(targets, tmp_path):
     """The study's FedMR-only rows (a FedMR option changes nothing for FedAvg) plan FedMR alone; the
     others plan every method; a row naming an unknown method is refused, naming it."""
     study = targets["fedmr-study"]
-    specs = reproduce.plan(study, "cpu", tmp_path)
+    specs = plan(study, "cpu", tmp_path)
     by_row: dict[str, list[str]] = {}
     for s in specs:
         by_row.setdefault(s.row.name, []).append(s.method)
@@ -211,8 +215,8 @@ def test_a_row_runs_only_the_methods_it_names(targets, tmp_path):
     bad = tmp_path / "tables.toml"
     bad.write_text('[targets.t]\nours = "a"\n[targets.t.methods]\na = {}\n'
                    '[[targets.t.rows]]\nname = "r"\nmethods = ["a", "nope"]\n')
-    with pytest.raises(reproduce.ReproduceError, match="nope"):
-        reproduce.parse_tables(bad)
+    with pytest.raises(ReproduceError, match="nope"):
+        parse_tables(bad)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -300,27 +304,27 @@ def test_the_claims_targets_hold_each_papers_headline_orderings(targets, tmp_pat
     for name, rows in expected.items():
         target = targets[name]
         assert {r.name: r.claims for r in target.rows} == rows, name
-        specs = reproduce.plan(target, "cpu", tmp_path, data_root=str(tmp_path / "data"))
+        specs = plan(target, "cpu", tmp_path, data_root=str(tmp_path / "data"))
         assert [s.seed for s in specs] == sorted(s.seed for s in specs), "seed-major order"
         assert {s.seed for s in specs} == {0, 1, 2}, name
         for s in specs:
-            cfg = reproduce.build_config(s.config, s.overrides)
+            cfg = build_config(s.config, s.overrides)
             assert (cfg.rounds, cfg.eval_every, cfg.num_clients, cfg.cohort_size, cfg.dataset) == \
                 (200, 5, 100, 10, "fmnist"), s.label
-    cfg = lambda s: reproduce.build_config(s.config, s.overrides)  # noqa: E731
-    cells = {(s.row.name, s.method): s for s in reproduce.plan(targets["fedmrur-claims"], "cpu", tmp_path, seeds=[0])}
+    cfg = lambda s: build_config(s.config, s.overrides)  # noqa: E731
+    cells = {(s.row.name, s.method): s for s in plan(targets["fedmrur-claims"], "cpu", tmp_path, seeds=[0])}
     assert cfg(cells["c100-dir0.3", "fedmrur-n"]).fedmrur.hyperbolic is False
     assert cfg(cells["c100-dir0.3", "fedmrur"]).fedmrur.hyperbolic is True
     assert {cfg(s).alpha for s in cells.values()} == {0.3}
-    cells = {(s.row.name, s.method): s for s in reproduce.plan(targets["fedmr-claims"], "cpu", tmp_path, seeds=[0])}
+    cells = {(s.row.name, s.method): s for s in plan(targets["fedmr-claims"], "cpu", tmp_path, seeds=[0])}
     # FedMR-n aggregates for 20% of the rounds: 40 of 200 at CPU scale (cpu_method_set), 100 of 500 at paper scale
     assert cfg(cells["paper", "fedmr-2stage"]).fedmr.first_stage_rounds == 40
     assert cfg(cells["paper", "fedmr"]).fedmr.first_stage_rounds == 0
-    paper = {(s.row.name, s.method): s for s in reproduce.plan(targets["fedmr-claims"], "paper", tmp_path, seeds=[1])}
+    paper = {(s.row.name, s.method): s for s in plan(targets["fedmr-claims"], "paper", tmp_path, seeds=[1])}
     assert cfg(paper["paper", "fedmr-2stage"]).fedmr.first_stage_rounds == 100
     assert cfg(cells["momentum-0.5", "fedmr"]).momentum == 0.5 and cfg(cells["paper", "fedavg"]).momentum == 0.9
     # the rows the claims target shares with the study are the same cells, so they share runs
-    study = {(s.row.name, s.method): s for s in reproduce.plan(targets["fedmr-study"], "cpu", tmp_path, seeds=[0])}
+    study = {(s.row.name, s.method): s for s in plan(targets["fedmr-study"], "cpu", tmp_path, seeds=[0])}
     for key in (("paper", "fedavg"), ("paper", "fedmr"), ("momentum-0.5", "fedavg"), ("momentum-0.5", "fedmr")):
         assert study[key].run_dir == cells[key].run_dir and study[key].overrides == cells[key].overrides, key
 
@@ -335,8 +339,8 @@ def test_a_bad_claims_row_is_refused_naming_it(tmp_path, claims_line, words):
     bad = tmp_path / "tables.toml"
     bad.write_text('[targets.t]\nours = "a"\n[targets.t.methods]\na = {}\nb = {}\n'
                    f'[[targets.t.rows]]\nname = "r"\n{claims_line}\n')
-    with pytest.raises(reproduce.ReproduceError) as err:
-        reproduce.parse_tables(bad)
+    with pytest.raises(ReproduceError) as err:
+        parse_tables(bad)
     assert words in str(err.value) and "targets.t" in str(err.value)
 
 
@@ -398,6 +402,32 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     assert "missing data, nothing was started" in out.stderr and "train-images-idx3-ubyte.gz" in out.stderr
     assert "Expected layout" in out.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_options_take_several_values_after_one_flag_and_a_usage_error_is_one_line(tmp_path):
+    """``--rows a b``, ``--methods a b`` and ``--seeds 0 1 2`` as the README writes them (a click option
+    takes one value per flag); a usage error (no value, a bad value, an unknown option) is one line, exit 2."""
+    from typer.testing import CliRunner
+
+    from fedsuite.cli import ManyValuesCommand, app
+
+    spread = ManyValuesCommand("reproduce").spread
+    assert spread(["t", "--rows", "a", "b", "--seeds", "0", "-1", "--jobs", "2", "--methods=m", "--report"]) == [
+        "t", "--rows", "a", "--rows", "b", "--seeds", "0", "--seeds", "-1", "--jobs", "2", "--methods", "m", "--report"]
+    assert spread(["--seeds", "1", "t", "--", "--rows"]) == ["--seeds", "1", "--seeds", "t", "--", "--rows"]
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(TINY.format(dataset="synthetic"))
+    base = ["reproduce", "tiny", "--tables", str(tables), "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, [*base, "--seeds", "0", "1", "--methods", "fedavg", "fedprox", "--report"])
+    assert result.exit_code == 0, result.output
+    assert [r["seeds_planned"] for r in csv.DictReader((tmp_path / "out/tiny/paper/tiny/report.csv").open())] == ["2", "2"]
+    for args, words in ((["--seeds"], "--seeds expects one or more values"), (["--seeds", "a"], "'a' is not a valid"),
+                        (["--scale", "gpu"], "unknown scale 'gpu'"), (["--bogus"], "No such option '--bogus'"),
+                        (["--jobs", "x"], "'x' is not a valid integer")):
+        result = CliRunner().invoke(app, [*base, *args])
+        text = result.stdout + (result.stderr or "")
+        assert result.exit_code == 2 and words in text and len(text.strip().splitlines()) == 1, text
 
 
 def _flower_processes(under: Path) -> list[psutil.Process]:
@@ -482,8 +512,8 @@ def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
     # the one published ordering (FedProx > FedAvg), judged on the two seeds' paired differences
     (claim,) = list(csv.DictReader((report / "claims.csv").open()))
     assert (claim["better"], claim["worse"], claim["seeds_paired"], claim["seeds"]) == ("fedprox", "fedavg", "2", "0 1")
-    runs_value = {(m, s): reproduce.run_value([(r["round"], r["test_accuracy"]) for r in read_metrics(runs / f"{m}-s{s}")
-                                               if r["round"] > 0], "accuracy", last=2)[0]
+    runs_value = {(m, s): run_value([(r["round"], r["test_accuracy"]) for r in read_metrics(runs / f"{m}-s{s}")
+                                     if r["round"] > 0], "accuracy", last=2)[0]
                   for m in ("fedavg", "fedprox") for s in (0, 1)}
     diffs = [runs_value["fedprox", s] - runs_value["fedavg", s] for s in (0, 1)]
     assert [float(d) for d in claim["differences"].split()] == pytest.approx(diffs, abs=1e-4)
@@ -497,9 +527,9 @@ def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
     assert out2.returncode == 0 and list(csv.DictReader((report / "report.csv").open())) == rows
 
     # numbers labelled cpu scale are compared on orderings only: no difference against the paper
-    target = reproduce.parse_tables(tables)["tiny"]
-    specs = reproduce.plan(target, "paper", out, data_root=str(tmp_path / "data"))
-    md = reproduce.write_report(target, specs, "cpu", tmp_path / "cpu-report").read_text()
+    target = parse_tables(tables)["tiny"]
+    specs = plan(target, "paper", out, data_root=str(tmp_path / "data"))
+    md = write_report(target, specs, "cpu", tmp_path / "cpu-report").read_text()
     assert "CPU scale: obtained numbers are not the paper's setting" in md
     cpu_rows = list(csv.DictReader((tmp_path / "cpu-report" / "report.csv").open()))
     assert [r["difference"] for r in cpu_rows] == ["n/a", "n/a"] and md.count("n/a (cpu scale)") == 2
@@ -511,8 +541,8 @@ def test_report_names_each_run_that_did_not_complete_and_why(tmp_path):
     tables = tmp_path / "tiny" / "tables.toml"
     tables.parent.mkdir()
     tables.write_text(TINY.format(dataset="synthetic"))
-    target = reproduce.parse_tables(tables)["tiny"]
-    specs = {(s.method, s.seed): s for s in reproduce.plan(target, "paper", tmp_path / "out")}
+    target = parse_tables(tables)["tiny"]
+    specs = {(s.method, s.seed): s for s in plan(target, "paper", tmp_path / "out")}
     for (method, seed), acc in {("fedavg", 0): 0.5, ("fedavg", 1): 0.6, ("fedprox", 0): 0.7}.items():
         run = specs[method, seed].run_dir
         run.mkdir(parents=True)
@@ -525,7 +555,7 @@ def test_report_names_each_run_that_did_not_complete_and_why(tmp_path):
                                           + json.dumps({"round": 1, "test_accuracy": 0.1}) + "\n")
     (failed / "summary.json").write_text(json.dumps({"status": "failed", "failure": {
         "round": 2, "message": "round 2: 4 of 4 client replies failed; first error: non-finite values"}}))
-    md = reproduce.write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
+    md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
     assert "Runs that did not complete (not in the numbers above):" in md
     assert ("- fedprox seed 1: failed, stopped after round 1: round 2: 4 of 4 client replies failed; "
             "first error: non-finite values") in md
@@ -535,7 +565,7 @@ def test_report_names_each_run_that_did_not_complete_and_why(tmp_path):
     assert (claim["seeds"], float(claim["differences"]), claim["verdict"]) == ("0", 20.0, NOT_JUDGED)
     assert "| FedProx > FedAvg | 1 | +20.00 | - | **not judged** |" in md
     shutil.rmtree(specs["fedavg", 1].run_dir)
-    md = reproduce.write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
+    md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
     assert "- fedavg seed 1: not run" in md
 
 
@@ -550,7 +580,7 @@ ONE_CLAIM_EACH = {"fedmrur-claims": ["fedmrur", "fedmrur-n"], "fednlr-claims": [
 
 
 def run_claims_at_paper_scale(tmp_path: Path, placement: list[str],
-                              methods: dict[str, list[str]] | None = None) -> list[tuple[reproduce.Target, list]]:
+                              methods: dict[str, list[str]] | None = None) -> list[tuple[Target, list]]:
     """The claims targets at ``--scale paper`` (ResNet-18-GN, VGG-9 and FedMR's CNN on CIFAR-10/100,
     each paper's recipe), every cell shrunk to 4 clients, 2 per round, 1 round of 1 epoch, on
     generated CIFAR-10/100 files in torchvision's format, one seed, two runs at a time; ``methods``:
@@ -561,7 +591,7 @@ def run_claims_at_paper_scale(tmp_path: Path, placement: list[str],
     make_cifar100(data)
     shrink = ["num_clients=4", "clients_per_round=2", "rounds=1", "local_epochs=1", "batch_size=5", "eval_every=1",
               "min_partition_size=1"]
-    targets = reproduce.load_targets()
+    targets = load_targets()
     planned = []
     for name in CLAIMS_TARGETS if methods is None else list(methods):
         target = targets[name]
@@ -569,23 +599,23 @@ def run_claims_at_paper_scale(tmp_path: Path, placement: list[str],
         target = dataclasses.replace(target, rows=[
             dataclasses.replace(r, method_set={m: [*r.method_set.get(m, []), *shrink] for m in target.methods})
             for r in target.rows])
-        specs = reproduce.plan(target, "paper", tmp_path / "out", seeds=[0], data_root=str(data),
-                               methods=None if methods is None else methods[name])
+        specs = plan(target, "paper", tmp_path / "out", seeds=[0], data_root=str(data),
+                     methods=None if methods is None else methods[name])
         # the data check: nothing missing here, every CIFAR file named where the folder is empty
-        assert reproduce.missing_data(specs) == [], name
-        assert "data_batch_1" in " ".join(reproduce.missing_data(
-            reproduce.plan(targets["fedinit-claims"], "paper", tmp_path / "none", seeds=[0],
-                           data_root=str(tmp_path / "empty"))))
+        assert missing_data(specs) == [], name
+        assert "data_batch_1" in " ".join(missing_data(
+            plan(targets["fedinit-claims"], "paper", tmp_path / "none", seeds=[0],
+                 data_root=str(tmp_path / "empty"))))
         planned.append((target, specs))
     every = [s for _, specs in planned for s in specs]
-    states = reproduce.run_queue(every, jobs=2, placement=placement, console=Console(file=io.StringIO()))
+    states = run_queue(every, jobs=2, placement=placement, console=Console(file=io.StringIO()))
     assert states == {s.run_dir: "completed" for s in every}, {s.label: states[s.run_dir] for s in every}
     for target, specs in planned:
         for s in specs:  # the paper's model and dataset ran, not a CPU stand-in
             cfg = json.loads((s.run_dir / "config.json").read_text())
             assert (cfg["model"], cfg["dataset"]) in {("resnet18-gn", "cifar100"), ("vgg9", "cifar10"),
                                                       ("resnet18-gn", "cifar10"), ("cnn", "cifar10")}, s.label
-        md = reproduce.write_report(target, specs, "paper", tmp_path / "reports" / target.name).read_text()
+        md = write_report(target, specs, "paper", tmp_path / "reports" / target.name).read_text()
         claimed = list(csv.DictReader((tmp_path / "reports" / target.name / "claims.csv").open()))
         ran = {s.method for s in specs}
         assert [(c["better"], c["worse"]) for c in claimed] == [p for r in target.rows if r.name in
@@ -609,7 +639,7 @@ def test_the_claims_targets_run_at_paper_scale_on_generated_cifar(tmp_path, work
 def test_two_claims_runs_share_one_gpu(tmp_path):
     """``--jobs 2 --num-gpus 0.5``: every cell of every claims target, two simulations at once on one
     GPU, each on its private Ray, all completed; at least two runs' lifetimes overlap."""
-    planned = run_claims_at_paper_scale(tmp_path, reproduce.placement_options(0.5, None))
+    planned = run_claims_at_paper_scale(tmp_path, placement_options(0.5, None))
     spans = []
     for _, specs in planned:
         for s in specs:

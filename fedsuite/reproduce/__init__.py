@@ -1,0 +1,70 @@
+"""``fedsuite reproduce``: a paper's table as one resumable, parallel queue of runs, and its report.
+
+``fedsuite reproduce TARGET`` (:func:`run_reproduce`; the options are ``fedsuite.cli.reproduce``'s)
+plans one ``fedsuite simulate`` run per (row, method, seed) of a paper's table under ``--out``,
+checks that every dataset the runs need is on disk, works through the queue with ``--jobs``
+simulations at once, and writes the report. One idea per module:
+
+* :mod:`fedsuite.reproduce.tables`: the targets of ``experiments/<paper>/tables.toml`` (parsed and
+  validated) and the runs of a selection (:func:`~fedsuite.reproduce.tables.plan`);
+* :mod:`fedsuite.reproduce.queue`: the runs as processes, ``--jobs`` at a time, finished runs
+  skipped, interrupted ones resumed, Ctrl-C and kill safe (also ``fedsuite sweep``'s queue);
+* :mod:`fedsuite.reproduce.report`: per cell the published and the obtained numbers (each run's
+  reading from ``fedsuite.results``, as ``fedsuite report``, ``sweep`` and a search read a run),
+  as ``report.md``, ``report.csv``, ``claims.csv`` and one figure per row;
+* :mod:`fedsuite.reproduce.verdicts`: each ordering the paper claims judged on the differences
+  paired by seed: holds, within noise, reversed or not judged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from fedsuite import rundir
+from fedsuite.reproduce.queue import ReproduceError, pending, placement_options, queue_and_report
+from fedsuite.reproduce.report import write_report
+from fedsuite.reproduce.tables import SCALES, Target, load_targets, plan
+
+
+def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequence[str] | None,
+                  seeds: Sequence[int] | None, scale: str, jobs: int, out: Path, data_root: str | None,
+                  num_gpus: float | None, ray_address: str | None, tables: Sequence[Path], report_only: bool,
+                  console) -> int:
+    """The command (``target_name`` ``list``: the targets): plan, check, queue, report. Returns the
+    exit code (0 every run completed, 1 a run did not, 130 interrupted); raises
+    :class:`ReproduceError` for bad input (exit 2, nothing started)."""
+    if scale not in SCALES:
+        raise ReproduceError(f"unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
+    if jobs < 1:
+        raise ReproduceError(f"--jobs must be at least 1, got {jobs}")
+    problem = rundir.folder_problem(out)
+    if problem is not None:
+        raise ReproduceError(f"--out: {problem}")
+    targets = load_targets(tables)
+    if target_name == "list":
+        print_targets(targets, console)
+        return 0
+    if target_name not in targets:
+        raise ReproduceError(f"unknown target {target_name!r}; allowed: {', '.join(sorted(targets))}")
+    target = targets[target_name]
+    specs = plan(target, scale, out, rows, methods, seeds, data_root)
+    report_dir = (out / target.paper_key / scale / target.name).resolve()
+    if report_only:
+        path = write_report(target, specs, scale, report_dir)
+        console.print(f"report -> {path}")
+        return 0
+    todo = pending(specs)
+    console.print(f"[bold]{target.name}[/] ({scale} scale): {len(specs)} runs, "
+                  f"{len(specs) - len(todo)} already done, {jobs} at a time -> {report_dir.parent}")
+    return queue_and_report(specs, jobs, placement_options(num_gpus, ray_address), console,
+                            lambda: write_report(target, specs, scale, report_dir))
+
+
+def print_targets(targets: dict[str, Target], console) -> None:
+    """One block per target: name, title, grid size, and its row names (for --rows)."""
+    for name, t in sorted(targets.items()):
+        console.print(f"[bold]{name}[/]  {t.title}  ({len(t.rows)} rows x {len(t.methods)} methods; "
+                      f"{t.file.parent.name}/{t.file.name})", highlight=False, soft_wrap=True)
+        console.print("  methods: " + " ".join(t.methods), highlight=False, soft_wrap=True)
+        console.print("  rows: " + " ".join(r.name for r in t.rows), highlight=False, soft_wrap=True)

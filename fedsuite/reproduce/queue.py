@@ -1,0 +1,181 @@
+"""The queue: runs as ``fedsuite simulate`` processes, ``--jobs`` at a time, resumable.
+
+The queue of ``fedsuite reproduce``, ``fedsuite sweep`` and (its command line, environment and data
+check) ``fedsuite sweep --search``. A queued run is anything with ``run_dir``, ``rounds``,
+``label``, ``dataset`` and ``command(resume, placement)`` (a
+:class:`fedsuite.reproduce.tables.RunSpec`, a sweep's ``SweepRun``):
+
+* a run whose ``summary.json`` says ``completed`` is skipped; a run directory that holds a
+  ``config.json`` but no finished summary is continued with ``fedsuite simulate --resume`` (the run
+  restarts from its last per-round checkpoint, so a killed queue loses at most the rounds that were
+  in flight); a run that ended ``failed`` is left as it is and reported;
+* before anything starts, every dataset the runs need is checked (:func:`pending`,
+  :func:`missing_data`);
+* each run is a ``fedsuite simulate`` child process in this process's group, started with
+  ``PR_SET_PDEATHSIG`` (``fedsuite.reaper.die_with_parent``), so a killed queue takes its runs with
+  it; Ctrl-C or SIGTERM stops each run's whole process tree (``fedsuite.processes.stop_tree``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from fedsuite import rundir
+from fedsuite.processes import fedsuite_first, stop_tree
+
+
+class ReproduceError(ValueError):
+    """A user error (unknown target, row or method, a bad tables file, missing data); one line."""
+
+
+def simulate_command(config: Path | None, overrides: Sequence[str], resume: bool,
+                     placement: Sequence[str] = ()) -> list[str]:
+    """The ``fedsuite simulate`` command line of a queued run (``--resume`` continues it);
+    ``placement``: options that say where every run executes (:func:`placement_options`)."""
+    cmd = [sys.executable, "-m", "fedsuite.cli", "simulate"]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    for item in overrides:
+        cmd += ["--set", item]
+    return cmd + list(placement) + (["--resume"] if resume else [])
+
+
+def placement_options(num_gpus: float | None, ray_address: str | None) -> list[str]:
+    """``fedsuite simulate`` options passed to every run: the GPU share per client and the Ray
+    cluster. Neither changes what a run computes, so both may differ when a run is resumed."""
+    return ([] if num_gpus is None else ["--num-gpus", f"{num_gpus:g}"]) + \
+        ([] if ray_address is None else ["--ray-address", ray_address])
+
+
+def missing_data(specs: Sequence[Any]) -> list[str]:
+    """One message per dataset the runs need that is not on disk (the loader's own message: the
+    missing files and the expected layout). Loaders are called with downloads off."""
+    from fedsuite import registry
+    from fedsuite.data import load_dataset
+    problems = []
+    for name, root, options in sorted({s.dataset for s in specs}):
+        opts = json.loads(options)
+        if "download" in inspect.signature(registry.datasets()[name]).parameters:
+            opts["download"] = False
+        try:
+            load_dataset(name, Path(root).expanduser(), **opts)
+        except Exception as exc:  # DatasetError, and the npz/imagefolder loaders' file errors
+            problems.append(f"{name} (data_root {root}): {str(exc).strip()}")
+    return problems
+
+
+def pending(specs: Sequence[Any]) -> list[Any]:
+    """The runs still to run (neither completed nor failed), once every dataset they need is on disk;
+    else :class:`ReproduceError` listing what is missing and the expected layout, nothing started."""
+    todo = [s for s in specs if rundir.state(s.run_dir) not in ("completed", "failed")]
+    problems = missing_data(todo)
+    if problems:
+        raise ReproduceError("missing data, nothing was started:\n  " + "\n  ".join(problems))
+    return todo
+
+
+def interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the queue like Ctrl-C
+
+
+def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = (),
+              console=None, poll_s: float = 0.5) -> dict[Path, str]:
+    """Run every spec that is not completed or failed, ``jobs`` at a time, each as a ``fedsuite
+    simulate`` child (``--resume`` where a partial run exists); show one progress display. Returns
+    each run directory's final state (``rundir.state``, or ``failed`` for a run whose process
+    exited non-zero). Ctrl-C/SIGTERM stops every running run's process tree, then re-raises."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    from fedsuite import reaper
+
+    console = console or Console()
+    states = {s.run_dir: rundir.state(s.run_dir) for s in specs}
+    todo = [s for s in specs if states[s.run_dir] in ("new", "partial", "debris")]
+    done_at_start = {s.run_dir: (s.rounds if states[s.run_dir] == "completed" else
+                                 rundir.rounds_done(s.run_dir) if states[s.run_dir] == "partial" else 0) for s in specs}
+    progress = dict(done_at_start)
+    running: dict[subprocess.Popen, tuple[Any, Any]] = {}
+    started = time.monotonic()
+    total_rounds = sum(s.rounds for s in specs)
+
+    def display() -> Table:
+        finished = sum(1 for s in specs if states[s.run_dir] in ("completed", "failed"))
+        gained = sum(progress.values()) - sum(done_at_start.values())
+        left = total_rounds - sum(progress.values())
+        elapsed = time.monotonic() - started
+        eta = f"{left * elapsed / gained / 60:.0f} min" if gained > 0 else "-"
+        table = Table.grid(padding=(0, 2))
+        table.add_row(f"[bold]runs {finished}/{len(specs)} done[/], {len(running)} running, "
+                      f"{len(todo)} queued; rounds {sum(progress.values())}/{total_rounds}; "
+                      f"elapsed {elapsed / 60:.1f} min, ETA {eta}")
+        for spec, _ in running.values():
+            table.add_row(f"  {spec.label}: round {progress[spec.run_dir]}/{spec.rounds}")
+        return table
+
+    def start(spec: Any) -> None:
+        state = states[spec.run_dir]
+        spec.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        log = (spec.run_dir.parent / f"{spec.run_dir.name}.log").open("ab")
+        proc = subprocess.Popen(spec.command(resume=state == "partial", placement=placement), stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=fedsuite_first(os.environ),
+                                preexec_fn=reaper.die_with_parent())
+        states[spec.run_dir] = "running"
+        running[proc] = (spec, log)
+        console.print(f"{'resume' if state == 'partial' else 'start '} {spec.label} -> {spec.run_dir}",
+                      highlight=False)
+
+    try:
+        with Live(display(), console=console, refresh_per_second=2, transient=True) as live:
+            while todo or running:
+                while todo and len(running) < jobs:
+                    start(todo.pop(0))
+                for proc in list(running):
+                    spec, log = running[proc]
+                    progress[spec.run_dir] = max(progress[spec.run_dir], rundir.rounds_done(spec.run_dir))
+                    if proc.poll() is None:
+                        continue
+                    log.close()
+                    del running[proc]
+                    state = rundir.state(spec.run_dir)
+                    states[spec.run_dir] = state if proc.returncode == 0 or state == "failed" else "failed"
+                    if states[spec.run_dir] == "completed":
+                        progress[spec.run_dir] = spec.rounds
+                    console.print(f"{states[spec.run_dir]:9s} {spec.label} (exit {proc.returncode}"
+                                  f"{'' if proc.returncode == 0 else f'; log {spec.run_dir}.log'})", highlight=False)
+                live.update(display())
+                time.sleep(poll_s)
+    except BaseException:
+        for proc, (spec, log) in running.items():
+            stop_tree(proc)
+            log.close()
+        raise
+    return {s.run_dir: states[s.run_dir] for s in specs}
+
+
+def queue_and_report(specs: Sequence[Any], jobs: int, placement: Sequence[str], console,
+                     report: Callable[[], Path]) -> int:
+    """:func:`run_queue`, stopped like Ctrl-C by SIGTERM, then ``report()``. Returns the exit code:
+    0 every run completed, 1 a run did not (its log lies beside it), 130 interrupted."""
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        states = run_queue(specs, jobs, placement, console)
+    except KeyboardInterrupt:
+        console.print("interrupted: running runs stopped; the same command continues where it stopped")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    path = report()
+    failed = [p for p, s in states.items() if s != "completed"]
+    console.print(f"report -> {path}" + (f"; {len(failed)} run(s) did not complete (logs beside them)" if failed else ""))
+    return 1 if failed else 0

@@ -1,0 +1,187 @@
+"""The report of a target: per row the published and obtained numbers and the verdicts, as files.
+
+:func:`write_report` (``fedsuite reproduce``'s last step, and ``--report`` alone) writes, for the
+runs of a target (:func:`fedsuite.reproduce.tables.plan`), per cell the published value, the
+obtained mean ± std over the completed seeds (each run's reading: ``fedsuite.results.run_value``,
+the same as ``sweep``'s and a search's; a cell's: :func:`aggregate`), the mean best accuracy, their
+difference (paper scale only) and, per row, each ordering the paper claims judged on the
+differences paired by seed (:mod:`fedsuite.reproduce.verdicts`); as ``report.md``, ``report.csv``
+(cells) and ``claims.csv`` (orderings), plus one accuracy-versus-round figure per row (mean over
+seeds with a ± std band, ``fedsuite.results.plot_groups``). Runs that did not complete are left
+out of the numbers and named under their row.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from fedsuite import rundir
+from fedsuite.reproduce.tables import RunSpec, Target
+from fedsuite.reproduce.verdicts import VERDICT_RULE, VERDICTS, claims, verdict
+from fedsuite.results import best_accuracy, evaluations, plot_groups, read_metrics, run_value
+
+
+def aggregate(values: Sequence[float], tails: Sequence[Sequence[float]] = (), metric: str = "accuracy",
+              spread: str = "seeds") -> tuple[float | None, float | None]:
+    """(mean, std) of a cell over its seeds' run values. ``accuracy``: the mean of the values; the
+    std over the seeds (``spread="seeds"``, population std, None with fewer than 2 seeds) or over
+    all seeds' last evaluations pooled (``spread="pooled"``, the paper's ± of FedMR and FedNLR).
+    ``rounds``: mean and std over the seeds that reached the target; ``inf`` if none did."""
+    if not values:
+        return None, None
+    if metric == "rounds":
+        reached = [v for v in values if math.isfinite(v)]
+        if not reached:
+            return math.inf, None
+        return float(np.mean(reached)), (float(np.std(reached)) if len(reached) > 1 else None)
+    mean = float(np.mean(values))
+    if spread == "pooled":
+        pooled = [v for tail in tails for v in tail]
+        return mean, (float(np.std(pooled)) if len(pooled) > 1 else None)
+    return mean, (float(np.std(values)) if len(values) > 1 else None)
+
+
+def _fmt(value: float | None, std: float | None = None, metric: str = "accuracy") -> str:
+    if value is None:
+        return "-"
+    if math.isinf(value):
+        return "∞"
+    text = f"{value:.0f}" if metric == "rounds" else f"{value:.2f}"
+    return text + (f" ± {std:.2f}" if std is not None else "")
+
+
+def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[str, Any]]:
+    """Per row: its cells (published, obtained mean ± std over the completed seeds, best accuracy,
+    difference at paper scale), its claims and verdict, and the curves of its completed runs."""
+    rows = []
+    for row in target.rows:
+        mine = [s for s in specs if s.row.setting == row.setting]
+        if not mine:
+            continue
+        methods = [m for m in target.methods if any(s.method == m for s in mine)]
+        acc = row.cpu_target_accuracy if scale == "cpu" else row.target_accuracy
+        cells, curves, by_seed = {}, {}, {}
+        for m in methods:
+            runs = [s for s in mine if s.method == m]
+            values, tails, bests, seed_rows = [], [], [], []
+            by_seed[m] = {}
+            for s in runs:
+                if rundir.state(s.run_dir) != "completed":
+                    continue
+                metrics = read_metrics(s.run_dir)
+                evals = evaluations(metrics)
+                if not evals:
+                    continue
+                value, tail = run_value(evals, target.metric, target.last, acc)
+                values.append(value)
+                tails.append(tail)
+                bests.append(100 * best_accuracy(evals))
+                seed_rows.append(metrics)
+                # a run that never reached a rounds target counts as reaching it one round after
+                # its end (a lower bound), so that the paired difference stays finite
+                by_seed[m][s.seed] = min(value, s.rounds + 1.0) if target.metric == "rounds" else value
+            mean, std = aggregate(values, tails, target.metric, target.spread)
+            pub = row.published.get(m)
+            diff = (mean - pub[0] if scale == "paper" and pub and mean is not None
+                    and math.isfinite(mean) and math.isfinite(pub[0]) else None)
+            cells[m] = {"method": m, "label": target.methods[m][0], "published": pub, "mean": mean, "std": std,
+                        "seeds": len(values), "planned": len(runs),
+                        "best": float(np.mean(bests)) if bests else None, "diff": diff}
+            if seed_rows:
+                curves[f"{target.methods[m][0]}"] = seed_rows
+        pairs = [(target.ours, m) for m in methods if m != target.ours] + \
+                [p for p in target.compare if p[0] in methods and p[1] in methods]
+        row_claims = claims({m: v[0] for m, v in row.published.items() if m in methods}, by_seed, pairs,
+                            higher_is_better=target.metric == "accuracy", stated=row.claims)
+        rows.append({"row": row, "cells": cells, "claims": row_claims, "verdict": verdict(row_claims),
+                     "curves": curves, "target_accuracy": acc})
+    return rows
+
+
+def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: Path) -> Path:
+    """Write ``report.md``, ``report.csv`` (one line per cell), ``claims.csv`` (one line per claimed
+    ordering: its paired differences and verdict) and ``<row>.png`` (accuracy vs round, band over
+    seeds) into ``folder``; returns the Markdown path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = collect(target, specs, scale)
+    unit = "rounds to target" if target.metric == "rounds" else "test accuracy (%)"
+    md = [f"# {target.name}: {target.title}", "",
+          f"{target.paper}. Published numbers: {target.source}. Scale: **{scale}**.", ""]
+    if scale == "cpu":
+        md += [f"**CPU scale: obtained numbers are not the paper's setting and are compared on orderings only "
+               f"(difference: n/a).** {target.cpu_note}", ""]
+    md += [f"Reading: {target.note}" if target.note else "", "",
+           f"Obtained = mean ± std over the completed seeds of each run's "
+           + ("first round reaching the row's target (∞: never)" if target.metric == "rounds" else
+              f"mean of its last {target.last} evaluations (std: "
+              + ("pooled over those evaluations of all seeds" if target.spread == "pooled" else "over seeds")
+              + ")") + "; best = mean over seeds of each run's best evaluation.", "",
+          VERDICT_RULE, "",
+          "| row | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * len(VERDICTS)]
+    for d in data:
+        md.append(f"| {d['row'].label} | " + " | ".join(
+            str(sum(1 for c in d["claims"] if c.verdict == v)) for v in VERDICTS) + " |")
+    csv_rows, claim_rows = [], []
+    unit_short = "rounds" if target.metric == "rounds" else "points"
+    for d in data:
+        row = d["row"]
+        md += ["", f"## {row.label}" + (f" (target {d['target_accuracy']:g}%)" if d["target_accuracy"] else ""), ""]
+        if row.note:
+            md += [row.note, ""]
+        md += [f"| method | published | obtained ({unit}) | seeds | best acc (%) | difference |", "|---|---|---|---|---|---|"]
+        for m, c in d["cells"].items():
+            pub = c["published"]
+            diff = "n/a (cpu scale)" if scale == "cpu" else ("-" if c["diff"] is None else f"{c['diff']:+.2f}")
+            md.append(f"| {c['label']} | {_fmt(*pub, target.metric) if pub else '-'} | "
+                      f"{_fmt(c['mean'], c['std'], target.metric)} | {c['seeds']}/{c['planned']} | "
+                      f"{_fmt(c['best'])} | {diff} |")
+            csv_rows.append({
+                "target": target.name, "scale": scale, "row": row.name, "method": m,
+                "published_mean": pub[0] if pub else "", "published_std": pub[1] if pub and pub[1] is not None else "",
+                "obtained_mean": "" if c["mean"] is None else c["mean"], "obtained_std": "" if c["std"] is None else c["std"],
+                "seeds_completed": c["seeds"], "seeds_planned": c["planned"], "best_mean": "" if c["best"] is None else c["best"],
+                "difference": "n/a" if scale == "cpu" else ("" if c["diff"] is None else c["diff"]),
+                "row_verdict": d["verdict"]})
+        md += ["", f"Orderings the paper claims, paired by seed (difference = the first method's value minus the "
+               f"second's, in {unit_short}, positive where the paper says):", ""]
+        if d["claims"]:
+            md += ["| ordering | seeds paired | mean difference | standard error | verdict |", "|---|---|---|---|---|"]
+        for c in d["claims"]:
+            mean, se, word = c.result
+            label = f"{target.methods[c.better][0]} > {target.methods[c.worse][0]}"
+            md.append(f"| {label} | {len(c.differences)} | {'-' if mean is None else f'{mean:+.2f}'} | "
+                      f"{'-' if se is None else f'{se:.2f}'} | **{word}** |")
+            claim_rows.append({"target": target.name, "scale": scale, "row": row.name, "better": c.better,
+                               "worse": c.worse, "seeds_paired": len(c.differences),
+                               "seeds": " ".join(str(s) for s in sorted(c.differences)),
+                               "differences": " ".join(f"{c.differences[s]:.4f}" for s in sorted(c.differences)),
+                               "mean_difference": "" if mean is None else mean,
+                               "standard_error": "" if se is None else se, "verdict": word})
+        md += ["", f"**Row: {d['verdict']}.**"]
+        incomplete = [rundir.why_incomplete(sp.run_dir, f"{sp.method} seed {sp.seed}") for sp in specs
+                      if sp.row.setting == row.setting and rundir.state(sp.run_dir) != "completed"]
+        if incomplete:
+            md += ["", "Runs that did not complete (not in the numbers above):", "",
+                   *[f"- {line}" for line in incomplete]]
+        if d["curves"]:
+            png = folder / f"{row.name}.png"
+            plot_groups(d["curves"], png, title=f"{row.label} ({scale} scale)")
+            md += ["", f"![{row.label}]({png.name})"]
+    (folder / "report.md").write_text("\n".join(md) + "\n")
+    with (folder / "report.csv").open("w", newline="") as fh:
+        fields = ["target", "scale", "row", "method", "published_mean", "published_std", "obtained_mean", "obtained_std",
+                  "seeds_completed", "seeds_planned", "best_mean", "difference", "row_verdict"]
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(csv_rows)
+    with (folder / "claims.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["target", "scale", "row", "better", "worse", "seeds_paired", "seeds",
+                                                "differences", "mean_difference", "standard_error", "verdict"])
+        writer.writeheader()
+        writer.writerows(claim_rows)
+    return folder / "report.md"

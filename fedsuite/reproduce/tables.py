@@ -1,0 +1,264 @@
+"""A paper's tables as data: the targets of ``experiments/<paper>/tables.toml``, and their runs.
+
+A *target* is one table of a paper, read from ``experiments/<paper>/tables.toml`` (or a file given
+with ``--tables``, :func:`load_targets`): its grid (rows = settings, columns = methods; a row with
+``methods = [...]`` runs only those), the config each cell runs (a ``RunConfig`` TOML plus
+``--set``-style overrides, see :func:`cell_overrides`) and the published numbers (optional: a study
+has none). :func:`parse_tables` validates a file (a missing or malformed key is one line naming the
+file and the key); :func:`plan` turns a selection of rows x methods x seeds into one
+:class:`RunSpec` (a ``fedsuite simulate`` run) each, every cell's config validated.
+
+Runs live at ``<out>/<paper>/<scale>/<setting>/<method>-s<seed>`` (``<paper>`` is the tables
+file's folder name, ``<setting>`` the row's ``setting``, default its name), so rows of different
+tables that name the same setting share their runs. A ``<paper>-claims`` target holds a paper's
+headline orderings as rows with ``claims``.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from fedsuite.config import ConfigError, build_config
+from fedsuite.reproduce.queue import ReproduceError, simulate_command
+
+#: the tables files that ship with fedsuite: experiments/<paper>/tables.toml
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+SCALES = ("paper", "cpu")
+METRICS = ("accuracy", "rounds")
+
+
+@dataclass
+class Row:
+    """One row of a target's grid: a setting, and the published value of each method in it."""
+
+    name: str
+    label: str
+    setting: str
+    config: Path | None
+    set: list[str]
+    cpu_set: list[str]
+    method_set: dict[str, list[str]]
+    published: dict[str, tuple[float, float | None]]
+    target_accuracy: float | None = None
+    cpu_target_accuracy: float | None = None
+    note: str = ""
+    methods: list[str] | None = None  # the columns this row runs (None: every method of the target)
+    cpu_method_set: dict[str, list[str]] = field(default_factory=dict)  # method_set at cpu scale only
+    # the orderings the paper claims in this row, (better, worse) each; None: read them off the
+    # published numbers (ours against every other method, and the target's ``compare`` pairs)
+    claims: list[tuple[str, str]] | None = None
+
+
+@dataclass
+class Target:
+    """One table of a paper (see the module docstring and experiments/*/tables.toml)."""
+
+    name: str
+    file: Path
+    paper: str
+    title: str
+    source: str
+    ours: str
+    metric: str
+    reading: str
+    last: int
+    spread: str
+    seeds: list[int]
+    set: list[str]
+    note: str
+    compare: list[tuple[str, str]]
+    cpu_set: list[str]
+    cpu_seeds: list[int]
+    cpu_note: str
+    methods: dict[str, tuple[str, list[str]]]  # name -> (label, overrides)
+    rows: list[Row]
+
+    @property
+    def paper_key(self) -> str:
+        """The folder name of the tables file (``fedmr`` for experiments/fedmr/tables.toml)."""
+        return self.file.parent.name
+
+
+def _published(value: Any, where: str) -> tuple[float, float | None]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value), None
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value):
+        return float(value[0]), float(value[1])
+    raise ReproduceError(f"{where}: a published value is a number or [mean, std], got {value!r}")
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and "=" in v for v in value):
+        raise ReproduceError(f"{where}: expected a list of 'key=value' strings, got {value!r}")
+    return list(value)
+
+
+def _pairs(value: Any, where: str) -> list[tuple[str, str]]:
+    if not isinstance(value, list) or not value or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(m, str) for m in p) and p[0] != p[1]
+            for p in value):
+        raise ReproduceError(f"{where}: expected a list of [better, worse] method pairs, got {value!r}")
+    return [(p[0], p[1]) for p in value]
+
+
+def parse_tables(path: Path) -> dict[str, Target]:
+    """The targets of one tables file; a missing or malformed key raises :class:`ReproduceError`
+    naming the file and the key. Config paths are relative to the file's folder."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ReproduceError(f"tables file {path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ReproduceError(f"tables file {path}: not UTF-8 text (TOML is UTF-8): byte {exc.start} "
+                             "cannot be decoded") from None
+    out: dict[str, Target] = {}
+    for name, t in (data.get("targets") or {}).items():
+        where = f"{path}: targets.{name}"
+        try:
+            cpu = t.get("cpu", {})
+            methods = {m: (spec.get("label", m), _strings(spec.get("set", []), f"{where}.methods.{m}"))
+                       for m, spec in t["methods"].items()}
+            rows = []
+            for i, r in enumerate(t["rows"]):
+                rw = f"{where}.rows[{i}]"
+                config = r.get("config", t.get("config"))
+                rows.append(Row(
+                    name=r["name"], label=r.get("label", r["name"]), setting=r.get("setting", r["name"]),
+                    config=(path.parent / config) if config else None,
+                    set=_strings(r.get("set", []), rw + ".set"), cpu_set=_strings(r.get("cpu_set", []), rw + ".cpu_set"),
+                    method_set={m: _strings(v, f"{rw}.method_set.{m}") for m, v in r.get("method_set", {}).items()},
+                    published={m: _published(v, f"{rw}.published.{m}") for m, v in r.get("published", {}).items()},
+                    target_accuracy=r.get("target_accuracy"), cpu_target_accuracy=r.get("cpu_target_accuracy"),
+                    note=r.get("note", ""), methods=r.get("methods"),
+                    cpu_method_set={m: _strings(v, f"{rw}.cpu_method_set.{m}")
+                                    for m, v in r.get("cpu_method_set", {}).items()},
+                    claims=_pairs(r["claims"], rw + ".claims") if "claims" in r else None,
+                ))
+            target = Target(
+                name=name, file=path, paper=data.get("paper", path.parent.name), title=t.get("title", name),
+                source=t.get("source", ""), ours=t["ours"], metric=t.get("metric", "accuracy"),
+                reading=t.get("reading", "last"), last=int(t.get("last", 1)), spread=t.get("spread", "seeds"),
+                seeds=[int(s) for s in t.get("seeds", [0])], set=_strings(t.get("set", []), where + ".set"),
+                note=t.get("note", ""), compare=[tuple(p) for p in t.get("compare", [])],
+                cpu_set=_strings(cpu.get("set", []), where + ".cpu.set"),
+                cpu_seeds=[int(s) for s in cpu.get("seeds", [0])], cpu_note=cpu.get("note", ""),
+                methods=methods, rows=rows,
+            )
+        except KeyError as exc:
+            raise ReproduceError(f"{where}: missing key {exc.args[0]!r}") from None
+        if target.metric not in METRICS:
+            raise ReproduceError(f"{where}.metric: {target.metric!r}; allowed: {', '.join(METRICS)}")
+        if target.spread not in ("seeds", "pooled"):
+            raise ReproduceError(f"{where}.spread: {target.spread!r}; allowed: seeds, pooled")
+        unknown = {target.ours, *(m for p in target.compare for m in p)} - set(methods)
+        unknown |= {m for r in rows for m in (*r.published, *r.method_set, *r.cpu_method_set, *(r.methods or ()),
+                                              *(m for p in r.claims or () for m in p)) if m not in methods}
+        if unknown:
+            raise ReproduceError(f"{where}: methods {', '.join(sorted(unknown))} are not in its [methods]")
+        unrun = [f"{r.name}: {m}" for r in rows if r.methods is not None
+                 for m in {m for p in r.claims or () for m in p} if m not in r.methods]
+        if unrun:
+            raise ReproduceError(f"{where}: a claim names a method its row does not run ({', '.join(sorted(unrun))})")
+        if target.metric == "rounds" and any(r.target_accuracy is None for r in rows):
+            raise ReproduceError(f"{where}: metric 'rounds' needs target_accuracy on every row")
+        out[name] = target
+    return out
+
+
+def load_targets(extra: Sequence[Path] = ()) -> dict[str, Target]:
+    """Every target of experiments/*/tables.toml, then of the ``extra`` files (which may add or
+    replace targets)."""
+    targets: dict[str, Target] = {}
+    for path in [*sorted(EXPERIMENTS.glob("*/tables.toml")), *(Path(p) for p in extra)]:
+        if not path.is_file():
+            raise ReproduceError(f"tables file not found: {path}")
+        targets.update(parse_tables(path.resolve()))
+    return targets
+
+
+# ------------------------------------------------------------------------------------------------
+# planning: one run per (row, method, seed)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunSpec:
+    """One ``fedsuite simulate`` run of the grid (a run of :mod:`fedsuite.reproduce.queue`)."""
+
+    row: Row
+    method: str
+    seed: int
+    run_dir: Path
+    config: Path | None
+    overrides: list[str]  # --set key=value, in order
+    rounds: int
+    dataset: tuple[str, str, str]  # (name, data_root, dataset_options as JSON)
+
+    @property
+    def label(self) -> str:
+        return f"{self.row.setting} {self.method} s{self.seed}"
+
+    def command(self, resume: bool, placement: Sequence[str] = ()) -> list[str]:
+        return simulate_command(self.config, self.overrides, resume, placement)
+
+
+def cell_overrides(target: Target, row: Row, method: str, scale: str) -> list[str]:
+    """The ``--set`` overrides of one cell, later ones winning: target.set, row.set, the method's
+    set, row.method_set[method]; at ``cpu`` scale then target.cpu.set, row.cpu_set and
+    row.cpu_method_set[method]."""
+    items = [*target.set, *row.set, *target.methods[method][1], *row.method_set.get(method, [])]
+    if scale == "cpu":
+        items += [*target.cpu_set, *row.cpu_set, *row.cpu_method_set.get(method, [])]
+    return items
+
+
+def _pick(kind: str, asked: Sequence[str] | None, known: Sequence[str], target: str) -> list[str]:
+    if not asked:
+        return list(known)
+    unknown = [a for a in asked if a not in known]
+    if unknown:
+        raise ReproduceError(f"unknown {kind} {', '.join(unknown)} in target {target}; allowed: {', '.join(known)}")
+    return [k for k in known if k in asked]
+
+
+def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = None,
+         methods: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+         data_root: str | None = None) -> list[RunSpec]:
+    """The runs of the selected rows x methods x seeds, each config validated (a bad cell raises
+    :class:`ReproduceError` naming it). Rows sharing a setting share runs (listed once)."""
+    if scale not in SCALES:
+        raise ReproduceError(f"unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
+    picked_rows = _pick("row", rows, [r.name for r in target.rows], target.name)
+    picked_methods = _pick("method", methods, list(target.methods), target.name)
+    seed_list = list(seeds) if seeds else (target.cpu_seeds if scale == "cpu" else target.seeds)
+    specs: dict[Path, RunSpec] = {}
+    # seed-major: a queue stopped part-way leaves whole seeds (every method of a row), so the paired
+    # comparisons of the report (:func:`fedsuite.reproduce.verdicts.claims`) have as many pairs as
+    # the time allowed
+    for seed in seed_list:
+        for row in target.rows:
+            if row.name not in picked_rows:
+                continue
+            folder = (out / target.paper_key / scale / row.setting).resolve()
+            for method in picked_methods:
+                if row.methods is not None and method not in row.methods:
+                    continue
+                run_dir = folder / f"{method}-s{seed}"
+                if run_dir in specs:
+                    continue
+                items = cell_overrides(target, row, method, scale) + [
+                    f"seed={seed}", f"output_dir={json.dumps(str(folder))}", f"run_name={json.dumps(run_dir.name)}"]
+                if data_root is not None:
+                    items.append(f"data_root={json.dumps(data_root)}")
+                try:
+                    cfg = build_config(row.config, items)
+                except ConfigError as exc:
+                    raise ReproduceError(f"{target.name}, row {row.name}, method {method}: "
+                                         f"{str(exc).splitlines()[0]}") from None
+                dataset = (cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True))
+                specs[run_dir] = RunSpec(row, method, seed, run_dir, row.config, items, cfg.rounds, dataset)
+    return list(specs.values())
