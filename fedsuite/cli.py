@@ -11,18 +11,16 @@ and hardware checks), ``results`` (the report), ``certs``, ``sweep``, ``search``
 from __future__ import annotations
 
 import math
-import re
 import signal
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
-import click
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from typer.core import TyperCommand
+
+from fedsuite.cli_support import ManyValuesCommand, RunProgress, fail
 
 # fedsuite.config and the registry (torch, pydantic, every method) are imported where a command
 # needs them: `fedsuite simulate` first starts its simulation process, whose imports then run on
@@ -30,12 +28,6 @@ from typer.core import TyperCommand
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated-learning research suite on Flower.")
 console = Console()
-err_console = Console(stderr=True)
-
-
-def fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def _common_values(**options: Any) -> dict[str, Any]:
@@ -104,9 +96,7 @@ def simulate(
             fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
         check_writable_folder(run_dir, "output_dir")
 
-        progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=console, transient=False)
-        task = progress.add_task("starting Flower", total=cfg.rounds, start=False, visible=False)
+        progress = RunProgress(cfg.rounds, console)
 
         def begin() -> None:
             """Check the data (``launch.simulate``'s ``before_start``: while the simulation process starts
@@ -116,23 +106,10 @@ def simulate(
                           f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds -> {run_dir}")
             for risk in cfg.method.risks(cfg):
                 console.print(f"[yellow]warning:[/] {risk}")
-            progress.start()
-            progress.start_task(task)
-            progress.update(task, visible=True)
-
-        def on_progress(rows: list[dict[str, Any]]) -> None:
-            done = [r for r in rows if r["round"] > 0]
-            accs = [r["test_accuracy"] for r in rows if r.get("test_accuracy") is not None]
-            desc = f"round {done[-1]['round']}/{cfg.rounds}" if done else "starting Flower"
-            if accs:
-                desc += f"  acc {100 * accs[-1]:.2f}%"
-            failed = sum(r.get("failed", 0) or 0 for r in done)
-            if failed:
-                desc += f"  [yellow]{failed} failed replies[/]"
-            progress.update(task, completed=done[-1]["round"] if done else 0, description=desc)
+            progress.begin()
 
         try:
-            outcome = launch.simulate(cfg, run_dir, on_progress, before_start=begin, process=process)
+            outcome = launch.simulate(cfg, run_dir, progress.show, before_start=begin, process=process)
         except (runtime.DataCheckError, rundir.RunDirError) as exc:
             fail(str(exc))
         except launch.LaunchError as exc:
@@ -368,44 +345,6 @@ def sweep(
     except ReproduceError as exc:  # SweepError, or missing data
         fail(str(exc))
     raise typer.Exit(code)
-
-
-class ManyValuesCommand(TyperCommand):
-    """A command whose options in :attr:`many` take one or more values after one flag, as in
-    ``--seeds 0 1 2`` (a click option takes one value per flag: the values are handed to it as
-    ``--seeds 0 --seeds 1 --seeds 2``); a usage error is one line and exit code 2."""
-
-    many = ("--rows", "--methods", "--seeds")
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, self.spread(args))
-        except click.UsageError as exc:
-            fail(exc.format_message())
-
-    def spread(self, args: list[str]) -> list[str]:
-        out: list[str] = []
-        filling, count = None, 0  # the option taking values, and how many it has taken
-        for i, arg in enumerate(args):
-            name, eq, value = arg.partition("=")
-            if filling and (not arg.startswith("-") or re.fullmatch(r"-\d+", arg)):
-                out += [filling, arg]
-                count += 1
-                continue
-            if filling and not count:
-                raise click.UsageError(f"{filling} expects one or more values")
-            filling = None
-            if arg == "--":
-                return out + args[i:]
-            if name in self.many and eq:
-                out += [name, value]
-            elif arg in self.many:
-                filling, count = arg, 0
-            else:
-                out.append(arg)
-        if filling and not count:
-            raise click.UsageError(f"{filling} expects one or more values")
-        return out
 
 
 @app.command(cls=ManyValuesCommand, context_settings={"help_option_names": ["-h", "--help"]})

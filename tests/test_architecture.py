@@ -6,6 +6,7 @@ Every import statement counts, wherever it stands (module level, inside a functi
 * the engine (``fedsuite``) imports neither ``strategies`` nor ``clients``; the one exception is
   the registry's discovery, which imports the ``strategies`` package to list its modules;
 * client rules never import server rules;
+* ``strategies/`` and ``clients/`` import only the engine's contract modules (:data:`CONTRACT`);
 * there is no import cycle among the modules of the three packages.
 """
 
@@ -18,6 +19,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fedsuite", "strategies", "clients")
 #: (importer, imported) pairs allowed to point from the engine into the method packages
 DISCOVERY = {("fedsuite.registry", "strategies")}
+#: the engine modules a method may import: the strategy base and what it hands a server rule, the
+#: client-rule base and its loop, the wire format, array maths, seeding, the batch conversion of the
+#: data layer, the config base and the registry. Never the apps, the launcher or the runtime: a
+#: method that needs something of the run gets it through ServerSetup or LocalTask.
+CONTRACT = {"fedsuite.strategy", "fedsuite.rounds", "fedsuite.training", "fedsuite.wire", "fedsuite.arrays",
+            "fedsuite.seeding", "fedsuite.data", "fedsuite.params", "fedsuite.registry"}
 
 
 def module_name(path: Path) -> str:
@@ -74,6 +81,12 @@ def test_client_rules_do_not_import_server_rules():
     bad = [(src, dst) for src, dsts in graph().items() if src.startswith("clients")
            for dst in dsts if dst.startswith("strategies")]
     assert not bad, f"clients/ imports strategies/: {bad}"
+
+
+def test_methods_import_only_the_engines_contract_modules():
+    bad = sorted((src, dst) for src, dsts in graph().items() if src.split(".")[0] in ("strategies", "clients")
+                 for dst in dsts if dst.split(".")[0] == "fedsuite" and dst not in CONTRACT)
+    assert not bad, f"method code imports engine modules outside the contract: {bad}"
 
 
 def test_no_import_cycle():

@@ -409,7 +409,8 @@ def test_options_take_several_values_after_one_flag_and_a_usage_error_is_one_lin
     takes one value per flag); a usage error (no value, a bad value, an unknown option) is one line, exit 2."""
     from typer.testing import CliRunner
 
-    from fedsuite.cli import ManyValuesCommand, app
+    from fedsuite.cli import app
+    from fedsuite.cli_support import ManyValuesCommand
 
     spread = ManyValuesCommand("reproduce").spread
     assert spread(["t", "--rows", "a", "b", "--seeds", "0", "-1", "--jobs", "2", "--methods=m", "--report"]) == [
