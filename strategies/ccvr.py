@@ -34,8 +34,12 @@ from clients.ccvr import CCVRClient
 from fedsuite.arrays import NDArrays
 from fedsuite.params import Params
 from fedsuite.registry import register_method
+from fedsuite.seeding import round_rng
 from fedsuite.strategy import FedSuiteStrategy
 from fedsuite.wire import to_ndarrays, to_record
+
+#: the virtual features' draw of a calibration round (fedsuite.seeding.round_rng)
+VIRTUAL_TAG = 0xCC7
 
 
 class CCVRParams(Params):
@@ -106,7 +110,6 @@ class CCVRStrategy(FedSuiteStrategy):
     def __init__(self, setup, **kwargs: Any) -> None:
         super().__init__(setup, **kwargs)
         self.calibrated_head: NDArrays | None = None  # {"head.weight", "head.bias"}
-        self.calibrated_round = 0
         self._base: NDArrays | None = None  # the uncalibrated model the head belongs to (memory only)
 
     def calibrate_now(self, server_round: int) -> bool:
@@ -128,13 +131,13 @@ class CCVRStrategy(FedSuiteStrategy):
     def calibrate(self, server_round: int, base: NDArrays, stats: list[NDArrays]) -> None:
         p = self.params
         n, mu, sigma = merge_statistics(stats)
-        feats, labels = sample_virtual(n, mu, sigma, p.virtual_per_class, np.random.default_rng([self.cfg.seed, server_round, 0xCC7]))
+        feats, labels = sample_virtual(n, mu, sigma, p.virtual_per_class, round_rng(self.cfg.seed, server_round, VIRTUAL_TAG))
         w, b = base["head.weight"], base["head.bias"]
         before = head_loss(w, b, feats, labels)
         w2, b2 = calibrate_head(w, b, feats, labels, epochs=p.epochs, lr=p.lr, momentum=p.momentum,
                                 batch_size=p.batch_size, seed=self.cfg.seed + server_round)
         after = head_loss(w2, b2, feats, labels)
-        self.calibrated_head, self.calibrated_round, self._base = {"head.weight": w2, "head.bias": b2}, server_round, base
+        self.calibrated_head, self._base = {"head.weight": w2, "head.bias": b2}, base
         self.round_log.add(
             {"ccvr_stats_clients": len(stats), "ccvr_virtual_loss_before": before, "ccvr_virtual_loss_after": after}
         )
@@ -149,10 +152,10 @@ class CCVRStrategy(FedSuiteStrategy):
         return to_record({**current, **self.calibrated_head})
 
     def state_dict(self) -> dict[str, Any]:
-        return {"calibrated_head": self.calibrated_head, "calibrated_round": self.calibrated_round}
+        return {"calibrated_head": self.calibrated_head}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.calibrated_head, self.calibrated_round = state["calibrated_head"], state["calibrated_round"]
+        self.calibrated_head = state["calibrated_head"]
 
 
 register_method(

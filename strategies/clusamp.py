@@ -34,8 +34,12 @@ from clients.clusamp import CluSampClient
 from fedsuite.params import Params
 from fedsuite.arrays import NDArrays, weighted_mean
 from fedsuite.registry import register_method
+from fedsuite.seeding import round_rng
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
 from fedsuite.wire import ClientReply
+
+#: the m cluster draws of a round (fedsuite.seeding.round_rng)
+DRAW_TAG = 0xC1A5
 
 
 class CluSampParams(Params):
@@ -160,7 +164,7 @@ class CluSampStrategy(FedSuiteStrategy):
     def draw(self, server_round: int) -> list[int]:
         """The m draws of Algorithm 2 (partition ids, with repeats), deterministic in (seed, round, state)."""
         m = min(self.cfg.cohort_size, len(self.pids))
-        rng = np.random.default_rng([self.cfg.seed, server_round, 0xC1A5])
+        rng = round_rng(self.cfg.seed, server_round, DRAW_TAG)
         weights = np.maximum(self.sizes, 1)
         clusters = weight_clusters(ward_linkage(self.dist), weights, m)
         dists = sampling_distributions(clusters, weights, m, rng)
