@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from clients.scaffold import named_trainable
 from fedsuite.training import ClientRule, LocalResult, LocalTask
 
 STATE_NAME = "feddyn-h"
@@ -33,7 +32,7 @@ class FedDynClient(ClientRule):
     correction: dict[str, torch.Tensor]
 
     def start(self, task: LocalTask) -> None:
-        params = named_trainable(task.model)
+        params = task.named_params
         h = task.state.load_arrays(STATE_NAME, task.device)
         self.h = {n: (h[n].to(task.device, p.dtype) if h else torch.zeros_like(p).detach()) for n, p in params.items()}
 
@@ -45,13 +44,13 @@ class FedDynClient(ClientRule):
         return torch.optim.SGD(task.params, lr=task.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay + alpha)
 
     def adjust_gradient(self, task: LocalTask) -> None:
-        for n, p in named_trainable(task.model).items():
+        for n, p in task.named_params.items():
             if p.grad is not None:
                 p.grad.add_(self.correction[n])
 
     def finish(self, task: LocalTask) -> LocalResult:
         result = super().finish(task)
-        params = named_trainable(task.model)
+        params = task.named_params
         task.state.save_arrays(STATE_NAME, {n: self.h[n] + (p.detach() - task.start_point[n]) for n, p in params.items()})
         if any(not torch.equal(task.start_point[n], task.received[n]) for n in params):
             result.extras["start-offset"] = {n: task.start_point[n] - task.received[n] for n in params}

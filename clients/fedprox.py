@@ -22,5 +22,5 @@ class FedProxClient(ClientRule):
         loss = super().loss(task, x, y)
         mu = task.method_params.mu
         anchor = task.start_point
-        prox = sum(((p - anchor[n]) ** 2).sum() for n, p in task.model.named_parameters() if p.requires_grad)
+        prox = sum(((p - anchor[n]) ** 2).sum() for n, p in task.named_params.items())
         return loss + 0.5 * mu * prox

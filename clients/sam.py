@@ -98,7 +98,7 @@ class SamMomentumClient(ClientRule):
 
     # --- hooks --------------------------------------------------------------------------------
     def start(self, task: LocalTask) -> None:
-        named = [(n, p) for n, p in task.model.named_parameters() if p.requires_grad]
+        named = list(task.named_params.items())
         self.param_names = [n for n, _ in named]
         momentum = task.extras.get(MOMENTUM) if self.uses_momentum else None
         self.momentum = None if momentum is None else [

@@ -22,10 +22,6 @@ from fedsuite.training import ClientRule, LocalResult, LocalTask
 STATE_NAME = "scaffold-ci"
 
 
-def named_trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-
 def control_variate_update(c_i: dict, c: dict, delta: dict, steps: int, lr: float, scales: dict | None = None) -> dict:
     """c_i⁺ = c_i − c − Δ_i ⊘ (K η̂) (option II), η̂ = η · s with per-neuron scales s from the
     neuron-wise-lr plug-in (spec fednlr.md §2.10 item 4), η̂ = η without it; unchanged when no step
@@ -45,7 +41,7 @@ class ScaffoldClient(ClientRule):
     correction: dict[str, torch.Tensor]
 
     def start(self, task: LocalTask) -> None:
-        params = named_trainable(task.model)
+        params = task.named_params
         zeros = {n: torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for n, p in params.items()}
         c = task.extras.get("server-cv") or zeros
         c_i = task.state.load_arrays(STATE_NAME, task.device) or zeros
@@ -54,13 +50,13 @@ class ScaffoldClient(ClientRule):
         self.c, self.c_i, self.correction = c, c_i, {n: c[n] - c_i[n] for n in params}
 
     def adjust_gradient(self, task: LocalTask) -> None:
-        for n, p in named_trainable(task.model).items():
+        for n, p in task.named_params.items():
             if p.grad is not None:
                 p.grad.add_(self.correction[n])
 
     def finish(self, task: LocalTask) -> LocalResult:
         result = super().finish(task)
-        delta = {n: p.detach() - task.start_point[n] for n, p in named_trainable(task.model).items()}
+        delta = {n: p.detach() - task.start_point[n] for n, p in task.named_params.items()}
         # η̂ = η · s per neuron where a plug-in scales the rates (FedNLR), else η
         c_new = control_variate_update(self.c_i, self.c, delta, task.num_steps, task.lr, self.lr_scales())
         task.state.save_arrays(STATE_NAME, c_new)

@@ -81,7 +81,13 @@ class LocalTask:
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
+        """The trainable parameters, in the model's order."""
         return [p for p in self.model.parameters() if p.requires_grad]
+
+    @property
+    def named_params(self) -> dict[str, torch.nn.Parameter]:
+        """The trainable parameters by name, in the model's order (the keys of ``fedsuite.arrays.trainable_keys``)."""
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
 
     @property
     def method_params(self) -> Any:
