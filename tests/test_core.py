@@ -311,7 +311,8 @@ def test_every_method_sends_the_same_round_after_a_resume(tmp_path):
         for offset, flower_round in ((0, 4), (3, 1)):
             setup = ServerSetup(cfg=cfg, node_to_pid={100 + p: p for p in range(cfg.num_clients)},
                                 initial=models.initial_arrays(cfg, bundle), run_dir=tmp_path / f"{name}-{offset}",
-                                build_model=lambda: models.make_model(cfg, bundle))
+                                build_model=lambda: models.make_model(cfg, bundle),
+                                partition_size=lambda pid: len(runtime.client_indices(cfg, bundle, pid)))
             strategy = spec.strategy(setup)
             strategy.round_offset = offset
             sent.append(_dispatch(strategy, flower_round))

@@ -349,7 +349,8 @@ def test_every_method_accepts_relaxed_init_or_says_why(name, tmp_path, data_root
         bundle = runtime.load_bundle(cfg2)
         setup = ServerSetup(cfg=cfg2, node_to_pid={100 + i: i for i in range(10)},
                             initial=models.initial_arrays(cfg2, bundle), run_dir=tmp_path,
-                            build_model=lambda: models.make_model(cfg2, bundle))
+                            build_model=lambda: models.make_model(cfg2, bundle),
+                            partition_size=lambda pid: len(runtime.client_indices(cfg2, bundle, pid)))
         strategy = spec.strategy(setup)
         assert any(isinstance(h, RelaxedInitServer) for h in strategy.server_hooks)
     else:

@@ -464,7 +464,8 @@ def _method_round(method: str, preset: str | None):
     bundle = runtime.load_bundle(cfg)
     initial = {k: v.numpy().copy() for k, v in task0.received.items()}
     setup = ServerSetup(cfg=cfg, node_to_pid={pid: pid for pid in range(cfg.num_clients)}, initial=initial,
-                        build_model=lambda: models.make_model(cfg, bundle))
+                        build_model=lambda: models.make_model(cfg, bundle),
+                        partition_size=lambda pid: len(runtime.client_indices(cfg, bundle, pid)))
     strategy = cfg.method.strategy(setup)
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # as inside a ServerApp
     msg = list(strategy.configure_train(1, to_record(initial), ConfigRecord({}), None))[0]
