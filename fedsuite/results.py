@@ -207,6 +207,12 @@ class RunRecorder:
             if keep:
                 self.board.add(keep[-1])
 
+    def close(self) -> None:
+        """End the TensorBoard log (if any) without an outcome: a run stopped from outside."""
+        if self.board is not None:
+            self.board.close()
+            self.board = None
+
     def finish(self, status: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         rows = read_metrics(self.run_dir)
         summary = summarize(rows)
@@ -218,8 +224,7 @@ class RunRecorder:
             plot_accuracy({self.run_dir.name: rows}, self.run_dir / "accuracy.png")
         if has_pool_diagnostics(rows):
             plot_pool_diagnostics(rows, self.run_dir / "diagnostics.png", title=self.run_dir.name)
-        if self.board is not None:
-            self.board.close()
+        self.close()
         # last: the launcher takes summary.json as the sign that the run has ended and stops its processes
         write_json(self.run_dir / "summary.json", summary)
         return summary

@@ -15,13 +15,18 @@
    the round in flight, and a resume rewinds ``metrics.jsonl`` to the checkpoint (no round twice);
    per-client state is versioned by round (``fedsuite.state``), so a killed round's state is unused;
 5. ``accuracy.png`` (and ``diagnostics.png``), then ``summary.json`` are written at the end, also
-   when a round fails (``summary.json`` last: the launcher takes it as the end of the run).
+   when a round fails (``summary.json`` last: the launcher takes it as the end of the run). A run
+   stopped from outside (:data:`stop_requested`: its simulation process got SIGTERM, e.g. because
+   the launcher was killed) writes no ``summary.json``: whatever the ServerApp raised then is the
+   stop's side effect (a client's actor gone with the engine), not the run's failure, and the run
+   stays partial, for ``--resume`` to continue from its last checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -48,6 +53,10 @@ app = ServerApp()
 #: sixth of a 0.3 s round); a check reads in-memory state and costs microseconds.
 SIMULATION_PULL_INTERVAL_S = 0.01
 
+#: set by the simulation process when it is told to stop (SIGTERM: a stop, or the launcher's death
+#: through PDEATHSIG), before the engine tears down: ``main`` then records no outcome
+stop_requested = threading.Event()
+
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
@@ -58,20 +67,28 @@ def main(grid: Grid, context: Context) -> None:
     recorder = RunRecorder(run_dir, cfg.active_dump(),
                            tensorboard=tensorboard_installed() if cfg.tensorboard is None else cfg.tensorboard)
     torch.set_num_threads(max(1, cfg.num_cpus))
-    status, extra = "failed", {"timing": {"serverapp_start": time.time()}}
+    status, extra = None, {"timing": {"serverapp_start": time.time()}}
     try:
         run(grid, cfg, run_dir, recorder, extra["timing"])
         status = "completed"
-    except RoundFailure as exc:  # too many failed client replies: say which, keep the last good checkpoint
-        log.error("%s", exc)
-        extra["failure"] = exc.record()
-        (run_dir / "error.txt").write_text(traceback.format_exc())
-        raise
-    except Exception:
+    except BaseException as exc:
+        if stop_requested.is_set() or not isinstance(exc, Exception):
+            # stopped from outside (or SystemExit/KeyboardInterrupt here): no outcome is recorded,
+            # the run stays partial and --resume continues it
+            log.warning("run stopped from outside (%s: %s); %s stays partial, --resume continues it",
+                        type(exc).__name__, exc, run_dir)
+            raise
+        status = "failed"
+        if isinstance(exc, RoundFailure):  # too many failed client replies: say which, keep the last good checkpoint
+            log.error("%s", exc)
+            extra["failure"] = exc.record()
         (run_dir / "error.txt").write_text(traceback.format_exc())
         raise
     finally:
-        recorder.finish(status, extra)
+        if status is None:
+            recorder.close()
+        else:
+            recorder.finish(status, extra)
 
 
 def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> None:

@@ -13,7 +13,8 @@ What it leaves out is the control plane a simulation does not need: a SuperLink,
 ``flwr run``, ``flwr log`` and ``flwr list`` (five processes and about 5 s of start-up on 2 cores,
 ``benchmarks/README.md``). The run's outcome is the ServerApp's ``summary.json`` and this process's
 exit code (0 completed; 1 the ServerApp or the engine raised, traceback in ``error.txt`` and on
-stderr; 3 called off before it began); its log is its stdout, which the launcher writes to
+stderr, or it was stopped by SIGTERM: no ``summary.json`` then, the run stays partial; 3 called
+off before it began); its log is its stdout, which the launcher writes to
 ``<run>/flower.log``.
 
 The launcher starts it as ``python -m fedsuite.simulation --await-start`` before the run
@@ -30,12 +31,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 #: Flower's run id for a simulation that no SuperLink registered (any positive 64-bit value works;
 #: node ids are drawn at random per run by the engine)
@@ -181,6 +184,7 @@ def run(app_dir: Path | None) -> None:
         app_dir = take_run()
     start_ray()
     importer.join()
+    note_stop_requests()
     if named_later and sys.stdin.readline().strip() != "start":
         raise CalledOff("the launcher called the run off before it began")
 
@@ -211,6 +215,26 @@ def run(app_dir: Path | None) -> None:
         backend_config=backend_config(cfg), app_dir=str(app_dir), run=flower_run,
         server_app_context=context, is_app=True,
     )
+
+
+def note_stop_requests() -> None:
+    """On SIGTERM (a stop, or the launcher's death: PDEATHSIG), set ``server_app.stop_requested``
+    first, then do what the handler before did (Ray's driver handler: ``sys.exit``, which tears the
+    engine and its actors down). The ServerApp thread then sees its clients vanish; with the flag set
+    it records no failure, and the run stays partial. Called in the main thread, after ``ray.init``
+    (which installs its own handler)."""
+    from fedsuite.server_app import stop_requested
+
+    before = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        stop_requested.set()
+        if callable(before):
+            before(signum, frame)
+        else:
+            raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 class CalledOff(Exception):

@@ -390,3 +390,88 @@ def test_a_folder_that_is_not_a_start_up_is_never_removed(tmp_path):
         assert res.exit_code == 2, res.output
         assert ("exists" if not extra else "no run to continue") in res.output
     assert (run_dir / "notes.txt").read_text() == "mine"
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 31's kill race: a run stopped from outside records no failure, and stays resumable
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["error", "error-after-stop", "interrupt"])
+def test_only_an_error_of_the_run_itself_is_recorded_as_its_failure(how, tmp_path, monkeypatch):
+    """The ServerApp's outcome when ``run`` raises: an error of the run is ``failed`` (summary.json,
+    error.txt); the same error once the process was told to stop (SIGTERM: the engine's actors went
+    down with it), or a KeyboardInterrupt/SystemExit, records nothing: the run stays partial."""
+    from flwr.app import Context, RecordDict
+
+    from fedsuite import server_app
+    from fedsuite.config import to_run_config
+    from fedsuite.runtime import RUN_DIR_KEY
+
+    cfg = build_config(values={**FAST, "output_dir": str(tmp_path)})
+    run_dir = tmp_path / "r"
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config={**to_run_config(cfg), RUN_DIR_KEY: str(run_dir)})
+    raised = KeyboardInterrupt() if how == "interrupt" else RuntimeError("The actor is dead because its owner has died")
+
+    def run(*_: Any) -> None:
+        if how == "error-after-stop":
+            server_app.stop_requested.set()
+        raise raised
+
+    monkeypatch.setattr(server_app, "run", run)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # main sets the run's threads
+    try:
+        with pytest.raises(type(raised)):
+            server_app.main(object(), context)
+    finally:
+        server_app.stop_requested.clear()
+    assert (run_dir / "config.json").is_file()
+    if how == "error":
+        assert rundir.state(run_dir) == "failed"
+        assert rundir.summary_status(run_dir) == ("finished:failed", "RuntimeError: The actor is dead because its owner has died")
+    else:
+        assert rundir.state(run_dir) == "partial"
+        assert not (run_dir / "summary.json").exists() and not (run_dir / "error.txt").exists()
+
+
+def test_a_run_whose_launcher_is_killed_stays_partial_and_resumes(simulate, data_root, tmp_path, worker_ray_cluster):
+    """SIGKILL of the ``fedsuite simulate`` CLI alone, mid-run, on a shared Ray cluster (where the
+    race showed: a killed sweep's run recorded "owner has died" as its failure). Its simulation
+    process gets SIGTERM (PDEATHSIG) and the reaper stops the rest; the run must be left partial,
+    and ``--resume`` must end it equal to the uninterrupted run. (Whether the engine's teardown reaches
+    the ServerApp before the process ends is timing: the test above pins the rule itself.)"""
+    overrides = {"rounds": ROUNDS, "strategy": "fedavg"}
+    reference = simulate(**overrides)
+    out, name = tmp_path / "runs", "orphaned"
+    toml = _write_toml(tmp_path / "run.toml", {**FAST, **overrides, "ray_address": worker_ray_cluster,
+                                                "data_root": str(data_root), "output_dir": str(out), "run_name": name})
+    run_dir = out / name
+    log = tmp_path / "killed.log"
+    with log.open("wb") as f:
+        proc = subprocess.Popen(_cli("-c", str(toml)), env=_env(), cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not ((run_dir / "metrics.jsonl").is_file() and any(r["round"] >= 2 for r in read_metrics(run_dir))):
+            assert proc.poll() is None, f"the run ended before it could be killed: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "the run did not reach round 2 in time"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)  # the CLI only: the rest is left to PDEATHSIG and the reaper
+        proc.wait(timeout=15)
+        flwr_home = ("FLWR_HOME", str(run_dir / ".flwr"))
+        deadline = time.monotonic() + 60
+        while [p for p in process_tree(proc, flwr_home) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
+            assert time.monotonic() < deadline, "the run's processes outlived their launcher by a minute"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            _kill_9(proc, run_dir)
+    assert rundir.state(run_dir) == "partial", (rundir.summary(run_dir), (run_dir / "flower.log").read_text()[-3000:])
+    assert not (run_dir / "error.txt").exists()
+
+    res = subprocess.run(_cli("--output-dir", str(out), "--run-name", name, "--resume"), env=_env(), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"resume failed: {res.stdout[-2000:]} {res.stderr[-3000:]}"
+    rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
+    assert rows == reference.metrics_without_time()
