@@ -202,7 +202,7 @@ def partition(
     from fedsuite import runtime
     from fedsuite.config import ConfigError, build_config
     from fedsuite.data import label_histogram
-    from fedsuite.results import plot_partition
+    from fedsuite.plots import plot_partition
 
     values = _common_values(dataset=dataset, partitioner=partitioner, alpha=alpha,
                             classes_per_client=classes_per_client, num_clients=num_clients, seed=seed)

@@ -310,7 +310,8 @@ def trial_outcome(run_dir: Path, rounds: int, error: str | None) -> str:
 
 def write_report(trials: Sequence[dict[str, Any]], folder: Path, rounds: int, last: int, search: str) -> Path:
     """``report.md``, ``trials.csv`` and ``accuracy.png`` (one curve per trial) in ``folder``."""
-    from fedsuite.results import evaluations, plot_groups, read_metrics, run_value
+    from fedsuite.plots import plot_groups
+    from fedsuite.results import evaluations, read_metrics, run_value
 
     rows, curves = [], {}
     for t in trials:

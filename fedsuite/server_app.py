@@ -39,7 +39,8 @@ from flwr.superlink.grid import InMemoryGrid
 from fedsuite import runtime
 from fedsuite.models import initial_arrays, make_model
 from fedsuite.nodes import Handshake
-from fedsuite.results import RunRecorder, tensorboard_installed, write_json
+from fedsuite.recording import RunRecorder, tensorboard_installed
+from fedsuite.results import write_json
 from fedsuite.rounds import RoundFailure, ServerSetup
 from fedsuite.state import prune_committed
 from fedsuite.training import arrays_evaluator

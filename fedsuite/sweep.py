@@ -249,7 +249,7 @@ def best_per_group(settings: Sequence[dict[str, Any]], group_by: str | None) -> 
 
 def write_report(runs: Sequence[SweepRun], folder: Path, last: int, group_by: str | None, title: str) -> Path:
     """``report.md``, ``report.csv`` and ``accuracy.png`` (one band per setting) in ``folder``."""
-    from fedsuite.results import plot_groups
+    from fedsuite.plots import plot_groups
 
     folder.mkdir(parents=True, exist_ok=True)
     data = collect(runs, last)

@@ -246,7 +246,8 @@ def test_fmnist_real_data_learns_above_chance(simulate, tmp_path_factory):
 def test_report_groups_seeds_and_finds_rounds_to_target(tmp_path):
     import json as _json
 
-    from fedsuite.results import RunRecorder, report
+    from fedsuite.recording import RunRecorder
+    from fedsuite.results import report
 
     for seed, accs in ((0, [0.1, 0.5, 0.7]), (1, [0.1, 0.6, 0.9])):
         d = tmp_path / f"s{seed}"

@@ -27,7 +27,8 @@ pytest.importorskip("tensorboard", reason="the tracking tests read event files w
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from fedsuite import superlink  # noqa: E402
-from fedsuite.results import RunRecorder, read_metrics, scalars  # noqa: E402
+from fedsuite.recording import RunRecorder, scalars  # noqa: E402
+from fedsuite.results import read_metrics  # noqa: E402
 
 TRACKED = {"strategy": "fedmr", "fedmr.diagnostics": True, "rounds": 3, "faults.client_error": 0.25,
            "max_failed_fraction": 0.75}

@@ -7,7 +7,7 @@ the same as ``sweep``'s and a search's; a cell's: :func:`aggregate`), the mean b
 difference (paper scale only) and, per row, each ordering the paper claims judged on the
 differences paired by seed (:mod:`fedsuite.reproduce.verdicts`); as ``report.md``, ``report.csv``
 (cells) and ``claims.csv`` (orderings), plus one accuracy-versus-round figure per row (mean over
-seeds with a ± std band, ``fedsuite.results.plot_groups``). Runs that did not complete are left
+seeds with a ± std band, ``fedsuite.plots.plot_groups``). Runs that did not complete are left
 out of the numbers and named under their row.
 """
 
@@ -23,7 +23,8 @@ import numpy as np
 from fedsuite import rundir
 from fedsuite.reproduce.tables import RunSpec, Target
 from fedsuite.reproduce.verdicts import VERDICT_RULE, VERDICTS, claims, verdict
-from fedsuite.results import best_accuracy, evaluations, plot_groups, read_metrics, run_value
+from fedsuite.plots import plot_groups
+from fedsuite.results import best_accuracy, evaluations, read_metrics, run_value
 
 
 def aggregate(values: Sequence[float], tails: Sequence[Sequence[float]] = (), metric: str = "accuracy",
