@@ -65,6 +65,14 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "fedsuite.cli", "simulate", *args]
 
 
+def _start(toml: Path, log: Path) -> subprocess.Popen:
+    """``fedsuite simulate -c toml`` in its own session (a kill reaches only what the test aims at),
+    its output in ``log``."""
+    with log.open("wb") as f:
+        return subprocess.Popen(_cli("-c", str(toml)), env=_env(), cwd=log.parent, stdout=f,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
 def _write_toml(path: Path, values: dict[str, Any]) -> Path:
     data: dict[str, Any] = {}
     for key, value in values.items():
@@ -175,9 +183,7 @@ def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_ro
                                                 "output_dir": str(out), "run_name": name})
     run_dir = out / name
     log = tmp_path / "killed.log"
-    with log.open("wb") as f:
-        proc = subprocess.Popen(_cli("-c", str(toml)), env=_env(), cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = _start(toml, log)
     try:
         point = _kill_mid_round(proc, run_dir, random.Random(f"resume-{method}"), log)
     finally:
@@ -360,9 +366,7 @@ def test_a_run_killed_in_its_start_up_window_resumes_or_restarts(simulate, data_
     run_dir = out / "r"
     for attempt, again in enumerate((["--resume"], [])):
         log = tmp_path / f"killed-{attempt}.log"
-        with log.open("wb") as f:
-            proc = subprocess.Popen(_cli("-c", str(toml)), env=_env(), cwd=tmp_path, stdout=f,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = _start(toml, log)
         try:
             left = _kill_in_start_window(proc, run_dir, rng.uniform(0.0, 1.0), log)
         finally:
@@ -448,9 +452,7 @@ def test_a_run_whose_launcher_is_killed_stays_partial_and_resumes(simulate, data
                                                 "data_root": str(data_root), "output_dir": str(out), "run_name": name})
     run_dir = out / name
     log = tmp_path / "killed.log"
-    with log.open("wb") as f:
-        proc = subprocess.Popen(_cli("-c", str(toml)), env=_env(), cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = _start(toml, log)
     try:
         deadline = time.monotonic() + 300
         while not ((run_dir / "metrics.jsonl").is_file() and any(r["round"] >= 2 for r in read_metrics(run_dir))):
