@@ -2,18 +2,23 @@
 # Issue 32: the four papers' claims targets at CPU scale, and their committed reports.
 #
 #   experiments/claims_cpu.sh run OUT DATA_ROOT      # the queue, seed by seed (a stop leaves whole
-#                                                    # seeds); run it again to go on
+#                                                    # runs' checkpoints); run it again to go on
 #   experiments/claims_cpu.sh report OUT             # each report (+ CSVs, figures) and the finished
 #                                                    # runs' records into experiments/<paper>/results/claims-cpu/
 #
 # OUT is the runs' folder (reproduce --out), DATA_ROOT the folder holding FashionMNIST/raw/*.gz.
 # About 10 CPU-hours in all, two runs at a time; `fedsuite` from this checkout's environment.
 #
+# Two lanes run side by side, one run each, so both cores stay busy (a paper's seed has 3 or 4 runs
+# of unequal length, and the next seed waits for its report): FedMRUR then FedMR, and FedNLR then
+# FedInit. Each lane's papers are different targets, so no run is ever in both. Stop everything with
+# `kill -TERM -- -PGID` (the script's process group: start it with setsid); each run keeps its
+# last checkpoint and the next `run` resumes it.
+#
 # The queue outlives the machine: `run` first copies the committed records of finished runs
 # (config.json, metrics.jsonl, summary.json) back into OUT, where reproduce skips a run whose
 # summary says completed, and writes the reports after each paper's seed, so committing
-# experiments/*/results/claims-cpu keeps every finished run. FedMRUR, FedNLR and FedInit, whose claims
-# had never been asked at this scale, run all their seeds before FedMR's.
+# experiments/*/results/claims-cpu keeps every finished run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PAPERS=(fedmrur fednlr fedinit fedmr)
@@ -47,18 +52,25 @@ report() {  # OUT's report of one paper and its finished runs' records -> the co
 run_seed() {
     local paper=$1 seed=$2 out=$3 data=$4
     echo "=== $(date -u +%FT%TZ) $paper-claims seed $seed"
-    "$FEDSUITE" reproduce "$paper-claims" --scale cpu --seeds "$seed" --jobs 2 --data-root "$data" --out "$out" \
+    "$FEDSUITE" reproduce "$paper-claims" --scale cpu --seeds "$seed" --jobs 1 --data-root "$data" --out "$out" \
         || echo "=== $paper-claims seed $seed: exit $?"
     report "$paper" "$out"
+}
+
+lane() {  # papers one after another, each seed by seed, one run at a time
+    local out=$1 data=$2 paper seed
+    shift 2
+    for paper in "$@"; do
+        for seed in 0 1 2; do run_seed "$paper" "$seed" "$out" "$data"; done
+    done
 }
 
 case "${1:-}" in
 run)
     for paper in "${PAPERS[@]}"; do restore "$paper" "$2"; done
-    for seed in 0 1 2; do
-        for paper in fedmrur fednlr fedinit; do run_seed "$paper" "$seed" "$2" "$3"; done
-    done
-    for seed in 0 1 2; do run_seed fedmr "$seed" "$2" "$3"; done ;;
+    lane "$2" "$3" fedmrur fedmr &
+    lane "$2" "$3" fednlr fedinit &
+    wait ;;
 report)
     for paper in "${PAPERS[@]}"; do report "$paper" "$2"; done ;;
 *)
