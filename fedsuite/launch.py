@@ -170,17 +170,26 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     and its Ray are stopped, the folders this call created are removed, and the exception
     propagates: nothing is left behind."""
     run_dir = run_dir.resolve()
+    created = run_dir
+    while not created.parent.exists():  # the outermost folder this call creates, removed if called off
+        created = created.parent
+    created = None if created.exists() else created
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with rundir.claimed(run_dir):  # this process's run until it returns: a second one is refused
+        return _simulate(cfg, run_dir, created, on_progress, before_start, process)
+
+
+def _simulate(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
+              on_progress: Callable[[list[dict[str, Any]]], None] | None,
+              before_start: Callable[[], None] | None,
+              process: subprocess.Popen | None) -> RunOutcome:
+    """:func:`simulate` in a run directory this process holds (``rundir.claimed``)."""
     if rundir.start_debris(run_dir):  # a run killed before it recorded anything: nothing to keep
         rundir.clear_start_debris(run_dir)
     done = rundir.check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
     if done == cfg.rounds and rundir.summary_status(run_dir) == ("finished:completed", ""):
         # a finished run asked for the rounds it has: it stays as it was, byte for byte
         return RunOutcome(run_dir, "finished:completed", f"already complete after {done} rounds", ran=False)
-    created = run_dir
-    while not created.parent.exists():  # the outermost folder this call creates, removed if called off
-        created = created.parent
-    created = None if created.exists() else created
-    run_dir.mkdir(parents=True, exist_ok=True)
     app_dir = run_dir / "app"
     write_app(app_dir, cfg, run_dir)
     flwr_home = run_dir / ".flwr"  # Flower's home for the run, and the mark of its processes

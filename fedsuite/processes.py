@@ -96,15 +96,19 @@ def bin_path(name: str) -> str:
     return str(candidate) if candidate.exists() else (shutil.which(name) or name)
 
 
-def marked(key: str, value: str, exclude: tuple[int, ...] = ()) -> list[psutil.Process]:
+def marked(key: str, value: str, exclude: tuple[int, ...] = (),
+           simulation_in: str | None = None) -> list[psutil.Process]:
     """Processes whose environment has ``key=value`` (a run's private ``FLWR_HOME``, a private Ray's
-    ``RAY_TMPDIR``), except the PIDs in ``exclude``."""
+    ``RAY_TMPDIR``), or, with ``simulation_in``, a run's simulation process (``python -m
+    fedsuite.simulation``) working in that folder (its ``FLWR_HOME`` was set after it started, so
+    its environment does not show it); except the PIDs in ``exclude``."""
     out = []
     for p in psutil.process_iter():
         if p.pid in exclude:
             continue
         try:
-            if p.environ().get(key) == value:
+            if p.environ().get(key) == value or (simulation_in is not None and p.cwd() == simulation_in
+                                                 and "fedsuite.simulation" in p.cmdline()):
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

@@ -6,19 +6,25 @@ through this module: whether a run finished (:func:`summary_status`), how many r
 (:func:`checkpointed_round`, :func:`rounds_done`), what its summary says (:func:`summary`) and
 why it failed (:func:`why_incomplete`, :func:`flower_log_reason`), whether a command may continue
 it (:func:`check_resumable`, :func:`recorded_config`, :func:`resume_config`), whether it is the
-debris of a start-up (:func:`start_debris`), and whether a folder can take a run at all
+debris of a start-up (:func:`start_debris`), who holds it (:func:`claimed`), and whether a folder can take a run at all
 (:func:`folder_problem`). The parent-death watcher (``fedsuite.reaper``) reads a run's outcome here
 too.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import psutil
 
 from fedsuite.processes import marked
 
@@ -27,7 +33,7 @@ if TYPE_CHECKING:
 
 
 class RunDirError(RuntimeError):
-    """A run directory cannot be used as asked (a run is starting in it right now)."""
+    """A run directory cannot be used as asked (another process holds it: :func:`claimed`)."""
 
 
 def state(run_dir: Path) -> str:
@@ -196,12 +202,59 @@ def start_debris(run_dir: Path) -> bool:
 
 
 def clear_start_debris(run_dir: Path) -> None:
-    """Remove a start-up's debris (:func:`start_debris`), unless a run is starting in it right now
-    (a live process carries its ``FLWR_HOME``): then :class:`RunDirError`, and nothing is removed."""
-    live = marked("FLWR_HOME", str(run_dir / ".flwr"))
-    if live:
-        raise RunDirError(f"a run is starting in {run_dir} (process {live[0].pid}); wait for it or stop it first")
-    shutil.rmtree(run_dir)
+    """Empty a start-up's debris (:func:`start_debris`) out of ``run_dir``, which the caller holds
+    (:func:`claimed`: no run is starting in it now)."""
+    for entry in run_dir.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+#: how long a start waits for the processes of an earlier, killed attempt of its run to end (the
+#: dead launcher's watcher and PDEATHSIG stop them; a Ray agent may outlive its raylet by seconds)
+REMNANT_WAIT_S = 20.0
+
+
+@contextmanager
+def claimed(run_dir: Path, wait_s: float = REMNANT_WAIT_S) -> Iterator[None]:
+    """Hold the existing folder ``run_dir`` for this process while it runs or continues the run in
+    it: an exclusive ``flock`` on the folder itself, which the kernel drops when the process ends,
+    also on SIGKILL (no file is added to the folder; child processes do not inherit it). A second
+    fedsuite process on the same run (``--resume`` while the run goes on, two queues of one target)
+    is refused with :class:`RunDirError` before anything in the folder is touched. Processes of an
+    earlier attempt whose launcher was killed (:func:`remnants`) are waited for, up to ``wait_s``
+    seconds, then refused the same way."""
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirError(f"{run_dir} is in use by another fedsuite process (its run is going on); "
+                              "wait for it or stop it first") from None
+        deadline = time.monotonic() + wait_s
+        while left := remnants(run_dir):
+            if time.monotonic() >= deadline:
+                raise RunDirError(f"processes of an earlier attempt of {run_dir} are still running "
+                                  f"({describe(left[0])}); stop them first")
+            time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)
+
+
+def remnants(run_dir: Path) -> list[psutil.Process]:
+    """Live processes of an earlier attempt of the run in ``run_dir``: its private Ray's (they carry
+    its ``FLWR_HOME``) and its simulation process."""
+    return marked("FLWR_HOME", str(run_dir / ".flwr"), exclude=(os.getpid(),), simulation_in=str(run_dir))
+
+
+def describe(proc: psutil.Process) -> str:
+    """``process PID: its command line``, as far as it can still be read."""
+    try:
+        return f"process {proc.pid}: {' '.join(proc.cmdline())[:120]}"
+    except psutil.Error:
+        return f"process {proc.pid}"
 
 
 #: the least free space a run's folder needs before the run starts (a checkpoint per round, logs)

@@ -290,6 +290,23 @@ def test_claims_follow_the_published_order():
     assert got == [Claim("ours", "x", {0: 18.0, 1: 7.0})]
 
 
+def test_the_claims_run_records_are_not_ignored_by_git():
+    """``experiments/claims_cpu.sh`` keeps finished runs across machines by committing their records
+    under ``experiments/<paper>/results/claims-cpu/runs``; a ``.gitignore`` rule (``runs/``) once hid
+    them, so records said to be committed never were. A run's default output, ``/runs``, stays ignored."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: nothing to commit records to")
+    record = "experiments/fedmrur/results/claims-cpu/runs/c100-dir0.3/fedavg-s0/metrics.jsonl"
+
+    def ignored(path: str) -> bool:
+        res = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT, capture_output=True, text=True)
+        assert res.returncode in (0, 1), res.stderr
+        return res.returncode == 0
+
+    assert not ignored(record), record
+    assert ignored("runs/my-run/metrics.jsonl")
+
+
 def test_the_claims_targets_hold_each_papers_headline_orderings(targets, tmp_path):
     """Issue 32's orderings, one target per paper; at CPU scale every cell runs 200 rounds,
     evaluated every 5, on 100 clients with 10 per round, over seeds 0, 1, 2, planned seed by seed."""

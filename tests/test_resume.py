@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -477,3 +478,96 @@ def test_a_run_whose_launcher_is_killed_stays_partial_and_resumes(simulate, data
     assert res.returncode == 0, f"resume failed: {res.stdout[-2000:]} {res.stderr[-3000:]}"
     rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
     assert rows == reference.metrics_without_time()
+
+
+# ------------------------------------------------------------------------------------------------
+# one process per run: a second fedsuite process on a run that is going on is refused
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_resume_while_the_run_goes_on_is_refused_and_the_run_is_unharmed(simulate, data_root, tmp_path,
+                                                                           worker_ray_cluster):
+    """``--resume`` of a run whose first process is still running it (two queues of one target, or a
+    user's second terminal) gets exit code 2 and one line before it touches anything; the first
+    run ends as if alone."""
+    overrides = {"rounds": ROUNDS, "strategy": "fedavg"}
+    reference = simulate(**overrides)
+    out, name = tmp_path / "runs", "busy"
+    toml = _write_toml(tmp_path / "run.toml", {**FAST, **overrides, "ray_address": worker_ray_cluster,
+                                                "data_root": str(data_root), "output_dir": str(out), "run_name": name})
+    run_dir = out / name
+    log = tmp_path / "first.log"
+    proc = _start(toml, log)
+    try:
+        deadline = time.monotonic() + 300
+        while not ((run_dir / "metrics.jsonl").is_file() and read_metrics(run_dir, tolerant=True)):
+            assert proc.poll() is None, f"the run ended before the second process came: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "the run did not record round 0 in time"
+            time.sleep(0.02)
+        second = subprocess.run(_cli("--output-dir", str(out), "--run-name", name, "--resume"), env=_env(),
+                                cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert proc.poll() is None, "the first run ended before the second process was refused: nothing was tested"
+        assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+        message = (second.stdout + second.stderr).strip()
+        assert len(message.splitlines()) == 1 and "is in use by another fedsuite process" in message, message
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            _kill_9(proc, run_dir)
+    rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
+    assert rows == reference.metrics_without_time()
+    assert rundir.summary_status(run_dir) == ("finished:completed", "")
+
+
+def test_a_run_folder_is_held_until_its_holder_and_the_runs_processes_are_gone(tmp_path):
+    """``rundir.claimed``: refused while another process holds the folder; free once that process is
+    killed with SIGKILL (the kernel drops its lock); a process of an earlier attempt is waited for,
+    and refused if it outlives the wait."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               f"fd = os.open({str(run_dir)!r}, os.O_RDONLY)\n"
+                               "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(rundir.RunDirError, match="in use by another fedsuite process"):
+            with rundir.claimed(run_dir):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with rundir.claimed(run_dir):  # the killed holder's lock went with it
+        with pytest.raises(rundir.RunDirError, match="in use"):  # and this process's holds against a second open
+            with rundir.claimed(run_dir):
+                pass
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    # a user's shell (or anything else) working in the folder is none of the run's: not waited for
+    bystander = subprocess.Popen(sleeper, cwd=run_dir)
+    try:
+        started = time.monotonic()
+        with rundir.claimed(run_dir, wait_s=30.0):
+            assert time.monotonic() - started < 5.0
+    finally:
+        bystander.kill()
+        bystander.wait()
+    # an earlier attempt's processes: a daemon of its private Ray (it carries the run's FLWR_HOME),
+    # and its simulation process (python -m fedsuite.simulation, working in the folder)
+    for earlier_kind in ({"env": {**os.environ, "FLWR_HOME": str(run_dir / ".flwr")}},
+                         {"cwd": run_dir, "args": ["fedsuite.simulation"]}):
+        earlier = subprocess.Popen(sleeper + earlier_kind.get("args", []), env=earlier_kind.get("env"),
+                                   cwd=earlier_kind.get("cwd"))
+        try:
+            started = time.monotonic()
+            with pytest.raises(rundir.RunDirError, match=f"still running \\(process {earlier.pid}: .*time.sleep"):
+                with rundir.claimed(run_dir, wait_s=1.0):
+                    pass
+            assert time.monotonic() - started >= 1.0  # it waited for the process to end first
+            threading.Timer(0.5, earlier.kill).start()  # one that ends while the start waits is no obstacle
+            with rundir.claimed(run_dir, wait_s=30.0):
+                assert earlier.wait(timeout=5) == -signal.SIGKILL
+        finally:
+            earlier.kill()
+            earlier.wait()
+    with rundir.claimed(run_dir):
+        assert list(run_dir.iterdir()) == []  # holding adds nothing to the folder
