@@ -3,7 +3,7 @@
 #
 #   experiments/claims_cpu.sh run OUT DATA_ROOT      # the queue, seed by seed (a stop leaves whole
 #                                                    # runs' checkpoints); run it again to go on
-#   experiments/claims_cpu.sh report OUT             # each report (+ CSVs, figures) and the finished
+#   experiments/claims_cpu.sh report OUT [PAPER...]  # each report (+ CSVs, figures) and the finished
 #                                                    # runs' records into experiments/<paper>/results/claims-cpu/
 #
 # OUT is the runs' folder (reproduce --out), DATA_ROOT the folder holding FashionMNIST/raw/*.gz.
@@ -71,8 +71,11 @@ run)
     lane "$2" "$3" fedmrur fedmr &
     lane "$2" "$3" fednlr fedinit &
     wait ;;
-report)
-    for paper in "${PAPERS[@]}"; do report "$paper" "$2"; done ;;
+report)  # report OUT [PAPER ...]: every paper, or those named (a paper with no runs in OUT would lose its report)
+    out=$2
+    shift 2
+    [ $# -gt 0 ] || set -- "${PAPERS[@]}"
+    for paper in "$@"; do report "$paper" "$out"; done ;;
 *)
     sed -n '2,11p' "$0"; exit 2 ;;
 esac
