@@ -402,6 +402,28 @@ def test_a_folder_that_is_not_a_start_up_is_never_removed(tmp_path):
 # ------------------------------------------------------------------------------------------------
 
 
+def _start_fedavg(simulate, data_root: Path, tmp_path: Path, cluster: str, name: str):
+    """A ROUNDS-round FedAvg run on the xdist worker's Ray cluster, as its own ``fedsuite simulate``
+    process. Returns the uninterrupted run (``simulate``'s), the output folder, the run folder, the
+    process and its log."""
+    overrides = {"rounds": ROUNDS, "strategy": "fedavg"}
+    reference = simulate(**overrides)
+    out = tmp_path / "runs"
+    toml = _write_toml(tmp_path / f"{name}.toml", {**FAST, **overrides, "ray_address": cluster, "data_root": str(data_root),
+                                                    "output_dir": str(out), "run_name": name})
+    log = tmp_path / f"{name}.log"
+    return reference, out, out / name, _start(toml, log), log
+
+
+def _wait_for_round(proc: subprocess.Popen, run_dir: Path, log: Path, round_: int) -> None:
+    """Until the run's metrics.jsonl has a row of round ``round_`` or later (the run still going)."""
+    deadline = time.monotonic() + 300
+    while not any(r["round"] >= round_ for r in read_metrics(run_dir, tolerant=True)):
+        assert proc.poll() is None, f"the run ended before round {round_}: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"the run did not reach round {round_} in time"
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize("how", ["error", "error-after-stop", "interrupt"])
 def test_only_an_error_of_the_run_itself_is_recorded_as_its_failure(how, tmp_path, monkeypatch):
     """The ServerApp's outcome when ``run`` raises: an error of the run is ``failed`` (summary.json,
@@ -446,20 +468,9 @@ def test_a_run_whose_launcher_is_killed_stays_partial_and_resumes(simulate, data
     process gets SIGTERM (PDEATHSIG) and the reaper stops the rest; the run must be left partial,
     and ``--resume`` must end it equal to the uninterrupted run. (Whether the engine's teardown reaches
     the ServerApp before the process ends is timing: the test above pins the rule itself.)"""
-    overrides = {"rounds": ROUNDS, "strategy": "fedavg"}
-    reference = simulate(**overrides)
-    out, name = tmp_path / "runs", "orphaned"
-    toml = _write_toml(tmp_path / "run.toml", {**FAST, **overrides, "ray_address": worker_ray_cluster,
-                                                "data_root": str(data_root), "output_dir": str(out), "run_name": name})
-    run_dir = out / name
-    log = tmp_path / "killed.log"
-    proc = _start(toml, log)
+    reference, out, run_dir, proc, log = _start_fedavg(simulate, data_root, tmp_path, worker_ray_cluster, "orphaned")
     try:
-        deadline = time.monotonic() + 300
-        while not ((run_dir / "metrics.jsonl").is_file() and any(r["round"] >= 2 for r in read_metrics(run_dir))):
-            assert proc.poll() is None, f"the run ended before it could be killed: {log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "the run did not reach round 2 in time"
-            time.sleep(0.02)
+        _wait_for_round(proc, run_dir, log, 2)
         proc.send_signal(signal.SIGKILL)  # the CLI only: the rest is left to PDEATHSIG and the reaper
         proc.wait(timeout=15)
         flwr_home = ("FLWR_HOME", str(run_dir / ".flwr"))
@@ -473,8 +484,8 @@ def test_a_run_whose_launcher_is_killed_stays_partial_and_resumes(simulate, data
     assert rundir.state(run_dir) == "partial", (rundir.summary(run_dir), (run_dir / "flower.log").read_text()[-3000:])
     assert not (run_dir / "error.txt").exists()
 
-    res = subprocess.run(_cli("--output-dir", str(out), "--run-name", name, "--resume"), env=_env(), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(_cli("--output-dir", str(out), "--run-name", run_dir.name, "--resume"), env=_env(),
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"resume failed: {res.stdout[-2000:]} {res.stderr[-3000:]}"
     rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
     assert rows == reference.metrics_without_time()
@@ -490,21 +501,10 @@ def test_a_resume_while_the_run_goes_on_is_refused_and_the_run_is_unharmed(simul
     """``--resume`` of a run whose first process is still running it (two queues of one target, or a
     user's second terminal) gets exit code 2 and one line before it touches anything; the first
     run ends as if alone."""
-    overrides = {"rounds": ROUNDS, "strategy": "fedavg"}
-    reference = simulate(**overrides)
-    out, name = tmp_path / "runs", "busy"
-    toml = _write_toml(tmp_path / "run.toml", {**FAST, **overrides, "ray_address": worker_ray_cluster,
-                                                "data_root": str(data_root), "output_dir": str(out), "run_name": name})
-    run_dir = out / name
-    log = tmp_path / "first.log"
-    proc = _start(toml, log)
+    reference, out, run_dir, proc, log = _start_fedavg(simulate, data_root, tmp_path, worker_ray_cluster, "busy")
     try:
-        deadline = time.monotonic() + 300
-        while not ((run_dir / "metrics.jsonl").is_file() and read_metrics(run_dir, tolerant=True)):
-            assert proc.poll() is None, f"the run ended before the second process came: {log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "the run did not record round 0 in time"
-            time.sleep(0.02)
-        second = subprocess.run(_cli("--output-dir", str(out), "--run-name", name, "--resume"), env=_env(),
+        _wait_for_round(proc, run_dir, log, 0)
+        second = subprocess.run(_cli("--output-dir", str(out), "--run-name", run_dir.name, "--resume"), env=_env(),
                                 cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert proc.poll() is None, "the first run ended before the second process was refused: nothing was tested"
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
