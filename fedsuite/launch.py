@@ -175,7 +175,8 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
         created = created.parent
     created = None if created.exists() else created
     run_dir.mkdir(parents=True, exist_ok=True)
-    with rundir.claimed(run_dir):  # this process's run until it returns: a second one is refused
+    # this process's run until it returns: a second one is refused
+    with rundir.claimed(run_dir, exclude=(process.pid,) if process is not None else ()):
         return _simulate(cfg, run_dir, created, on_progress, before_start, process)
 
 

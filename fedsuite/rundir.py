@@ -6,9 +6,9 @@ through this module: whether a run finished (:func:`summary_status`), how many r
 (:func:`checkpointed_round`, :func:`rounds_done`), what its summary says (:func:`summary`) and
 why it failed (:func:`why_incomplete`, :func:`flower_log_reason`), whether a command may continue
 it (:func:`check_resumable`, :func:`recorded_config`, :func:`resume_config`), whether it is the
-debris of a start-up (:func:`start_debris`), who holds it (:func:`claimed`), and whether a folder can take a run at all
-(:func:`folder_problem`). The parent-death watcher (``fedsuite.reaper``) reads a run's outcome here
-too.
+debris of a start-up (:func:`start_debris`), who holds it (:func:`claimed`), and whether a folder
+can take a run at all (:func:`folder_problem`). The parent-death watcher (``fedsuite.reaper``)
+reads a run's outcome here too.
 """
 
 from __future__ import annotations
@@ -217,14 +217,15 @@ REMNANT_WAIT_S = 20.0
 
 
 @contextmanager
-def claimed(run_dir: Path, wait_s: float = REMNANT_WAIT_S) -> Iterator[None]:
+def claimed(run_dir: Path, wait_s: float = REMNANT_WAIT_S, exclude: tuple[int, ...] = ()) -> Iterator[None]:
     """Hold the existing folder ``run_dir`` for this process while it runs or continues the run in
     it: an exclusive ``flock`` on the folder itself, which the kernel drops when the process ends,
     also on SIGKILL (no file is added to the folder; child processes do not inherit it). A second
     fedsuite process on the same run (``--resume`` while the run goes on, two queues of one target)
     is refused with :class:`RunDirError` before anything in the folder is touched. Processes of an
     earlier attempt whose launcher was killed (:func:`remnants`) are waited for, up to ``wait_s``
-    seconds, then refused the same way."""
+    seconds, then refused the same way; ``exclude``: this attempt's own processes (its simulation
+    process, started before the run was named, works wherever the CLI does)."""
     fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
@@ -233,7 +234,7 @@ def claimed(run_dir: Path, wait_s: float = REMNANT_WAIT_S) -> Iterator[None]:
             raise RunDirError(f"{run_dir} is in use by another fedsuite process (its run is going on); "
                               "wait for it or stop it first") from None
         deadline = time.monotonic() + wait_s
-        while left := remnants(run_dir):
+        while left := remnants(run_dir, exclude):
             if time.monotonic() >= deadline:
                 raise RunDirError(f"processes of an earlier attempt of {run_dir} are still running "
                                   f"({describe(left[0])}); stop them first")
@@ -243,10 +244,10 @@ def claimed(run_dir: Path, wait_s: float = REMNANT_WAIT_S) -> Iterator[None]:
         os.close(fd)
 
 
-def remnants(run_dir: Path) -> list[psutil.Process]:
+def remnants(run_dir: Path, exclude: tuple[int, ...] = ()) -> list[psutil.Process]:
     """Live processes of an earlier attempt of the run in ``run_dir``: its private Ray's (they carry
-    its ``FLWR_HOME``) and its simulation process."""
-    return marked("FLWR_HOME", str(run_dir / ".flwr"), exclude=(os.getpid(),), simulation_in=str(run_dir))
+    its ``FLWR_HOME``) and its simulation process; this process and ``exclude`` left out."""
+    return marked("FLWR_HOME", str(run_dir / ".flwr"), exclude=(os.getpid(), *exclude), simulation_in=str(run_dir))
 
 
 def describe(proc: psutil.Process) -> str:

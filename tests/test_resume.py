@@ -571,3 +571,20 @@ def test_a_run_folder_is_held_until_its_holder_and_the_runs_processes_are_gone(t
             earlier.wait()
     with rundir.claimed(run_dir):
         assert list(run_dir.iterdir()) == []  # holding adds nothing to the folder
+
+
+def test_a_resume_started_inside_its_run_folder_is_not_held_up_by_itself(simulate, data_root, tmp_path,
+                                                                          worker_ray_cluster):
+    """The CLI starts its simulation process in its own working folder before the run is named; run
+    from inside the run's folder, that process looks like an earlier attempt's (a fedsuite.simulation
+    working in the folder) and must not be waited for: the resume proceeds at once and completes."""
+    reference, out, run_dir, proc, log = _start_fedavg(simulate, data_root, tmp_path, worker_ray_cluster, "inside")
+    try:
+        _wait_for_round(proc, run_dir, log, 2)
+    finally:
+        _kill_9(proc, run_dir)
+    res = subprocess.run(_cli("--output-dir", "..", "--run-name", run_dir.name, "--resume"), env=_env(),
+                         cwd=run_dir, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"resume from inside the run folder failed: {res.stdout[-2000:]} {res.stderr[-3000:]}"
+    rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
+    assert rows == reference.metrics_without_time()
