@@ -20,13 +20,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedsuite.cli_support import ManyValuesCommand, RunProgress, fail
+from fedsuite.cli_support import ManyValuesCommand, OneLineUsageCommand, OneLineUsageGroup, RunProgress, fail
 
 # fedsuite.config and the registry (torch, pydantic, every method) are imported where a command
 # needs them: `fedsuite simulate` first starts its simulation process, whose imports then run on
 # the second core while this process does its own (fedsuite.launch.start_simulation_process).
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated-learning research suite on Flower.")
+app = typer.Typer(cls=OneLineUsageGroup, add_completion=False, no_args_is_help=True,
+                  help="Federated-learning research suite on Flower.")
 console = Console()
 
 
@@ -34,7 +35,7 @@ def _common_values(**options: Any) -> dict[str, Any]:
     return {k: v for k, v in options.items() if v is not None}
 
 
-@app.command()
+@app.command(cls=OneLineUsageCommand)
 def simulate(
     strategy: Optional[str] = typer.Option(None, "--strategy", "-s", help="method name (fedsuite list)"),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file"),
@@ -155,7 +156,7 @@ def figure_path(out: Path) -> Path:
     return out
 
 
-@app.command("list")
+@app.command("list", cls=OneLineUsageCommand)
 def list_(
     what: Optional[str] = typer.Argument(None, help="strategies | datasets | partitioners | models"),
     markdown: bool = typer.Option(False, "--markdown", help="print Markdown tables (used for README.md)"),
@@ -186,7 +187,7 @@ def list_(
             console.print(table)
 
 
-@app.command()
+@app.command(cls=OneLineUsageCommand)
 def partition(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file"),
     set_: list[str] = typer.Option([], "--set", help="override: key=value"),
@@ -234,7 +235,7 @@ def partition(
     console.print(f"plot -> {out}")
 
 
-@app.command()
+@app.command(cls=OneLineUsageCommand)
 def report(
     run_dirs: list[Path] = typer.Argument(..., help="run directories (several seeds of one setting are grouped)"),
     target: Optional[float] = typer.Option(None, help="target accuracy in %, for rounds-to-target"),
@@ -268,7 +269,7 @@ def report(
     console.print(f"-> {out / 'report.md'}, " + ", ".join(str(f) for f in figures))
 
 
-@app.command()
+@app.command(cls=OneLineUsageCommand)
 def certs(
     out: Path = typer.Argument(..., help="credentials folder (created; existing files are kept)"),
     host: list[str] = typer.Option([], "--host", help="a name or IP address SuperNodes and the CLI use to "
@@ -295,7 +296,7 @@ def certs(
                   highlight=False)
 
 
-@app.command()
+@app.command(cls=OneLineUsageCommand)
 def sweep(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="base TOML config (may hold a [sweep] section)"),
     set_: list[str] = typer.Option([], "--set", help="base override: key=value, as for simulate (repeatable)"),

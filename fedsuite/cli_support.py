@@ -1,6 +1,8 @@
 """What the ``fedsuite`` commands share beyond their options: the one-line user error (:func:`fail`),
-options that take several values after one flag (:class:`ManyValuesCommand`, ``fedsuite reproduce``'s ``--seeds 0 1 2``) and a run's
-progress bar (:class:`RunProgress`). Light imports only: ``fedsuite.cli`` imports this at start-up.
+usage errors said the same way (:class:`OneLineUsageGroup`, :class:`OneLineUsageCommand`), options
+that take several values after one flag (:class:`ManyValuesCommand`, ``fedsuite reproduce``'s
+``--seeds 0 1 2``) and a run's progress bar (:class:`RunProgress`). Light imports only:
+``fedsuite.cli`` imports this at start-up.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import click
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 err_console = Console(stderr=True)
 
@@ -53,18 +55,41 @@ class RunProgress:
         self.bar.stop()
 
 
-class ManyValuesCommand(TyperCommand):
-    """A command whose options in :attr:`many` take one or more values after one flag, as in
-    ``--seeds 0 1 2`` (a click option takes one value per flag: the values are handed to it as
-    ``--seeds 0 --seeds 1 --seeds 2``); a usage error is one line and exit code 2."""
+class OneLineUsageGroup(TyperGroup):
+    """The ``fedsuite`` group: an unknown command is one line and exit code 2, as any user error
+    (click's default is a boxed usage text)."""
 
-    many = ("--rows", "--methods", "--seeds")
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            fail(exc.format_message())
+
+
+class OneLineUsageCommand(TyperCommand):
+    """A command whose usage errors (an unknown option, a value of the wrong type, a missing
+    argument) are one line and exit code 2, as its other user errors."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
-            return super().parse_args(ctx, self.spread(args))
+            return super().parse_args(ctx, self.prepare(args))
         except click.UsageError as exc:
             fail(exc.format_message())
+
+    def prepare(self, args: list[str]) -> list[str]:
+        """The arguments as click is to parse them (here: as given)."""
+        return args
+
+
+class ManyValuesCommand(OneLineUsageCommand):
+    """A command whose options in :attr:`many` take one or more values after one flag, as in
+    ``--seeds 0 1 2`` (a click option takes one value per flag: the values are handed to it as
+    ``--seeds 0 --seeds 1 --seeds 2``)."""
+
+    many = ("--rows", "--methods", "--seeds")
+
+    def prepare(self, args: list[str]) -> list[str]:
+        return self.spread(args)
 
     def spread(self, args: list[str]) -> list[str]:
         out: list[str] = []

@@ -116,6 +116,34 @@ def test_cli_user_errors_exit_2_without_traceback_or_run_dir(tmp_path, args):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["nope"], "No such command 'nope'"),
+        (["simulate", "--rounds", "abc"], "'abc' is not a valid integer"),
+        (["simulate", "--out", "x"], "No such option '--out'"),
+        (["list", "--bogus"], "No such option '--bogus'"),
+        (["partition", "--num-clients"], "'--num-clients' requires an argument"),
+        (["report"], "Missing argument 'RUN_DIRS...'"),
+        (["certs", "--bogus"], "No such option '--bogus'"),
+        (["sweep", "--bogus"], "No such option '--bogus'"),
+        (["sweep", "--samples", "x"], "'x' is not a valid integer"),
+        (["reproduce", "--bogus"], "No such option '--bogus'"),
+    ],
+)
+def test_every_commands_usage_error_is_one_line_and_exit_2(args, words):
+    """click's usage errors (unknown command or option, a value of the wrong type, a missing
+    argument) are said as every other user error: one ``error:`` line, exit code 2, no boxed usage."""
+    from typer.testing import CliRunner
+
+    from fedsuite.cli import app
+
+    result = CliRunner().invoke(app, args)
+    text = result.stdout + (result.stderr or "")
+    assert result.exit_code == 2, text
+    assert text.startswith("error: ") and words in text and len(text.strip().splitlines()) == 1, text
+
+
 def test_cli_missing_dataset_names_files_and_layout(tmp_path):
     proc = run_cli("simulate", "--dataset", "cifar10", "--set", f"data_root={tmp_path / 'data'}",
                    "--output-dir", str(tmp_path / "runs"), cwd=tmp_path)
