@@ -9,11 +9,13 @@
 # OUT is the runs' folder (reproduce --out), DATA_ROOT the folder holding FashionMNIST/raw/*.gz.
 # About 10 CPU-hours in all, two runs at a time; `fedsuite` from this checkout's environment.
 #
-# Two lanes run side by side, one run each, so both cores stay busy (a paper's seed has 3 or 4 runs
-# of unequal length, and the next seed waits for its report): FedMRUR then FedMR, and FedNLR then
-# FedInit. Each lane's papers are different targets, so no run is ever in both. Stop everything with
-# `kill -TERM -- -PGID` (the script's process group: start it with setsid); each run keeps its
-# last checkpoint and the next `run` resumes it.
+# The work is a list of paper-seeds (UNITS, each paper seed by seed). Two workers run side by
+# side, one run each, so both cores stay busy to the end: each takes the next unit of the list
+# (under a lock), runs that seed's 3 to 5 runs one at a time and writes that paper's report (under
+# that paper's lock). Two units of one paper may run at once: their runs are different seeds'
+# and reproduce replaces its report files whole. Stop everything with `kill -TERM -- -PGID` (the
+# script's process group: start it with setsid); each run keeps its last checkpoint and the next
+# `run` resumes it (units whose runs are complete take seconds: reproduce skips them).
 #
 # The queue outlives the machine: `run` first copies the committed records of finished runs
 # (config.json, metrics.jsonl, summary.json) back into OUT, where reproduce skips a run whose
@@ -35,6 +37,11 @@ restore() {  # committed records -> OUT (never over a run folder that is already
 }
 
 report() {  # OUT's report of one paper and its finished runs' records -> the committed folder
+    mkdir -p "$2"
+    ( flock 9 && write_report "$@" ) 9>"$2/.report-$1.lock"  # both workers may be on one paper
+}
+
+write_report() {
     local paper=$1 out=$2 dest="experiments/$1/results/claims-cpu" run rel
     "$FEDSUITE" reproduce "$paper-claims" --scale cpu --seeds 0 1 2 --out "$out" --report
     rm -rf "$dest" && mkdir -p "$dest/runs"
@@ -57,19 +64,30 @@ run_seed() {
     report "$paper" "$out"
 }
 
-lane() {  # papers one after another, each seed by seed, one run at a time
-    local out=$1 data=$2 paper seed
-    shift 2
-    for paper in "$@"; do
-        for seed in 0 1 2; do run_seed "$paper" "$seed" "$out" "$data"; done
+# FedMRUR's and FedNLR's seeds first (they were queued first: their verdicts come first), then FedInit's and FedMR's
+UNITS=(fedmrur:0 fednlr:0 fedmrur:1 fednlr:1 fedmrur:2 fednlr:2
+       fedinit:0 fedmr:0 fedinit:1 fedmr:1 fedinit:2 fedmr:2)
+
+take() {  # the next unit of this `run`'s list ("paper:seed"; OUT/.units/next under its lock); fails when none is left
+    local out=$1 i
+    i=$( (flock 9 && read -r n < "$out/.units/next" && echo $((n + 1)) > "$out/.units/next" && echo "$n") \
+        9>"$out/.units/lock")
+    [ "$i" -lt "${#UNITS[@]}" ] && echo "${UNITS[$i]}"
+}
+
+worker() {  # units one after another until the list is done, one run at a time
+    local out=$1 data=$2 unit
+    while unit=$(take "$out"); do
+        run_seed "${unit%:*}" "${unit#*:}" "$out" "$data"
     done
 }
 
 case "${1:-}" in
 run)
     for paper in "${PAPERS[@]}"; do restore "$paper" "$2"; done
-    lane "$2" "$3" fedmrur fedmr &
-    lane "$2" "$3" fednlr fedinit &
+    rm -rf "$2/.units" && mkdir -p "$2/.units" && echo 0 > "$2/.units/next"
+    worker "$2" "$3" &
+    worker "$2" "$3" &
     wait ;;
 report)  # report OUT [PAPER ...]: every paper, or those named (a paper with no runs in OUT would lose its report)
     out=$2

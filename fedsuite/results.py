@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -32,10 +33,22 @@ from fedsuite.config import RESUME_MUTABLE, flat_config
 from fedsuite.plots import has_pool_diagnostics, plot_groups, plot_pool_diagnostics
 
 
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` into a fresh file beside ``path`` (same suffix), then rename it over ``path``:
+    a reader, or another process writing the same file, sees the old file or a whole new one, never
+    a half-written one; if ``write`` raises, ``path`` is untouched and the temporary file removed."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n"))
 
 
 class ResultsError(ValueError):

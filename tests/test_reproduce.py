@@ -45,7 +45,7 @@ from fedsuite.reproduce.report import aggregate, write_report
 from fedsuite.reproduce.tables import SCALES, Target, load_targets, parse_tables, plan
 from fedsuite.reproduce.verdicts import (HOLDS, NOT_JUDGED, REVERSED, WITHIN_NOISE, Claim, claims, paired_verdict,
                                          verdict)
-from fedsuite.results import read_metrics, run_value
+from fedsuite.results import read_metrics, run_value, write_atomically
 from tests.conftest import assert_same_arrays
 from tests.test_data import make_cifar10, make_cifar100
 
@@ -305,6 +305,27 @@ def test_the_claims_run_records_are_not_ignored_by_git():
 
     assert not ignored(record), record
     assert ignored("runs/my-run/metrics.jsonl")
+
+
+def test_a_report_file_is_replaced_whole_or_not_at_all(tmp_path):
+    """Two ``reproduce`` processes of one target (different seeds, as ``experiments/claims_cpu.sh``'s
+    two workers) may write its report at the same moment: each file is written beside and renamed
+    over the old one (``results.write_atomically``). A write that fails leaves the old file and no
+    temporary one."""
+    path = tmp_path / "report.csv"
+    path.write_text("old\n")
+
+    def half_then_fail(tmp: Path) -> None:
+        tmp.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_atomically(path, half_then_fail)
+    assert path.read_text() == "old\n" and list(tmp_path.iterdir()) == [path]
+    seen = []
+    write_atomically(path, lambda tmp: (seen.append(tmp), tmp.write_text("new\n")))
+    assert seen[0].parent == tmp_path and seen[0].suffix == ".csv" and seen[0] != path
+    assert path.read_text() == "new\n" and list(tmp_path.iterdir()) == [path]
 
 
 def test_the_claims_targets_hold_each_papers_headline_orderings(targets, tmp_path):

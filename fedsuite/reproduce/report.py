@@ -8,7 +8,9 @@ difference (paper scale only) and, per row, each ordering the paper claims judge
 differences paired by seed (:mod:`fedsuite.reproduce.verdicts`); as ``report.md``, ``report.csv``
 (cells) and ``claims.csv`` (orderings), plus one accuracy-versus-round figure per row (mean over
 seeds with a ± std band, ``fedsuite.plots.plot_groups``). Runs that did not complete are left
-out of the numbers and named under their row.
+out of the numbers and named under their row. Each file is replaced whole
+(``results.write_atomically``): two ``reproduce`` processes of one target (different seeds, say)
+may end at the same moment.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from fedsuite import rundir
 from fedsuite.reproduce.tables import RunSpec, Target
 from fedsuite.reproduce.verdicts import VERDICT_RULE, VERDICTS, claims, verdict
 from fedsuite.plots import plot_groups
-from fedsuite.results import best_accuracy, evaluations, read_metrics, run_value
+from fedsuite.results import best_accuracy, evaluations, read_metrics, run_value, write_atomically
 
 
 def aggregate(values: Sequence[float], tails: Sequence[Sequence[float]] = (), metric: str = "accuracy",
@@ -117,7 +119,7 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
         md += [f"**CPU scale: obtained numbers are not the paper's setting and are compared on orderings only "
                f"(difference: n/a).** {target.cpu_note}", ""]
     md += [f"Reading: {target.note}" if target.note else "", "",
-           f"Obtained = mean ± std over the completed seeds of each run's "
+           "Obtained = mean ± std over the completed seeds of each run's "
            + ("first round reaching the row's target (∞: never)" if target.metric == "rounds" else
               f"mean of its last {target.last} evaluations (std: "
               + ("pooled over those evaluations of all seeds" if target.spread == "pooled" else "over seeds")
@@ -171,18 +173,23 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                    *[f"- {line}" for line in incomplete]]
         if d["curves"]:
             png = folder / f"{row.name}.png"
-            plot_groups(d["curves"], png, title=f"{row.label} ({scale} scale)")
+            write_atomically(png, lambda tmp, curves=d["curves"], title=f"{row.label} ({scale} scale)":
+                             plot_groups(curves, tmp, title=title))
             md += ["", f"![{row.label}]({png.name})"]
-    (folder / "report.md").write_text("\n".join(md) + "\n")
-    with (folder / "report.csv").open("w", newline="") as fh:
-        fields = ["target", "scale", "row", "method", "published_mean", "published_std", "obtained_mean", "obtained_std",
-                  "seeds_completed", "seeds_planned", "best_mean", "difference", "row_verdict"]
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(csv_rows)
-    with (folder / "claims.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=["target", "scale", "row", "better", "worse", "seeds_paired", "seeds",
-                                                "differences", "mean_difference", "standard_error", "verdict"])
-        writer.writeheader()
-        writer.writerows(claim_rows)
+    write_atomically(folder / "report.md", lambda tmp: tmp.write_text("\n".join(md) + "\n"))
+    _write_csv(folder / "report.csv", csv_rows, ["target", "scale", "row", "method", "published_mean", "published_std",
+                                                 "obtained_mean", "obtained_std", "seeds_completed", "seeds_planned",
+                                                 "best_mean", "difference", "row_verdict"])
+    _write_csv(folder / "claims.csv", claim_rows, ["target", "scale", "row", "better", "worse", "seeds_paired", "seeds",
+                                                   "differences", "mean_difference", "standard_error", "verdict"])
     return folder / "report.md"
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]], fields: list[str]) -> None:
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    write_atomically(path, write)
