@@ -230,10 +230,28 @@ def pytest_collection_modifyitems(items):
     """Keep each test file on one xdist worker (its tests share cached simulations), but let the
     registry-wide end-to-end runs, one simulation each, spread over all workers. A test that carries
     its own ``xdist_group`` mark keeps it: that is how a test joins another file's group to share
-    that file's cached simulations (each xdist worker has its own cache)."""
+    that file's cached simulations (each xdist worker has its own cache).
+
+    Then the groups are put in the order the workers are to take them (``--no-loadscope-reorder``:
+    xdist hands out whole groups in the order of their first test): first the groups holding a test
+    marked ``long`` (minutes of real processes, kills and timeouts), in file order, then the rest
+    by number of tests, most first (xdist's own order). A long test taken last would leave the
+    other workers idle while it runs; taken first, it runs beside the many short ones."""
     for item in items:
         if item.module.__name__.endswith("test_registry_e2e"):
             continue
         if item.get_closest_marker("xdist_group") is not None:
             continue
         item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+    def group(item) -> str:  # xdist's scope of a test under --dist loadgroup
+        mark = item.get_closest_marker("xdist_group")
+        return mark.kwargs.get("name", mark.args[0] if mark.args else "default") if mark else item.nodeid
+
+    size: dict[str, int] = {}
+    has_long: set[str] = set()
+    for item in items:
+        size[group(item)] = size.get(group(item), 0) + 1
+        if item.get_closest_marker("long") is not None:
+            has_long.add(group(item))
+    items.sort(key=lambda item: (0, 0) if group(item) in has_long else (1, -size[group(item)]))  # stable

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import psutil
+import pytest
 
 from fedsuite import processes, superlink
 from fedsuite.faults import FaultDraw
@@ -74,6 +75,7 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait(timeout=10)
 
 
+@pytest.mark.long
 def test_dead_restarted_and_hung_clients_on_the_deployment_engine(tmp_path, data_root):
     """One federation of 2 SuperNodes, both sampled every round, ``round_timeout_s`` = 90:
 

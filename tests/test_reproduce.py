@@ -484,6 +484,7 @@ def _state(run_dir: Path) -> str:
     return rundir.state(run_dir)
 
 
+@pytest.mark.long
 def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
     tables = tmp_path / "tiny" / "tables.toml"
     tables.parent.mkdir()
@@ -667,6 +668,7 @@ def run_claims_at_paper_scale(tmp_path: Path, placement: list[str],
     return planned
 
 
+@pytest.mark.long
 @pytest.mark.xdist_group("claims-at-paper-scale")  # beside this file's other long test, not after it
 def test_the_claims_targets_run_at_paper_scale_on_generated_cifar(tmp_path, worker_ray_cluster):
     planned = run_claims_at_paper_scale(tmp_path, ["--ray-address", worker_ray_cluster], ONE_CLAIM_EACH)

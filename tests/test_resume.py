@@ -174,6 +174,7 @@ def _assert_same_run(resumed_dir: Path, reference, method: str) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("method", list(METHODS))
 def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_root, tmp_path, worker_ray_cluster):
     overrides = {"rounds": ROUNDS, **METHODS[method]}

@@ -56,6 +56,7 @@ def test_ranges_are_read_as_the_tune_domains_they_name():
             parse_space([bad])
 
 
+@pytest.mark.long
 def test_an_asha_search_stops_a_poor_trial_early_and_keeps_every_trials_run(tmp_path, worker_ray_cluster):
     out = tmp_path / "out"
     folder = out / "lr-search"

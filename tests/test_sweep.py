@@ -47,6 +47,7 @@ def test_values_split_on_top_level_commas_only():
         "lr": [0.01, 0.1], "strategy": ["fedavg", "fedprox"], "augment": [True, False]}
 
 
+@pytest.mark.long
 def test_a_killed_sweep_resumes_and_reports_what_its_runs_give(tmp_path, worker_ray_cluster):
     out = tmp_path / "out"
     folder = out / "grid"
