@@ -226,6 +226,7 @@ def reply_message(node_id: int, content=None, error: str | None = None):
     return Message(content, reply_to=instruction)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into groups
 def pytest_collection_modifyitems(items):
     """Keep each test file on one xdist worker (its tests share cached simulations), but let the
     registry-wide end-to-end runs, one simulation each, spread over all workers. A test that carries

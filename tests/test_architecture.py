@@ -15,6 +15,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fedsuite", "strategies", "clients")
 #: (importer, imported) pairs allowed to point from the engine into the method packages
@@ -129,3 +131,14 @@ def test_the_checker_sees_function_local_imports(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("def f():\n    from strategies.base import X\n")
     assert imports_of("fedsuite.m", path, {"fedsuite.m", "strategies", "strategies.base"}) == {"strategies.base"}
+
+
+def test_a_test_files_tests_share_one_xdist_worker(request):
+    """The suite's speed rests on ``--dist loadgroup``: tests/conftest.py puts each file's tests in
+    one group, so they run on one worker and share its cache of simulations. With pytest 9.2 and
+    xdist 3.8 the grouping is silently lost (pytest-xdist#1386); this fails instead."""
+    if not hasattr(request.config, "workerinput"):
+        pytest.skip("not run by an xdist worker")
+    assert request.config.getvalue("loadgroup"), "the suite runs with --dist loadgroup (pyproject addopts)"
+    assert request.node.nodeid.endswith("@test_architecture"), request.node.nodeid
+
