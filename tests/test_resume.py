@@ -501,13 +501,21 @@ def test_a_resume_while_the_run_goes_on_is_refused_and_the_run_is_unharmed(simul
                                                                            worker_ray_cluster):
     """``--resume`` of a run whose first process is still running it (two queues of one target, or a
     user's second terminal) gets exit code 2 and one line before it touches anything; the first
-    run ends as if alone."""
+    run ends as if alone.
+
+    The first process (the CLI, which holds the folder) is stopped (SIGSTOP) from round 0 until the
+    second has been answered, so the first is still there however long the second takes to start
+    on a loaded machine (a 6-round run can end first: the test then tested nothing); its run goes on
+    meanwhile, and it goes on itself after SIGCONT."""
     reference, out, run_dir, proc, log = _start_fedavg(simulate, data_root, tmp_path, worker_ray_cluster, "busy")
     try:
         _wait_for_round(proc, run_dir, log, 0)
-        second = subprocess.run(_cli("--output-dir", str(out), "--run-name", run_dir.name, "--resume"), env=_env(),
-                                cwd=tmp_path, capture_output=True, text=True, timeout=300)
-        assert proc.poll() is None, "the first run ended before the second process was refused: nothing was tested"
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            second = subprocess.run(_cli("--output-dir", str(out), "--run-name", run_dir.name, "--resume"),
+                                    env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
         message = (second.stdout + second.stderr).strip()
         assert len(message.splitlines()) == 1 and "is in use by another fedsuite process" in message, message
