@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -37,9 +37,9 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
     """``write(tmp)`` into a fresh file beside ``path`` (same suffix), then rename it over ``path``:
     a reader, or another process writing the same file, sees the old file or a whole new one, never
     a half-written one; if ``write`` raises, ``path`` is untouched and the temporary file removed."""
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
-    os.close(fd)
-    tmp = Path(name)
+    # a name of this process and thread alone, created by ``write`` itself (so with the umask's
+    # permissions, not mkstemp's 0600: results are read by other users and containers)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}-{threading.get_ident()}{path.suffix}")
     try:
         write(tmp)
         os.replace(tmp, path)

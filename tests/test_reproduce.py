@@ -326,6 +326,9 @@ def test_a_report_file_is_replaced_whole_or_not_at_all(tmp_path):
     write_atomically(path, lambda tmp: (seen.append(tmp), tmp.write_text("new\n")))
     assert seen[0].parent == tmp_path and seen[0].suffix == ".csv" and seen[0] != path
     assert path.read_text() == "new\n" and list(tmp_path.iterdir()) == [path]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as a plain write: readable by others
 
 
 def test_the_claims_targets_hold_each_papers_headline_orderings(targets, tmp_path):
