@@ -36,17 +36,35 @@ class RunDirError(RuntimeError):
     """A run directory cannot be used as asked (another process holds it: :func:`claimed`)."""
 
 
-def state(run_dir: Path) -> str:
+def state(run_dir: Path, rounds: int | None = None) -> str:
     """``completed`` or ``failed`` (:func:`summary_status`), ``partial`` (a run to ``--resume``:
     config.json, no summary), ``debris`` (a directory without config.json: killed before the
     ServerApp started; ``fedsuite simulate`` starts the run anew in it when it holds only what a
-    start-up writes, :func:`start_debris`) or ``new``."""
+    start-up writes, :func:`start_debris`) or ``new``.
+
+    ``rounds``: the rounds the run is asked for (a queue's). A run that completed fewer is
+    ``partial``: ``--resume`` with the larger count continues it from its last checkpoint, and its
+    rounds are the ones a run asked for the larger count from the start has (tests/test_resume.py:
+    2 + 2 + 2 rounds equal 6), up to what a method does on its last round (an evaluation, CCVR's
+    calibration, both of the evaluated model only). A run that completed more is ``longer``: it is
+    not what was asked, and a run is never cut short."""
     recorded = summary_status(run_dir)
     if recorded is not None:
-        return "completed" if recorded[0] == "finished:completed" else "failed"
+        if recorded[0] != "finished:completed":
+            return "failed"
+        if rounds is None:
+            return "completed"
+        done = rounds_completed(run_dir)
+        return "completed" if done == rounds else "partial" if done < rounds else "longer"
     if (run_dir / "config.json").is_file():
         return "partial"
     return "debris" if run_dir.exists() else "new"
+
+
+def rounds_completed(run_dir: Path) -> int:
+    """The rounds a finished run's ``summary.json`` records (else its last round in ``metrics.jsonl``)."""
+    done = summary(run_dir).get("rounds_completed")
+    return done if isinstance(done, int) else rounds_done(run_dir)
 
 
 def summary(run_dir: Path) -> dict[str, Any]:
@@ -72,12 +90,18 @@ def summary_status(run_dir: Path) -> tuple[str, str] | None:
     return "finished:failed", last_line(run_dir / "error.txt")
 
 
-def why_incomplete(run_dir: Path, who: str) -> str:
-    """One line for a run that did not complete: ``who``, its :func:`state`, the rounds it did, and
-    why (the failure ``summary.json`` records, else the last line of ``error.txt``)."""
-    now = state(run_dir)
+def why_incomplete(run_dir: Path, who: str, rounds: int | None = None) -> str:
+    """One line for a run that did not complete (``rounds``: as asked, see :func:`state`): ``who``,
+    its state, the rounds it did, and why (the failure ``summary.json`` records, else the last line
+    of ``error.txt``)."""
+    now = state(run_dir, rounds)
     if now == "new":
         return f"{who}: not run"
+    if now == "longer":
+        return (f"{who}: has {rounds_completed(run_dir)} rounds, more than the {rounds} asked "
+                "(a run is not cut short: ask for its rounds, or use another output folder)")
+    if now == "partial" and summary_status(run_dir) is not None:
+        return f"{who}: partial, completed {rounds_completed(run_dir)} of {rounds} rounds (the queue continues it)"
     recorded = summary_status(run_dir)
     reason = recorded[1] if recorded is not None else last_line(run_dir / "error.txt")
     where = f", stopped after round {rounds_done(run_dir)}" if now in ("failed", "partial") else ""

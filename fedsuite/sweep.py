@@ -216,7 +216,7 @@ def collect(runs: Sequence[SweepRun], last: int) -> list[dict[str, Any]]:
             "setting": run.setting, "label": setting_label(run.setting), "values": {}, "bests": [], "curves": [],
             "planned": 0, "incomplete": []})
         entry["planned"] += 1
-        if rundir.state(run.run_dir) != "completed":
+        if rundir.state(run.run_dir, run.rounds) != "completed":
             entry["incomplete"].append(run)
             continue
         rows = read_metrics(run.run_dir)
@@ -270,7 +270,7 @@ def write_report(runs: Sequence[SweepRun], folder: Path, last: int, group_by: st
     best = best_per_group(data, group_by)
     md += ["", f"Best setting {'per ' + group_by if group_by else 'of all'}:", ""]
     md += [f"- {group}: **{e['label']}** ({e['mean']:.2f})" for group, e in best.items()] or ["- none completed"]
-    incomplete = [rundir.why_incomplete(run.run_dir, run.label) for e in data for run in e["incomplete"]]
+    incomplete = [rundir.why_incomplete(run.run_dir, run.label, run.rounds) for e in data for run in e["incomplete"]]
     if incomplete:
         md += ["", "Runs that did not complete (not in the numbers above):", "", *[f"- {line}" for line in incomplete]]
     curves = {e["label"]: e["curves"] for e in data if e["curves"]}

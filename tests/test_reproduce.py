@@ -40,7 +40,7 @@ from rich.console import Console
 
 from fedsuite import rundir
 from fedsuite.config import build_config
-from fedsuite.reproduce.queue import ReproduceError, missing_data, placement_options, run_queue
+from fedsuite.reproduce.queue import ReproduceError, missing_data, pending, placement_options, run_queue
 from fedsuite.reproduce.report import aggregate, write_report
 from fedsuite.reproduce.tables import SCALES, Target, load_targets, parse_tables, plan
 from fedsuite.reproduce.verdicts import (HOLDS, NOT_JUDGED, REVERSED, WITHIN_NOISE, Claim, claims, paired_verdict,
@@ -610,6 +610,70 @@ def test_report_names_each_run_that_did_not_complete_and_why(tmp_path):
     shutil.rmtree(specs["fedavg", 1].run_dir)
     md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
     assert "- fedavg seed 1: not run" in md
+
+
+def test_a_run_with_other_rounds_than_asked_is_continued_or_named_never_read(tmp_path):
+    """A completed run with fewer rounds than its target asks (the target's rounds raised) is
+    ``partial``: the queue continues it; one with more is ``longer``: left as it is. Neither is read
+    into the numbers; both are named under their row with their rounds."""
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(TINY.format(dataset="synthetic").replace('"rounds=2"', '"rounds=3"'))
+    target = parse_tables(tables)["tiny"]
+    specs = {(s.method, s.seed): s for s in plan(target, "paper", tmp_path / "out")}
+    assert {s.rounds for s in specs.values()} == {3}
+    for (method, seed), last in {("fedavg", 0): 3, ("fedavg", 1): 3, ("fedprox", 0): 2, ("fedprox", 1): 4}.items():
+        run = specs[method, seed].run_dir
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"round": r, "test_accuracy": 0.5 if r else 0.1}) + "\n" for r in range(last + 1)))
+        (run / "summary.json").write_text(json.dumps({"status": "completed", "rounds_completed": last}))
+    assert [rundir.state(specs[k].run_dir, 3) for k in sorted(specs)] == ["completed", "completed", "partial", "longer"]
+    assert rundir.state(specs["fedprox", 0].run_dir) == "completed"  # asked for nothing: as recorded
+    assert [s.label for s in pending(list(specs.values()))] == [specs["fedprox", 0].label]
+    md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
+    assert "- fedprox seed 0: partial, completed 2 of 3 rounds (the queue continues it)" in md
+    assert ("- fedprox seed 1: has 4 rounds, more than the 3 asked (a run is not cut short: ask for its rounds, "
+            "or use another output folder)") in md
+    assert "| FedProx | 51.00 ± 1.00 | - | 0/2 |" in md
+
+
+@pytest.mark.long
+def test_raising_a_targets_rounds_continues_its_completed_runs(tmp_path, worker_ray_cluster):
+    """A target run at 2 rounds, then asked for 3: the queue continues the completed run from its
+    round 2 (``extend``), and the result is the 3-round run started afresh, bit for bit. Asked for
+    1 round, the run is named as longer than asked, left untouched, and the command exits 1."""
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tiny = TINY.format(dataset="synthetic").replace(', "faults.delay_s=1.0"', "")
+    common = ["--tables", str(tables), "--data-root", str(tmp_path / "data"), "--methods", "fedavg", "--seeds", "0",
+              "--ray-address", worker_ray_cluster]
+
+    def reproduce(rounds: int, out: Path) -> subprocess.CompletedProcess:
+        tables.write_text(tiny.replace('"rounds=2"', f'"rounds={rounds}"'))
+        return subprocess.run(_cmd("tiny", "--out", str(out), *common), env=_env(), capture_output=True, text=True,
+                              timeout=900)
+
+    out, ref_out = tmp_path / "out", tmp_path / "reference"
+    run, reference = (o / "tiny" / "paper" / "dir0.5" / "fedavg-s0" for o in (out, ref_out))
+    assert reproduce(2, out).returncode == 0
+    assert [r["round"] for r in read_metrics(run)] == [0, 1, 2]
+    more = reproduce(3, out)
+    assert more.returncode == 0, more.stdout + more.stderr
+    assert "extend dir0.5 fedavg s0" in more.stdout, more.stdout
+    assert reproduce(3, ref_out).returncode == 0
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_seconds"} for r in rows]  # noqa: E731
+    assert [r["round"] for r in read_metrics(run)] == [0, 1, 2, 3]
+    assert strip(read_metrics(run)) == strip(read_metrics(reference))
+    assert_same_arrays(torch.load(run / "checkpoint.pt", weights_only=False)["arrays"],
+                       torch.load(reference / "checkpoint.pt", weights_only=False)["arrays"])
+    assert json.loads((run / "config.json").read_text())["rounds"] == 3
+
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    fewer = reproduce(1, out)
+    assert fewer.returncode == 1, fewer.stdout + fewer.stderr
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert "- fedavg seed 0: has 3 rounds, more than the 1 asked" in (out / "tiny/paper/tiny/report.md").read_text()
 
 
 CLAIMS_TARGETS = ("fedmrur-claims", "fednlr-claims", "fedinit-claims", "fedmr-claims")

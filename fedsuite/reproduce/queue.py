@@ -5,10 +5,12 @@ check) ``fedsuite sweep --search``. A queued run is anything with ``run_dir``, `
 ``label``, ``dataset`` and ``command(resume, placement)`` (a
 :class:`fedsuite.reproduce.tables.RunSpec`, a sweep's ``SweepRun``):
 
-* a run whose ``summary.json`` says ``completed`` is skipped; a run directory that holds a
-  ``config.json`` but no finished summary is continued with ``fedsuite simulate --resume`` (the run
-  restarts from its last per-round checkpoint, so a killed queue loses at most the rounds that were
-  in flight); a run that ended ``failed`` is left as it is and reported;
+* a run whose ``summary.json`` says ``completed`` with the rounds asked is skipped; a run directory
+  that holds a ``config.json`` but no finished summary is continued with ``fedsuite simulate
+  --resume`` (the run restarts from its last per-round checkpoint, so a killed queue loses at most
+  the rounds that were in flight), and so is a completed run asked for more rounds than it has (a
+  target's rounds raised: it goes on from its last round); a run that ended ``failed``, or that has
+  more rounds than asked, is left as it is and reported (``rundir.state``);
 * before anything starts, every dataset the runs need is checked (:func:`pending`,
   :func:`missing_data`);
 * each run is a ``fedsuite simulate`` child process in this process's group, started with
@@ -75,7 +77,7 @@ def missing_data(specs: Sequence[Any]) -> list[str]:
 def pending(specs: Sequence[Any]) -> list[Any]:
     """The runs still to run (neither completed nor failed), once every dataset they need is on disk;
     else :class:`ReproduceError` listing what is missing and the expected layout, nothing started."""
-    todo = [s for s in specs if rundir.state(s.run_dir) not in ("completed", "failed")]
+    todo = [s for s in specs if rundir.state(s.run_dir, s.rounds) in ("new", "partial", "debris")]
     problems = missing_data(todo)
     if problems:
         raise ReproduceError("missing data, nothing was started:\n  " + "\n  ".join(problems))
@@ -99,7 +101,7 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
     from fedsuite import reaper
 
     console = console or Console()
-    states = {s.run_dir: rundir.state(s.run_dir) for s in specs}
+    states = {s.run_dir: rundir.state(s.run_dir, s.rounds) for s in specs}
     todo = [s for s in specs if states[s.run_dir] in ("new", "partial", "debris")]
     done_at_start = {s.run_dir: (s.rounds if states[s.run_dir] == "completed" else
                                  rundir.rounds_done(s.run_dir) if states[s.run_dir] == "partial" else 0) for s in specs}
@@ -109,7 +111,7 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
     total_rounds = sum(s.rounds for s in specs)
 
     def display() -> Table:
-        finished = sum(1 for s in specs if states[s.run_dir] in ("completed", "failed"))
+        finished = sum(1 for s in specs if states[s.run_dir] in ("completed", "failed", "longer"))
         gained = sum(progress.values()) - sum(done_at_start.values())
         left = total_rounds - sum(progress.values())
         elapsed = time.monotonic() - started
@@ -132,8 +134,8 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
                                 preexec_fn=reaper.die_with_parent())
         states[spec.run_dir] = "running"
         running[proc] = (spec, log)
-        console.print(f"{'resume' if state == 'partial' else 'start '} {spec.label} -> {spec.run_dir}",
-                      highlight=False)
+        verb = "start " if state != "partial" else "extend" if rundir.summary_status(spec.run_dir) else "resume"
+        console.print(f"{verb} {spec.label} -> {spec.run_dir}", highlight=False)
 
     try:
         with Live(display(), console=console, refresh_per_second=2, transient=True) as live:
@@ -147,7 +149,7 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
                         continue
                     log.close()
                     del running[proc]
-                    state = rundir.state(spec.run_dir)
+                    state = rundir.state(spec.run_dir, spec.rounds)
                     states[spec.run_dir] = state if proc.returncode == 0 or state == "failed" else "failed"
                     if states[spec.run_dir] == "completed":
                         progress[spec.run_dir] = spec.rounds

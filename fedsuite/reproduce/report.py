@@ -74,7 +74,7 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
             values, tails, bests, seed_rows = [], [], [], []
             by_seed[m] = {}
             for s in runs:
-                if rundir.state(s.run_dir) != "completed":
+                if rundir.state(s.run_dir, s.rounds) != "completed":
                     continue
                 metrics = read_metrics(s.run_dir)
                 evals = evaluations(metrics)
@@ -166,8 +166,8 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                                "mean_difference": "" if mean is None else mean,
                                "standard_error": "" if se is None else se, "verdict": word})
         md += ["", f"**Row: {d['verdict']}.**"]
-        incomplete = [rundir.why_incomplete(sp.run_dir, f"{sp.method} seed {sp.seed}") for sp in specs
-                      if sp.row.setting == row.setting and rundir.state(sp.run_dir) != "completed"]
+        incomplete = [rundir.why_incomplete(sp.run_dir, f"{sp.method} seed {sp.seed}", sp.rounds) for sp in specs
+                      if sp.row.setting == row.setting and rundir.state(sp.run_dir, sp.rounds) != "completed"]
         if incomplete:
             md += ["", "Runs that did not complete (not in the numbers above):", "",
                    *[f"- {line}" for line in incomplete]]
