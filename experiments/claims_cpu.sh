@@ -7,7 +7,7 @@
 #                                                    # runs' records into experiments/<paper>/results/claims-cpu/
 #
 # OUT is the runs' folder (reproduce --out), DATA_ROOT the folder holding FashionMNIST/raw/*.gz.
-# About 10 CPU-hours in all, two runs at a time; `fedsuite` from this checkout's environment.
+# About 30 run-hours in all (two runs at a time: about 15 hours, across sessions); `fedsuite` from this checkout's environment.
 #
 # The work is a list of paper-seeds (UNITS, each paper seed by seed). Two workers run side by
 # side, one run each, so both cores stay busy to the end: each takes the next unit of the list
@@ -64,9 +64,12 @@ run_seed() {
     report "$paper" "$out"
 }
 
-# FedMRUR's and FedNLR's seeds first (they were queued first: their verdicts come first), then FedInit's and FedMR's
-UNITS=(fedmrur:0 fednlr:0 fedmrur:1 fednlr:1 fedmrur:2 fednlr:2
-       fedinit:0 fedmr:0 fedinit:1 fedmr:1 fedinit:2 fedmr:2)
+# The order is the order of the answers: FedMRUR's seeds (done first), FedInit's and FedMR's, then
+# FedNLR's (done at 200 rounds; its FedAvg and FedNLR continue to the paper's 500). A finished unit
+# takes seconds (reproduce skips completed runs), so the list stays whole as runs are added.
+UNITS=(fedmrur:0 fedmrur:1 fedmrur:2
+       fedinit:0 fedmr:0 fedinit:1 fedmr:1 fedinit:2 fedmr:2
+       fednlr:0 fednlr:1 fednlr:2)
 
 take() {  # the next unit of this `run`'s list ("paper:seed"; OUT/.units/next under its lock); fails when none is left
     local out=$1 i
