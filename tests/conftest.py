@@ -28,6 +28,13 @@ from fedsuite import launch, processes, superlink
 from fedsuite.config import build_config
 from fedsuite.results import read_metrics
 
+# One intra-op torch thread in every test process, as the clients train (num_cpus = 1). The suite
+# runs three xdist workers on CI's two cores; a worker with torch's default of one thread per core
+# spins at every OpenMP barrier on cores the other workers hold: one local round of FedAvg in
+# tests/test_fednlr.py took 13 s on two threads and 0.2 s on one with both cores busy. Simulations
+# and CLI processes set their own threads (training: num_cpus; central evaluation: the run's cores).
+torch.set_num_threads(1)
+
 #: small, quick defaults for simulation tests: the generated benchmark, 10 clients, 4 per round
 FAST: dict[str, Any] = {
     "dataset": "synthetic",
