@@ -10,7 +10,7 @@
 # About 30 run-hours in all (two runs at a time: about 15 hours, across sessions); `fedsuite` from this checkout's environment.
 #
 # The work is a list of paper-seeds (UNITS, each paper seed by seed). Two workers run side by
-# side, one run each, so both cores stay busy to the end: each takes the next unit of the list
+# side, one run each on its own half of the cores, so both stay busy to the end: each takes the next unit of the list
 # (under a lock), runs that seed's 3 to 5 runs one at a time and writes that paper's report (under
 # that paper's lock). Two units of one paper may run at once: their runs are different seeds'
 # and reproduce replaces its report files whole. Stop everything with `kill -TERM -- -PGID` (the
@@ -78,8 +78,15 @@ take() {  # the next unit of this `run`'s list ("paper:seed"; OUT/.units/next un
     [ "$i" -lt "${#UNITS[@]}" ] && echo "${UNITS[$i]}"
 }
 
-worker() {  # units one after another until the list is done, one run at a time
+pin() {  # this worker (0 or 1) onto its half of the cores, as `reproduce --jobs 2` pins its runs
+    local cores
+    cores=$("$(dirname "$FEDSUITE")/python" -c "from fedsuite.processes import core_slices as c; s = c(2); print(','.join(map(str, sorted(s[$1]))) if s else '')")
+    [ -z "$cores" ] || taskset -pc "$cores" "$BASHPID" > /dev/null
+}
+
+worker() {  # units one after another until the list is done, one run at a time, on this worker's cores
     local out=$1 data=$2 unit
+    pin "$3"
     while unit=$(take "$out"); do
         run_seed "${unit%:*}" "${unit#*:}" "$out" "$data"
     done
@@ -89,8 +96,8 @@ case "${1:-}" in
 run)
     for paper in "${PAPERS[@]}"; do restore "$paper" "$2"; done
     rm -rf "$2/.units" && mkdir -p "$2/.units" && echo 0 > "$2/.units/next"
-    worker "$2" "$3" &
-    worker "$2" "$3" &
+    worker "$2" "$3" 0 &
+    worker "$2" "$3" 1 &
     wait ;;
 report)  # report OUT [PAPER ...]: every paper, or those named (a paper with no runs in OUT would lose its report)
     out=$2

@@ -21,7 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -34,6 +34,29 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 #: nothing is lost by not waiting for Flower's own teardown (shutting Ray down took 4.5 s of every
 #: run's wall time on 2 cores).
 STOP_GRACE_S = 1.0
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask (a container's cpuset, ``taskset``'s,
+    or the share a queue gave its run, :func:`core_slices`)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def core_slices(jobs: int, cores: Sequence[int] | None = None) -> list[frozenset[int]] | None:
+    """The cores each of ``jobs`` runs at once is pinned to (``fedsuite reproduce``/``sweep --jobs``):
+    ``cores`` (default: this process's affinity) cut into ``jobs`` disjoint slices whose sizes differ
+    by at most one; with more runs than cores, one core each, in turn. So a run's clients and its
+    server's evaluation (``server_app.evaluation_threads``: every core the run may use) stay on its
+    own share instead of spinning on the others' (measured on 2 cores with two runs: a central
+    evaluation took 5.2 s on two threads, 2.6 s on one). None for one job, or where affinity
+    cannot be set (not Linux): nothing is pinned."""
+    if jobs < 2 or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0) if cores is None else cores)
+    n = len(cores)
+    if jobs >= n:
+        return [frozenset({cores[k % n]}) for k in range(jobs)]
+    return [frozenset(cores[k * n // jobs:(k + 1) * n // jobs]) for k in range(jobs)]
 
 
 def fedsuite_first(env: Mapping[str, str]) -> dict[str, str]:

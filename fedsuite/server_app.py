@@ -37,6 +37,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
 from fedsuite import runtime
+from fedsuite.processes import available_cores
 from fedsuite.models import initial_arrays, make_model
 from fedsuite.nodes import Handshake
 from fedsuite.recording import RunRecorder, tensorboard_installed
@@ -68,7 +69,7 @@ def main(grid: Grid, context: Context) -> None:
     recorder = RunRecorder(run_dir, cfg.active_dump(),
                            tensorboard=tensorboard_installed() if cfg.tensorboard is None else cfg.tensorboard)
     torch.set_num_threads(max(1, cfg.num_cpus))
-    status, extra = None, {"timing": {"serverapp_start": time.time()}}
+    status, extra = None, {"timing": {"serverapp_start": time.time(), "cores": available_cores()}}
     try:
         run(grid, cfg, run_dir, recorder, extra["timing"])
         status = "completed"
@@ -166,15 +167,11 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
                    train_config=ConfigRecord({}))
 
 
-def available_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask, e.g. a container's or ``taskset``'s)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def evaluation_threads(cfg) -> int:
     """torch threads for central evaluation. A synchronous round's clients are idle while the server
-    evaluates, so the server may use the cores they hold. A private Ray holds the whole machine, and a
-    deployment's server has its own, so this returns every core (``available_cores``). On a Ray cluster
+    evaluates, so the server may use the cores they hold. A private Ray holds every core the run may
+    use (its affinity: the machine, or its share of a queue's cores), and a deployment's server has
+    its own, so this returns those cores (``processes.available_cores``). On a Ray cluster
     that other runs share (``ray_address``) their clients may be busy meanwhile, so this returns the
     run's ``num_cpus``. Oversubscribed OpenMP threads spin at every barrier. Training and the server's
     own training steps (FedGen, CCVR) keep ``num_cpus`` threads: the same arithmetic on any machine."""

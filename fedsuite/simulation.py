@@ -70,8 +70,13 @@ def start_ray() -> None:
     prestarts for the job idle and starts new ones for the actors (0.6 s later, and 0.3 CPU-s
     each wasted on 2 cores). A cluster's workers on other machines get the path by ``runtime_env``.
 
-    A private Ray starts without the daemons a simulation never uses (:func:`lean_private_ray`)."""
+    A private Ray starts without the daemons a simulation never uses (:func:`lean_private_ray`), and
+    with the cores this process may use (``processes.available_cores``: its affinity), where Ray
+    would count every core of the machine: under ``taskset``, a cpuset or a queue's share
+    (``processes.core_slices``) it would start more client actors than there are cores for them."""
     import ray
+
+    from fedsuite.processes import available_cores
 
     pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
     os.environ["PYTHONPATH"] = pythonpath
@@ -79,7 +84,7 @@ def start_ray() -> None:
     runtime_env = {"runtime_env": {"env_vars": {"PYTHONPATH": pythonpath}}} if joins_cluster else {}
     if not joins_cluster:
         lean_private_ray()
-    ray.init(**runtime_env, **RAY_INIT_ARGS)
+    ray.init(**runtime_env, **RAY_INIT_ARGS, **({} if joins_cluster else {"num_cpus": available_cores()}))
 
 
 def lean_private_ray() -> None:

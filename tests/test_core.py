@@ -214,12 +214,27 @@ def test_simulation_trains_the_plain_pytorch_loops_model_bit_for_bit(simulate, d
 
 
 def test_central_evaluation_uses_the_cores_the_run_holds():
-    from fedsuite.server_app import available_cores, evaluation_threads
+    from fedsuite.processes import available_cores
+    from fedsuite.server_app import evaluation_threads
 
     private = build_config(values={**FAST, "num_cpus": 1})
     shared = build_config(values={**FAST, "num_cpus": 1, "ray_address": "127.0.0.1:6379"})
-    assert evaluation_threads(private) == available_cores() >= 1  # a private Ray holds the whole machine
+    assert evaluation_threads(private) == available_cores() >= 1  # a private Ray holds the run's cores
     assert evaluation_threads(shared) == 1  # a shared cluster's other runs may be training meanwhile
+
+
+def test_runs_at_once_get_disjoint_shares_of_the_cores():
+    """``--jobs N``: N slices of the cores, sizes within one of each other, together every core;
+    more runs than cores take a core each in turn; one job is not pinned."""
+    from fedsuite.processes import core_slices
+
+    assert core_slices(1, [0, 1]) is None
+    assert core_slices(2, [0, 1]) == [{0}, {1}]
+    assert core_slices(4, [5, 3]) == [{3}, {5}, {3}, {5}]
+    for jobs, n in ((2, 16), (3, 16), (5, 7), (3, 4)):
+        slices = core_slices(jobs, range(n))
+        assert len(slices) == jobs and set().union(*slices) == set(range(n)), (jobs, n)
+        assert sum(len(s) for s in slices) == n and max(map(len, slices)) - min(map(len, slices)) <= 1, (jobs, n)
 
 
 def test_divergent_clients_fail_the_run_loudly(simulate):

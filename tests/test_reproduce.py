@@ -39,6 +39,7 @@ import torch
 from rich.console import Console
 
 from fedsuite import rundir
+from fedsuite.processes import available_cores, core_slices
 from fedsuite.config import build_config
 from fedsuite.reproduce.queue import ReproduceError, missing_data, pending, placement_options, run_queue
 from fedsuite.reproduce.report import aggregate, write_report
@@ -719,8 +720,10 @@ def run_claims_at_paper_scale(tmp_path: Path, placement: list[str],
     every = [s for _, specs in planned for s in specs]
     states = run_queue(every, jobs=2, placement=placement, console=Console(file=io.StringIO()))
     assert states == {s.run_dir: "completed" for s in every}, {s.label: states[s.run_dir] for s in every}
+    shares = {len(cores) for cores in core_slices(2) or [range(available_cores())]}
     for target, specs in planned:
-        for s in specs:  # the paper's model and dataset ran, not a CPU stand-in
+        for s in specs:  # the paper's model and dataset ran, not a CPU stand-in, on its share of the cores
+            assert json.loads((s.run_dir / "summary.json").read_text())["timing"]["cores"] in shares, s.label
             cfg = json.loads((s.run_dir / "config.json").read_text())
             assert (cfg["model"], cfg["dataset"]) in {("resnet18-gn", "cifar100"), ("vgg9", "cifar10"),
                                                       ("resnet18-gn", "cifar10"), ("cnn", "cifar10")}, s.label

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -100,18 +101,26 @@ def test_a_killed_sweep_resumes_and_reports_what_its_runs_give(tmp_path, worker_
     assert (folder / "accuracy.png").stat().st_size > 0
 
 
-def test_a_sweep_section_in_the_config_file(tmp_path, worker_ray_cluster):
+def test_a_sweep_section_in_the_config_file(tmp_path):
+    """Two runs at once, each on its private Ray (a sweep on a laptop): each is pinned to its own
+    share of the cores, which its Ray, its clients and its central evaluation then use."""
+    from fedsuite.processes import core_slices
+
     config = tmp_path / "mine.toml"
     config.write_text('rounds = 1\nnum_clients = 6\nclients_per_round = 2\n\n[sweep]\n'
                       'grid = { fedprox.mu = [0.0, 0.1] }\nseeds = [3]\n')
     res = subprocess.run(_sweep("--config", str(config), "--set", "strategy=fedprox", "--set",
-                                f"data_root={tmp_path / 'data'}", "--out", str(tmp_path / "out"), "--jobs", "2",
-                                "--ray-address", worker_ray_cluster),
+                                f"data_root={tmp_path / 'data'}", "--out", str(tmp_path / "out"), "--jobs", "2"),
                          env=_env(), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     folder = tmp_path / "out" / "mine"
-    assert sorted(p.parent.name + "/" + p.name for p in folder.glob("*/s*") if p.is_dir()) == ["fedprox.mu-0.0/s3", "fedprox.mu-0.1/s3"]
+    runs = sorted(p for p in folder.glob("*/s*") if p.is_dir())
+    assert [p.parent.name + "/" + p.name for p in runs] == ["fedprox.mu-0.0/s3", "fedprox.mu-0.1/s3"]
     assert [row["fedprox.mu"] for row in csv.DictReader((folder / "report.csv").open())] == ["0.0", "0.1"]
+    shares = core_slices(2)
+    if shares is not None:  # Linux: each run held one share (on 2 cores: one core each)
+        held = [json.loads((p / "summary.json").read_text())["timing"]["cores"] for p in runs]
+        assert sorted(held) == sorted(len(s) for s in shares), held  # both started at once: one slot each
 
 
 def test_a_sweep_section_with_seeds_only_takes_the_grid_from_the_command_line(tmp_path):

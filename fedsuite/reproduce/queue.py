@@ -15,7 +15,10 @@ check) ``fedsuite sweep --search``. A queued run is anything with ``run_dir``, `
   :func:`missing_data`);
 * each run is a ``fedsuite simulate`` child process in this process's group, started with
   ``PR_SET_PDEATHSIG`` (``fedsuite.reaper.die_with_parent``), so a killed queue takes its runs with
-  it; Ctrl-C or SIGTERM stops each run's whole process tree (``fedsuite.processes.stop_tree``).
+  it; Ctrl-C or SIGTERM stops each run's whole process tree (``fedsuite.processes.stop_tree``);
+* with ``jobs`` > 1, each running run (its private Ray, clients and server) is pinned to its own
+  share of the cores (``fedsuite.processes.core_slices``), so that runs do not spin on each
+  other's cores; what a run computes does not depend on it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fedsuite import rundir
-from fedsuite.processes import fedsuite_first, stop_tree
+from fedsuite.processes import core_slices, fedsuite_first, stop_tree
 
 
 class ReproduceError(ValueError):
@@ -101,12 +104,13 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
     from fedsuite import reaper
 
     console = console or Console()
+    slices = core_slices(jobs)  # each running run's own share of the cores (None: one job, unpinned)
     states = {s.run_dir: rundir.state(s.run_dir, s.rounds) for s in specs}
     todo = [s for s in specs if states[s.run_dir] in ("new", "partial", "debris")]
     done_at_start = {s.run_dir: (s.rounds if states[s.run_dir] == "completed" else
                                  rundir.rounds_done(s.run_dir) if states[s.run_dir] == "partial" else 0) for s in specs}
     progress = dict(done_at_start)
-    running: dict[subprocess.Popen, tuple[Any, Any]] = {}
+    running: dict[subprocess.Popen, tuple[Any, Any, int]] = {}  # spec, log, slot
     started = time.monotonic()
     total_rounds = sum(s.rounds for s in specs)
 
@@ -120,7 +124,7 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
         table.add_row(f"[bold]runs {finished}/{len(specs)} done[/], {len(running)} running, "
                       f"{len(todo)} queued; rounds {sum(progress.values())}/{total_rounds}; "
                       f"elapsed {elapsed / 60:.1f} min, ETA {eta}")
-        for spec, _ in running.values():
+        for spec, *_ in running.values():
             table.add_row(f"  {spec.label}: round {progress[spec.run_dir]}/{spec.rounds}")
         return table
 
@@ -128,12 +132,19 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
         state = states[spec.run_dir]
         spec.run_dir.parent.mkdir(parents=True, exist_ok=True)
         log = (spec.run_dir.parent / f"{spec.run_dir.name}.log").open("ab")
+        slot = min(set(range(jobs)) - {s for *_, s in running.values()})
+        die_with_parent = reaper.die_with_parent()
+
+        def preexec() -> None:  # in the child: it dies with this process, on its share of the cores
+            die_with_parent()
+            if slices is not None:
+                os.sched_setaffinity(0, slices[slot])
+
         proc = subprocess.Popen(spec.command(resume=state == "partial", placement=placement), stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=fedsuite_first(os.environ),
-                                preexec_fn=reaper.die_with_parent())
+                                env=fedsuite_first(os.environ), preexec_fn=preexec)
         states[spec.run_dir] = "running"
-        running[proc] = (spec, log)
+        running[proc] = (spec, log, slot)
         verb = "start " if state != "partial" else "extend" if rundir.summary_status(spec.run_dir) else "resume"
         console.print(f"{verb} {spec.label} -> {spec.run_dir}", highlight=False)
 
@@ -143,7 +154,7 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
                 while todo and len(running) < jobs:
                     start(todo.pop(0))
                 for proc in list(running):
-                    spec, log = running[proc]
+                    spec, log, _ = running[proc]
                     progress[spec.run_dir] = max(progress[spec.run_dir], rundir.rounds_done(spec.run_dir))
                     if proc.poll() is None:
                         continue
@@ -158,7 +169,7 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
                 live.update(display())
                 time.sleep(poll_s)
     except BaseException:
-        for proc, (spec, log) in running.items():
+        for proc, (spec, log, _) in running.items():
             stop_tree(proc)
             log.close()
         raise
