@@ -82,7 +82,6 @@ def client_state_round(model, state_dir: Path, cohort: list[int], server_round: 
 
 def server_state_round(hooks: RelaxedInitServer, global_sd: dict[str, np.ndarray], cohort: list[int], server_round: int) -> float:
     record = to_record(global_sd)
-    rng = np.random.default_rng(server_round)
     t0 = time.perf_counter()
     replies = []
     for pid in cohort:

@@ -24,6 +24,7 @@ same steps. Used by ``overhead.py`` (CPU) and ``gpu_round.py`` (GPU).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -39,7 +40,7 @@ from fedsuite.strategy import FedSuiteStrategy, ServerSetup
 from fedsuite.training import LocalData, clip_grad, evaluate
 
 
-def timed_cli_run(config: dict, run_dir: Path, timeout_s: float = 3600.0) -> dict:
+def timed_cli_run(config: dict, run_dir: Path, timeout_s: float = 3600.0, cores: set[int] | None = None) -> dict:
     """``fedsuite simulate --config <config as TOML>`` into ``run_dir``; returns ``startup_s`` (command
     start to the round-0 row), ``total_s``, ``round_s`` (each round's ``wall_seconds``), the rows and
     the start-up's parts: seconds from the command's start until the CLI had written the run's app
@@ -48,7 +49,8 @@ def timed_cli_run(config: dict, run_dir: Path, timeout_s: float = 3600.0) -> dic
     ServerApp started (``serverapp_start_s``: Ray's start and the data check), then
     ``summary.json``'s own parts (data = loading it and building w^0 and the evaluator while the actors start;
     handshake = the wait for the actors' replies beyond that; setup).
-    Raises if the run does not complete."""
+    ``cores``: the child (and so the run's every process) runs on these cores only, as a queue's
+    run does (``processes.core_slices``). Raises if the run does not complete."""
     import tomli_w
 
     run_dir = run_dir.resolve()
@@ -58,7 +60,8 @@ def timed_cli_run(config: dict, run_dir: Path, timeout_s: float = 3600.0) -> dic
     metrics = run_dir / "metrics.jsonl"
     t0, wall0 = time.perf_counter(), time.time()
     proc = subprocess.Popen([sys.executable, "-m", "fedsuite.cli", "simulate", "--config", str(toml)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores))
     startup = None
     while proc.poll() is None:
         if startup is None and metrics.is_file() and metrics.read_text().strip():
