@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,26 @@ from fedsuite import models, runtime
 from fedsuite.seeding import seed_for
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
 from fedsuite.training import LocalData, clip_grad, evaluate
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def cpu_fedavg_setup(dataset: str | None, rounds: int, prefix: str) -> tuple[Path, dict]:
+    """The CPU benchmarks' FedAvg: ``cnn`` on Fashion-MNIST from ../shared/data (``dataset`` None:
+    when that folder is there, else the generated Synthetic benchmark with an MLP), 100 clients,
+    10 per round, 1 local epoch, batch 50, lr 0.05, Dirichlet 0.5, seed 0, on the CPU. Returns a
+    fresh work folder (the run's data root) and the config values."""
+    dataset = dataset or ("fmnist" if (SHARED / "FashionMNIST" / "raw").is_dir() else "synthetic")
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    if dataset == "fmnist":
+        (work / "FashionMNIST").symlink_to(SHARED / "FashionMNIST")
+    return work, {
+        "strategy": "fedavg", "dataset": dataset, "model": "cnn" if dataset == "fmnist" else "mlp",
+        "num_clients": 100, "clients_per_round": 10, "local_epochs": 1, "batch_size": 50, "lr": 0.05,
+        "rounds": rounds, "partitioner": "dirichlet", "alpha": 0.5, "seed": 0, "data_root": str(work),
+        "device": "cpu",
+    }
 
 
 def timed_cli_run(config: dict, run_dir: Path, timeout_s: float = 3600.0, cores: set[int] | None = None) -> dict:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import threading
 from pathlib import Path
 
@@ -32,9 +31,8 @@ import torch
 from fedsuite.config import build_config
 from fedsuite.processes import core_slices
 
-from harness import plain_fedavg, timed_cli_run
+from harness import cpu_fedavg_setup, plain_fedavg, timed_cli_run
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def pair(values: dict, folder: Path, slices) -> list[dict]:
@@ -62,15 +60,8 @@ def main() -> None:
     slices = core_slices(2)
     if slices is None:
         raise SystemExit("this machine's processes cannot be pinned (no sched_setaffinity): nothing to compare")
-    dataset = args.dataset or ("fmnist" if (SHARED / "FashionMNIST" / "raw").is_dir() else "synthetic")
-    work = Path(tempfile.mkdtemp(prefix="fedsuite-bench-jobs-"))
-    if dataset == "fmnist":
-        (work / "FashionMNIST").symlink_to(SHARED / "FashionMNIST")
-    values = {
-        "strategy": "fedavg", "dataset": dataset, "model": "cnn" if dataset == "fmnist" else "mlp",
-        "num_clients": 100, "clients_per_round": 10, "local_epochs": 1, "batch_size": 50, "lr": 0.05,
-        "rounds": args.rounds, "partitioner": "dirichlet", "alpha": 0.5, "data_root": str(work), "device": "cpu",
-    }
+    work, values = cpu_fedavg_setup(args.dataset, args.rounds, "fedsuite-bench-jobs-")
+    dataset = values["dataset"]
     print(f"dataset={dataset} model={values['model']} clients=100 K=10 rounds={args.rounds}, two runs at once, "
           f"cores per run when pinned: {[sorted(s) for s in slices]}", flush=True)
     pair_s, accuracy = {}, {}

@@ -19,16 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
-from pathlib import Path
 
 import torch
 
 from fedsuite.config import build_config
 
-from harness import plain_fedavg, timed_cli_run
+from harness import cpu_fedavg_setup, plain_fedavg, timed_cli_run
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def main() -> None:
@@ -40,16 +37,9 @@ def main() -> None:
                     help="run the clients on this running Ray cluster (`ray start --head`) instead of a "
                          "private Ray started by the run: the start-up without Ray's own start")
     args = ap.parse_args()
-    dataset = args.dataset or ("fmnist" if (SHARED / "FashionMNIST" / "raw").is_dir() else "synthetic")
-    work = Path(tempfile.mkdtemp(prefix="fedsuite-bench-"))
-    if dataset == "fmnist":
-        (work / "FashionMNIST").symlink_to(SHARED / "FashionMNIST")
-    values = {
-        "strategy": "fedavg", "dataset": dataset, "model": "cnn" if dataset == "fmnist" else "mlp",
-        "num_clients": 100, "clients_per_round": 10, "local_epochs": 1, "batch_size": 50, "lr": 0.05,
-        "rounds": args.rounds, "partitioner": "dirichlet", "alpha": 0.5, "seed": 0, "data_root": str(work),
-        "num_cpus": args.num_cpus, "device": "cpu",
-    }
+    work, values = cpu_fedavg_setup(args.dataset, args.rounds, "fedsuite-bench-")
+    dataset = values["dataset"]
+    values["num_cpus"] = args.num_cpus
     if args.ray_address:
         values["ray_address"] = args.ray_address
     print(f"dataset={dataset} model={values['model']} clients=100 K=10 rounds={args.rounds}", flush=True)
