@@ -64,11 +64,13 @@ run_seed() {
     report "$paper" "$out"
 }
 
-# The order is the order of the answers: FedMRUR's seeds (done first), FedInit's and FedMR's, then
-# FedNLR's (done at 200 rounds; its FedAvg and FedNLR continue to the paper's 500). A finished unit
-# takes seconds (reproduce skips completed runs), so the list stays whole as runs are added.
+# The order is the order of the answers: FedMRUR's seeds (done first), FedInit's (both workers on
+# it, so its three seeds finish within one session), FedMR's, then FedNLR's (done at 200 rounds;
+# its FedAvg and FedNLR continue to the paper's 500). A finished unit takes seconds (reproduce
+# skips completed runs), so the list stays whole as runs are added.
 UNITS=(fedmrur:0 fedmrur:1 fedmrur:2
-       fedinit:0 fedmr:0 fedinit:1 fedmr:1 fedinit:2 fedmr:2
+       fedinit:0 fedinit:1 fedinit:2
+       fedmr:0 fedmr:1 fedmr:2
        fednlr:0 fednlr:1 fednlr:2)
 
 take() {  # the next unit of this `run`'s list ("paper:seed"; OUT/.units/next under its lock); fails when none is left
