@@ -44,9 +44,7 @@ class FedDynClient(ClientRule):
         return torch.optim.SGD(task.params, lr=task.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay + alpha)
 
     def adjust_gradient(self, task: LocalTask) -> None:
-        for n, p in task.named_params.items():
-            if p.grad is not None:
-                p.grad.add_(self.correction[n])
+        self.add_to_gradients(task, self.correction)
 
     def finish(self, task: LocalTask) -> LocalResult:
         result = super().finish(task)

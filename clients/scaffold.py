@@ -50,9 +50,7 @@ class ScaffoldClient(ClientRule):
         self.c, self.c_i, self.correction = c, c_i, {n: c[n] - c_i[n] for n in params}
 
     def adjust_gradient(self, task: LocalTask) -> None:
-        for n, p in task.named_params.items():
-            if p.grad is not None:
-                p.grad.add_(self.correction[n])
+        self.add_to_gradients(task, self.correction)
 
     def finish(self, task: LocalTask) -> LocalResult:
         result = super().finish(task)

@@ -143,6 +143,14 @@ class ClientRule:
     def adjust_gradient(self, task: LocalTask) -> None:
         """Change ``p.grad`` in place before clipping and the optimizer step (SCAFFOLD, FedCM)."""
 
+    @staticmethod
+    def add_to_gradients(task: LocalTask, correction: dict[str, torch.Tensor]) -> None:
+        """g_n ← g_n + correction_n for every parameter n with a gradient: a drift correction fixed
+        for the round (SCAFFOLD's c − c_i, FedDyn's λ(h_i − w_{i,0}))."""
+        for n, p in task.named_params.items():
+            if p.grad is not None:
+                p.grad.add_(correction[n])
+
     def statistics(self, model: torch.nn.Module, data: LocalData, cfg: Any) -> dict[str, torch.Tensor]:
         """The answer to a statistics query (``fedsuite.wire.STATISTICS_QUERY``) about the received
         model, which is not trained and sees no plug-in: statistics must describe w itself. Only rules
