@@ -56,24 +56,26 @@ write_report() {
     done
 }
 
-run_seed() {
-    local paper=$1 seed=$2 out=$3 data=$4
-    echo "=== $(date -u +%FT%TZ) $paper-claims seed $seed"
-    "$FEDSUITE" reproduce "$paper-claims" --scale cpu --seeds "$seed" --jobs 1 --data-root "$data" --out "$out" \
-        || echo "=== $paper-claims seed $seed: exit $?"
+run_seed() {  # run_seed PAPER SEED ROW OUT DATA: that seed's runs (of one row; ROW empty: every row)
+    local paper=$1 seed=$2 row=$3 out=$4 data=$5
+    echo "=== $(date -u +%FT%TZ) $paper-claims seed $seed${row:+ row $row}"
+    "$FEDSUITE" reproduce "$paper-claims" --scale cpu --seeds "$seed" ${row:+--rows "$row"} --jobs 1 \
+        --data-root "$data" --out "$out" || echo "=== $paper-claims seed $seed${row:+ row $row}: exit $?"
     report "$paper" "$out"
 }
 
 # The order is the order of the answers: FedMRUR's seeds (done first), FedInit's (both workers on
 # it, so its three seeds finish within one session), FedMR's, then FedNLR's (done at 200 rounds;
-# its FedAvg and FedNLR continue to the paper's 500). A finished unit takes seconds (reproduce
-# skips completed runs), so the list stays whole as runs are added.
+# its FedAvg and FedNLR continue to the paper's 500). A unit is "paper:seed", or "paper:seed:row"
+# where one seed's rows are split so that both workers end together (FedMR's last seed: 3 runs of
+# row `paper`, 2 short ones of `momentum-0.5`). A finished unit takes seconds (reproduce skips
+# completed runs), so the list stays whole as runs are added.
 UNITS=(fedmrur:0 fedmrur:1 fedmrur:2
        fedinit:0 fedinit:1 fedinit:2
-       fedmr:0 fedmr:1 fedmr:2
+       fedmr:0 fedmr:1 fedmr:2:paper fedmr:2:momentum-0.5
        fednlr:0 fednlr:1 fednlr:2)
 
-take() {  # the next unit of this `run`'s list ("paper:seed"; OUT/.units/next under its lock); fails when none is left
+take() {  # the next unit of this `run`'s list (OUT/.units/next under its lock); fails when none is left
     local out=$1 i
     i=$( (flock 9 && read -r n < "$out/.units/next" && echo $((n + 1)) > "$out/.units/next" && echo "$n") \
         9>"$out/.units/lock")
@@ -87,10 +89,11 @@ pin() {  # this worker (0 or 1) onto its half of the cores, as `reproduce --jobs
 }
 
 worker() {  # units one after another until the list is done, one run at a time, on this worker's cores
-    local out=$1 data=$2 unit
+    local out=$1 data=$2 unit paper seed row
     pin "$3"
     while unit=$(take "$out"); do
-        run_seed "${unit%:*}" "${unit#*:}" "$out" "$data"
+        IFS=: read -r paper seed row <<< "$unit"
+        run_seed "$paper" "$seed" "$row" "$out" "$data"
     done
 }
 
