@@ -56,24 +56,26 @@ write_report() {
     done
 }
 
-run_seed() {  # run_seed PAPER SEED ROW OUT DATA: that seed's runs (of one row; ROW empty: every row)
-    local paper=$1 seed=$2 row=$3 out=$4 data=$5
-    echo "=== $(date -u +%FT%TZ) $paper-claims seed $seed${row:+ row $row}"
-    "$FEDSUITE" reproduce "$paper-claims" --scale cpu --seeds "$seed" ${row:+--rows "$row"} --jobs 1 \
-        --data-root "$data" --out "$out" || echo "=== $paper-claims seed $seed${row:+ row $row}: exit $?"
+run_seed() {  # run_seed PAPER SEED PART OUT DATA: that seed's runs; PART "rows=R" or "methods=M" (reproduce's
+              # --rows R / --methods M) runs only that part of them, empty: all of them
+    local paper=$1 seed=$2 part=$3 out=$4 data=$5
+    echo "=== $(date -u +%FT%TZ) $paper-claims seed $seed${part:+ ($part)}"
+    "$FEDSUITE" reproduce "$paper-claims" --scale cpu --seeds "$seed" ${part:+"--${part%%=*}" "${part#*=}"} --jobs 1 \
+        --data-root "$data" --out "$out" || echo "=== $paper-claims seed $seed${part:+ ($part)}: exit $?"
     report "$paper" "$out"
 }
 
 # The order is the order of the answers: FedMRUR's seeds (done first), FedInit's (both workers on
 # it, so its three seeds finish within one session), FedMR's, then FedNLR's (done at 200 rounds;
-# its FedAvg and FedNLR continue to the paper's 500). A unit is "paper:seed", or "paper:seed:row"
-# where one seed's rows are split so that both workers end together (FedMR's last seed: 3 runs of
-# row `paper`, 2 short ones of `momentum-0.5`). A finished unit takes seconds (reproduce skips
-# completed runs), so the list stays whole as runs are added.
+# its FedAvg and FedNLR continue to the paper's 500). A unit is "paper:seed", or "paper:seed:part"
+# where a seed's last runs are split so that both workers end together (FedMR's last seed: the 3
+# runs of row `paper` and the 2 short ones of `momentum-0.5`; FedNLR's: its two runs of 500
+# rounds). A finished unit takes seconds (reproduce skips completed runs), so the list stays whole
+# as runs are added.
 UNITS=(fedmrur:0 fedmrur:1 fedmrur:2
        fedinit:0 fedinit:1 fedinit:2
-       fedmr:0 fedmr:1 fedmr:2:paper fedmr:2:momentum-0.5
-       fednlr:0 fednlr:1 fednlr:2)
+       fedmr:0 fedmr:1 fedmr:2:rows=paper fedmr:2:rows=momentum-0.5
+       fednlr:0 fednlr:1 fednlr:2:methods=fedavg fednlr:2:methods=fednlr)
 
 take() {  # the next unit of this `run`'s list (OUT/.units/next under its lock); fails when none is left
     local out=$1 i
@@ -89,11 +91,11 @@ pin() {  # this worker (0 or 1) onto its half of the cores, as `reproduce --jobs
 }
 
 worker() {  # units one after another until the list is done, one run at a time, on this worker's cores
-    local out=$1 data=$2 unit paper seed row
+    local out=$1 data=$2 unit paper seed part
     pin "$3"
     while unit=$(take "$out"); do
-        IFS=: read -r paper seed row <<< "$unit"
-        run_seed "$paper" "$seed" "$row" "$out" "$data"
+        IFS=: read -r paper seed part <<< "$unit"
+        run_seed "$paper" "$seed" "$part" "$out" "$data"
     done
 }
 
