@@ -299,7 +299,8 @@ def read_trials(folder: Path) -> list[dict[str, Any]]:
 
 def trial_outcome(run_dir: Path, rounds: int, error: str | None) -> str:
     """What became of a trial: ``completed``; ``stopped early at round r of R`` (ASHA stopped it, or
-    the search was interrupted: the run is partial); ``failed: why``."""
+    the search was interrupted: the run is partial; r = R when the stop landed after the run's last
+    round but before its summary, since a run trains on while Tune decides); ``failed: why``."""
     now = rundir.state(run_dir)
     if error is not None or now in ("failed", "new", "debris"):
         return "failed: " + (error or rundir.why_incomplete(run_dir, "its run"))

@@ -83,7 +83,9 @@ def test_an_asha_search_stops_a_poor_trial_early_and_keeps_every_trials_run(tmp_
         assert rundir.state(Path(row["run_dir"])) == "completed" and int(row["rounds"]) == 3
     for row in stopped:  # stopped as Ctrl-C stops a run: partial, with its checkpoint, to --resume
         run_dir = Path(row["run_dir"])
-        assert rundir.state(run_dir) == "partial" and 1 <= int(row["rounds"]) < 3
+        # the run trains on while Tune decides, so the stop may land after its last round has run
+        # but before its summary is written: partial all the same, and --resume finishes it
+        assert rundir.state(run_dir) == "partial" and 1 <= int(row["rounds"]) <= 3
         assert rundir.checkpointed_round(run_dir) == int(row["rounds"])
     # a stopped trial is a poor one: below every completed trial at the round it stopped
     assert max(float(r["reading"]) for r in stopped) < min(float(r["reading"]) for r in completed)
