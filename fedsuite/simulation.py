@@ -222,17 +222,35 @@ def run(app_dir: Path | None) -> None:
     )
 
 
-def note_stop_requests() -> None:
+#: seconds an orderly stop may take before the process leaves at once (exit code 1, as a stop)
+STOP_GRACE_S = 10.0
+
+
+def note_stop_requests(grace_s: float = STOP_GRACE_S) -> None:
     """On SIGTERM (a stop, or the launcher's death: PDEATHSIG), set ``server_app.stop_requested``
     first, then do what the handler before did (Ray's driver handler: ``sys.exit``, which tears the
     engine and its actors down). The ServerApp thread then sees its clients vanish; with the flag set
     it records no failure, and the run stays partial. Called in the main thread, after ``ray.init``
-    (which installs its own handler)."""
+    (which installs its own handler).
+
+    The orderly teardown talks to Ray; when the launcher died, its reaper may have stopped the private
+    Ray's daemons first, and Ray's calls then wait on a GCS that is gone (a loaded CI machine showed a
+    simulation process outliving its killed CLI that way). So a stop gets ``grace_s`` seconds, then
+    the process leaves at once (``os._exit(1)``): nothing is lost, the checkpoint of the last finished
+    round is already on disk (written atomically), as after a SIGKILL."""
     from fedsuite.server_app import stop_requested
 
     before = signal.getsignal(signal.SIGTERM)
 
+    def leave_after_grace() -> None:
+        time.sleep(grace_s)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
     def on_sigterm(signum: int, frame: Any) -> None:
+        if not stop_requested.is_set():
+            threading.Thread(target=leave_after_grace, name="stop-grace", daemon=True).start()
         stop_requested.set()
         if callable(before):
             before(signum, frame)

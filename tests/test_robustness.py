@@ -152,6 +152,30 @@ def _wait_gone(flwr_home: str, timeout: float) -> list[str]:
         time.sleep(0.5)
 
 
+def test_a_stopped_simulation_process_leaves_when_its_teardown_hangs():
+    """SIGTERM gives the simulation process an orderly teardown (Ray's handler), but a teardown
+    that hangs (Ray waiting on daemons the reaper already stopped) must not keep it alive: after
+    its grace it leaves with exit code 1, the code of a stopped run."""
+    code = textwrap.dedent("""
+        import signal, time
+        from fedsuite import simulation
+        signal.signal(signal.SIGTERM, lambda signum, frame: time.sleep(3600))  # a teardown that never ends
+        simulation.note_stop_requests(grace_s=1.0)
+        print("ready", flush=True)
+        time.sleep(3600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 1  # a guard against the hang, not a timing
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_killing_the_cli_process_group_stops_the_whole_run(tmp_path):
     out = tmp_path / "runs"
     run_dir = out / "orphan"
