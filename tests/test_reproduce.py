@@ -292,7 +292,7 @@ def test_claims_follow_the_published_order():
 
 
 def test_the_claims_run_records_are_not_ignored_by_git():
-    """``experiments/claims_cpu.sh`` keeps finished runs across machines by committing their records
+    """``experiments/claims.sh cpu`` keeps finished runs across machines by committing their records
     under ``experiments/<paper>/results/claims-cpu/runs``; a ``.gitignore`` rule (``runs/``) once hid
     them, so records said to be committed never were. A run's default output, ``/runs``, stays ignored."""
     if not (ROOT / ".git").exists():
@@ -309,7 +309,7 @@ def test_the_claims_run_records_are_not_ignored_by_git():
 
 
 def test_a_report_file_is_replaced_whole_or_not_at_all(tmp_path):
-    """Two ``reproduce`` processes of one target (different seeds, as ``experiments/claims_cpu.sh``'s
+    """Two ``reproduce`` processes of one target (different seeds, as ``experiments/claims.sh cpu``'s
     two workers) may write its report at the same moment: each file is written beside and renamed
     over the old one (``results.write_atomically``). A write that fails leaves the old file and no
     temporary one."""

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The four papers' claims targets, and their committed reports, at one of two scales:
+#   cpu      issue 32: `<paper>-claims --scale cpu` (Fashion-MNIST, FedMR's CNN; about 30 run-hours)
+#   cifar10  issue 39: `<paper>-claims-cifar10` (the papers' CIFAR-10 cells, the JPEG copy of
+#            ../shared/data: `python make_cifar10.py DATA_ROOT` writes DATA_ROOT/cifar-10-batches-py)
+#
+#   experiments/claims.sh SCALE run OUT DATA_ROOT      # the queue, unit by unit (a stop leaves whole
+#                                                      # runs' checkpoints); run it again to go on
+#   experiments/claims.sh SCALE report OUT [PAPER...]  # each report (+ CSVs, figures) and the finished
+#                                                      # runs' records into experiments/<paper>/results/claims-SCALE/
+#
+# OUT is the runs' folder (reproduce --out), DATA_ROOT the folder holding the data; `fedsuite` from
+# this checkout's environment. Run the queue from a frozen copy of the code (`git worktree add`), so
+# that other work does not change its numbers mid-way: the commit each scale's runs came from is
+# named in experiments/README.md.
+#
+# The work is a list of units (UNITS, each a part of one paper's seed). Two workers run side by
+# side, one run each on its own half of the cores, so both stay busy to the end: each takes the next unit of the list
+# (under a lock), runs that unit's runs one at a time and writes that paper's report (under
+# that paper's lock). Two units of one paper may run at once: their runs are different seeds'
+# and reproduce replaces its report files whole. Stop everything with `kill -TERM -- -PGID` (the
+# script's process group: start it with setsid); each run keeps its last checkpoint and the next
+# `run` resumes it (units whose runs are complete take seconds: reproduce skips them).
+#
+# The queue outlives the machine: `run` first copies the committed records of finished runs
+# (config.json, metrics.jsonl, summary.json) back into OUT, where reproduce skips a run whose
+# summary says completed, and writes the reports after each unit, so committing
+# experiments/*/results/claims-SCALE keeps every finished run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FEDSUITE=${FEDSUITE:-.venv/bin/fedsuite}
+SCALE=${1:-}
+case "$SCALE" in
+cpu)  # the targets `<paper>-claims` at reproduce's cpu scale (Fashion-MNIST)
+    PAPERS=(fedmrur fednlr fedinit fedmr)
+    SUFFIX=claims REPRODUCE_SCALE=cpu
+    # The order is the order of the answers: FedMRUR's seeds (done first), FedInit's, FedMR's, then
+    # FedNLR's. A unit is "paper:seed", or "paper:seed:part" where a seed's last runs are split so
+    # that both workers end together (FedMR's last seed: the 3 runs of row `paper` and the 2 short
+    # ones of `momentum-0.5`; FedNLR's: its two runs of 500 rounds). A finished unit takes seconds
+    # (reproduce skips completed runs), so the list stays whole as runs are added.
+    UNITS=(fedmrur:0 fedmrur:1 fedmrur:2
+           fedinit:0 fedinit:1 fedinit:2
+           fedmr:0 fedmr:1 fedmr:2:rows=paper fedmr:2:rows=momentum-0.5
+           fednlr:0 fednlr:1 fednlr:2:methods=fedavg fednlr:2:methods=fednlr) ;;
+cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their own
+    PAPERS=(fedmr)
+    SUFFIX=claims-cifar10 REPRODUCE_SCALE=paper
+    # Issue 39's order (a, d, b, c). FedMR: Table 1's CNN at α = 0.1 seed by seed (3 runs of about
+    # 50 min each on one core), then α = 0.5 as the budget allows.
+    UNITS=(fedmr:1:rows=cnn-c10-0.1 fedmr:2:rows=cnn-c10-0.1 fedmr:3:rows=cnn-c10-0.1
+           fedmr:1:rows=cnn-c10-0.5 fedmr:2:rows=cnn-c10-0.5 fedmr:3:rows=cnn-c10-0.5) ;;
+*)
+    sed -n '2,13p' "$0"; exit 2 ;;
+esac
+shift
+RECORDS=claims-$SCALE  # the committed folder: experiments/<paper>/results/$RECORDS
+
+restore() {  # committed records -> OUT (never over a run folder that is already there)
+    local paper=$1 out=$2 src rel runs="$2/$1/$REPRODUCE_SCALE"
+    for src in "experiments/$paper/results/$RECORDS/runs"/*/*/; do
+        [ -f "$src/summary.json" ] || continue
+        rel="${src#"experiments/$paper/results/$RECORDS/runs/"}"
+        [ -e "$runs/$rel" ] && continue
+        mkdir -p "$runs/$rel" && cp "$src"/* "$runs/$rel/"
+    done
+}
+
+report() {  # OUT's report of one paper and its finished runs' records -> the committed folder
+    mkdir -p "$2"
+    ( flock 9 && write_report "$@" ) 9>"$2/.report-$1.lock"  # both workers may be on one paper
+}
+
+write_report() {
+    local paper=$1 out=$2 dest="experiments/$1/results/$RECORDS" run rel
+    local runs="$2/$1/$REPRODUCE_SCALE" target="$1-$SUFFIX"
+    "$FEDSUITE" reproduce "$target" --scale "$REPRODUCE_SCALE" --out "$out" --report
+    rm -rf "$dest" && mkdir -p "$dest/runs"
+    cp "$runs/$target/"{report.md,report.csv,claims.csv} "$dest/"
+    cp "$runs/$target/"*.png "$dest/" 2>/dev/null || true  # no figure before a run ends
+    # the records of the runs the report read (checkpoints stay out: the numbers need only these)
+    for run in "$runs"/*/*-s[0-9]*/; do
+        [ -f "$run/summary.json" ] || continue
+        rel="${run#"$runs/"}"
+        mkdir -p "$dest/runs/$rel"
+        cp "$run"/{config.json,metrics.jsonl,summary.json} "$dest/runs/$rel/"
+    done
+}
+
+run_unit() {  # run_unit PAPER SEED PART OUT DATA: that seed's runs; PART "rows=R" or "methods=M" (reproduce's
+              # --rows R / --methods M) runs only that part of them, empty: all of them
+    local paper=$1 seed=$2 part=$3 out=$4 data=$5 target="$1-$SUFFIX"
+    echo "=== $(date -u +%FT%TZ) $target seed $seed${part:+ ($part)}"
+    "$FEDSUITE" reproduce "$target" --scale "$REPRODUCE_SCALE" --seeds "$seed" ${part:+"--${part%%=*}" "${part#*=}"} \
+        --jobs 1 --data-root "$data" --out "$out" || echo "=== $target seed $seed${part:+ ($part)}: exit $?"
+    report "$paper" "$out"
+}
+
+take() {  # the next unit of this `run`'s list (OUT/.units/next under its lock); fails when none is left
+    local out=$1 i
+    i=$( (flock 9 && read -r n < "$out/.units/next" && echo $((n + 1)) > "$out/.units/next" && echo "$n") \
+        9>"$out/.units/lock")
+    [ "$i" -lt "${#UNITS[@]}" ] && echo "${UNITS[$i]}"
+}
+
+pin() {  # this worker (0 or 1) onto its half of the cores, as `reproduce --jobs 2` pins its runs
+    local cores
+    cores=$("$(dirname "$FEDSUITE")/python" -c "from fedsuite.processes import core_slices as c; s = c(2); print(','.join(map(str, sorted(s[$1]))) if s else '')")
+    [ -z "$cores" ] || taskset -pc "$cores" "$BASHPID" > /dev/null
+}
+
+worker() {  # units one after another until the list is done, one run at a time, on this worker's cores
+    local out=$1 data=$2 unit paper seed part
+    pin "$3"
+    while unit=$(take "$out"); do
+        IFS=: read -r paper seed part <<< "$unit"
+        run_unit "$paper" "$seed" "$part" "$out" "$data"
+    done
+}
+
+case "${1:-}" in
+run)
+    for paper in "${PAPERS[@]}"; do restore "$paper" "$2"; done
+    rm -rf "$2/.units" && mkdir -p "$2/.units" && echo 0 > "$2/.units/next"
+    worker "$2" "$3" 0 &
+    worker "$2" "$3" 1 &
+    wait ;;
+report)  # report OUT [PAPER ...]: every paper, or those named (a paper with no runs in OUT would lose its report)
+    out=$2
+    shift 2
+    [ $# -gt 0 ] || set -- "${PAPERS[@]}"
+    for paper in "$@"; do report "$paper" "$out"; done ;;
+*)
+    sed -n '2,13p' "$0"; exit 2 ;;
+esac
