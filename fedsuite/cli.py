@@ -1,4 +1,4 @@
-"""The ``fedsuite`` command: simulate, list, partition, report, certs, sweep, reproduce.
+"""The ``fedsuite`` command: simulate, list, partition, report, certs, gateway, sweep, reproduce.
 
 User errors (bad config, unknown names, missing data) print one line and exit with code 2, and
 leave no run directory behind (the data check, ``runtime.check_data``, runs while the simulation
@@ -294,6 +294,40 @@ def certs(
     console.print(f"SuperNode keys: {', '.join(names) if names else '(none)'}; register each public key "
                   f"with `flwr supernode register {creds.root / 'supernodes'}/NAME.pub <connection>`",
                   highlight=False)
+
+
+@app.command(cls=OneLineUsageCommand)
+def gateway(
+    credentials: Path = typer.Argument(..., help="credentials folder (fedsuite certs): reads ca.crt, server.pem, "
+                                       "server.key only"),
+    listen: str = typer.Option("0.0.0.0:9093", "--listen", help="HOST:PORT the SuperNodes connect to"),
+    superlink: str = typer.Option("127.0.0.1:9092", "--superlink", help="HOST:PORT of the SuperLink, which "
+                                  "listens there only (flower-superlink --host/--port)"),
+    superlink_name: Optional[str] = typer.Option(None, "--superlink-name", help="the name the SuperLink's "
+                                                 "certificate is checked against (default: --superlink's host, "
+                                                 "or localhost for an IP address)"),
+    workdir: Optional[Path] = typer.Option(None, "--dir", help="folder for nginx.conf, its pid file and logs "
+                                           "(default: CREDENTIALS/../gateway)"),
+    print_config: bool = typer.Option(False, "--print-config", help="print the nginx configuration and exit"),
+) -> None:
+    """Publish the SuperLink's Fleet API alone, over TLS, through nginx: SuperNodes connect here; the
+    Control API (flwr run, flwr supernode register) stays on the SuperLink's machine."""
+    import os
+
+    from fedsuite import gateway as gw
+    from fedsuite.certs import CertError, Credentials
+
+    creds = Credentials(credentials)
+    folder = workdir or credentials.resolve().parent / "gateway"
+    try:
+        if print_config:
+            print(gw.nginx_config(creds, listen, superlink, folder, superlink_name), end="")
+            return
+        command = gw.prepare(creds, listen, superlink, folder, superlink_name)
+    except (gw.GatewayError, CertError, OSError) as exc:
+        fail(str(exc))
+    print(f"gateway: {listen} -> Fleet API of {superlink} (nginx, {folder / 'nginx.conf'})", flush=True)
+    os.execv(command[0], command)
 
 
 @app.command(cls=OneLineUsageCommand)

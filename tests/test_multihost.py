@@ -1,14 +1,24 @@
-"""A federation across machines, with TLS and SuperNode authentication on.
+"""A federation across machines, with TLS and SuperNode authentication on, behind the gateway.
 
-``test_federation_across_network_namespaces``: four Linux network namespaces made by the test (one
-per "machine": the SuperLink's, two SuperNodes', and the user's, where the ``flwr`` CLI runs),
-joined by veth pairs on a bridge in the SuperLink's namespace; each sees the others only through
-that network (10.15.0.0/24), on plain processes. One SuperLink serves TLS with
-``--enable-supernode-auth`` (``fedsuite certs`` made the CA, its certificate and the key pairs); the
-two SuperNodes' public keys are registered with ``flwr supernode register``; 2 rounds complete. On the
-same federation: a SuperNode whose key was never registered is refused, and a CLI and a SuperNode
-without the CA certificate cannot connect. Needs root (``ip netns``); skipped, with the reason,
-elsewhere. Every process is stopped by PID and the namespaces are deleted.
+The network-namespace federation: five Linux network namespaces made by the test, one per
+"machine" (the SuperLink's, two SuperNodes', a user's and a stranger's), joined by veth pairs on a
+bridge in the SuperLink's namespace; each sees the others only through that network
+(10.15.0.0/24), on plain processes. The layout is the one the README deploys:
+
+* the SuperLink serves TLS with ``--enable-supernode-auth`` on its own loopback only
+  (127.0.0.1:9092), so its Control API (``flwr run``, ``flwr supernode register``) and Runtime API
+  are reached from its own machine alone: the admin registers the two SuperNodes' keys and submits
+  the run from there;
+* ``fedsuite gateway`` (nginx) publishes the Fleet API alone on 10.15.0.1:9093, over TLS with the
+  SuperLink's certificate, and the SuperNodes connect through it; 2 rounds complete.
+
+On that federation, while it trains (one module-scoped fixture runs it once; each test reads what
+it recorded): a SuperNode whose key was never registered is refused, a CLI and a SuperNode without
+the CA certificate cannot connect, and a stranger holding ``ca.crt`` (every SuperNode has it) can
+neither register a key of its own, nor submit a run, nor reach the Runtime API, nor reach the
+SuperLink's port directly, nor smuggle a Control API path past the gateway. Needs root
+(``ip netns``) and nginx; skipped, with the reason, elsewhere (CI installs nginx: ``.ci/run``).
+Every process is stopped by PID and the namespaces are deleted.
 """
 
 from __future__ import annotations
@@ -19,19 +29,21 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import pytest
 
-from fedsuite import processes, superlink
-from fedsuite.certs import make_credentials
+from fedsuite import gateway, processes, superlink
+from fedsuite.certs import Credentials, make_credentials, make_supernode_key
 from fedsuite.results import read_metrics
 from tests.conftest import deployment_app
 
 SUBNET = "10.15.0"
 LINK_IP = f"{SUBNET}.1"
-PORT = 9093
+PORT = 9093  # the gateway's, on the network
+LINK_PORT = 9092  # the SuperLink's, on its own loopback
 
 
 def netns_unavailable() -> str | None:
@@ -39,6 +51,10 @@ def netns_unavailable() -> str | None:
         return "network namespaces need root (ip netns add); CI runs as root"
     if shutil.which("ip") is None:
         return "the `ip` command (iproute2) is not installed"
+    try:
+        gateway.nginx_binary()
+    except gateway.GatewayError as exc:
+        return f"the gateway needs nginx: {exc}"
     probe = f"fs-probe-{os.getpid()}"
     out = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if out.returncode != 0:
@@ -48,9 +64,10 @@ def netns_unavailable() -> str | None:
 
 
 class Network:
-    """Namespaces ``link`` (with bridge br0, 10.15.0.1), ``node0`` (.2), ``node1`` (.3), ``user`` (.4)."""
+    """Namespaces ``link`` (with bridge br0, 10.15.0.1), ``node0`` (.2), ``node1`` (.3), ``user`` (.4),
+    ``stranger`` (.5)."""
 
-    ROLES = ("link", "node0", "node1", "user")
+    ROLES = ("link", "node0", "node1", "user", "stranger")
 
     def __init__(self) -> None:
         tag = f"fs{os.getpid()}"
@@ -122,47 +139,102 @@ def stop_all(procs: list[tuple[subprocess.Popen, Path | None]], timeout: float =
         proc.poll()
 
 
-@pytest.fixture
-def network():
+#: what the stranger sends straight to the gateway (HTTPS verified with ca.crt): each request's
+#: status code, or the connection error, as one JSON object on stdout
+STRANGER_REQUESTS = r"""
+import json, sys, httpx
+ca, gateway, superlink = sys.argv[1:4]
+out = {}
+with httpx.Client(verify=ca, timeout=10) as client:
+    for path in ("/v1/runtime/acquire-task", "/v1/control/list-runs", "/v1/fleet/../control/list-runs",
+                 "/v1/fleet/%2e%2e/control/list-runs", "/v1/fleet//../control/start-run"):
+        url = httpx.URL(f"https://{gateway}").copy_with(raw_path=path.encode())
+        out[path] = client.post(url, content=b"").status_code
+try:  # the SuperLink's own port, from another machine
+    with httpx.Client(verify=ca, timeout=5) as client:
+        out["direct"] = client.post(f"https://{superlink}/v1/control/list-runs", content=b"").status_code
+except httpx.HTTPError as exc:
+    out["direct"] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class Federation:
+    """What the network-namespace federation recorded, for the tests to read."""
+
+    run_dir: Path
+    status: str = ""
+    details: str = ""
+    codes: dict[str, int] = field(default_factory=dict)  # exit codes: rogue, noca
+    outputs: dict[str, str] = field(default_factory=dict)  # the CLI's replies
+    stranger_requests: dict[str, object] = field(default_factory=dict)
+    registered: list[dict] = field(default_factory=list)  # `flwr supernode ls` after the run
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    elapsed: float = 0.0
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory, data_root) -> Federation:
     reason = netns_unavailable()
     if reason:
         pytest.skip(reason)
     net = Network()
     try:
         net.up()
-        yield net
+        yield run_federation(net, tmp_path_factory.mktemp("netns"), data_root)
     finally:
         net.down()
 
 
-def test_federation_across_network_namespaces(tmp_path, data_root, network):
-    net = network
+def run_federation(net: Network, tmp_path: Path, data_root: Path) -> Federation:
     creds = make_credentials(tmp_path / "creds", hosts=[LINK_IP], supernodes=["node0", "node1", "rogue"])
+    # the stranger's folder: only ca.crt, which every SuperNode holds, and a key pair of its own
+    stranger = Credentials(tmp_path / "stranger-creds")
+    (stranger.root / "supernodes").mkdir(parents=True)
+    shutil.copy(creds.ca_cert, stranger.ca_cert)
+    make_supernode_key(stranger, "stranger")
     _, run_dir, app_dir = deployment_app(tmp_path, data_root, rounds=2)
-    address = f"{LINK_IP}:{PORT}"
+    fed = Federation(run_dir)
+    gateway_address, link_address = f"{LINK_IP}:{PORT}", f"127.0.0.1:{LINK_PORT}"
     procs: list[tuple[subprocess.Popen, Path | None]] = []  # with the FLWR_HOME that marks its detached children
-    homes = {name: tmp_path / f"home-{name}" for name in ("link", "node0", "node1", "rogue", "noca", "user", "user-noca")}
+    homes = {name: tmp_path / f"home-{name}"
+             for name in ("link", "admin", "node0", "node1", "rogue", "noca", "user-noca", "stranger")}
     env = {name: processes.flower_env(home) for name, home in homes.items()}
-    superlink.write_connection(homes["user"], address, root_certificates=creds.ca_cert, name="fed")
-    # the same connection without the CA certificate: TLS must then fail to verify the SuperLink
+    superlink.write_connection(homes["admin"], link_address, root_certificates=creds.ca_cert, name="fed")
+    # the stranger's CLI aims at the only port the network offers, with the CA certificate
+    superlink.write_connection(homes["stranger"], gateway_address, root_certificates=stranger.ca_cert, name="fed")
+    # the user's connection without the CA certificate: TLS must then fail to verify the gateway
     homes["user-noca"].mkdir()
     (homes["user-noca"] / "config.toml").write_text(
-        f'[superlink]\ndefault = "fed"\n\n[superlink.fed]\naddress = "{address}"\n')
+        f'[superlink]\ndefault = "fed"\n\n[superlink.fed]\naddress = "{gateway_address}"\n')
+    admin = net.wrap("link")
+
+    def cli(role: str, home: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*net.wrap(role), processes.bin_path("flwr"), *args], env=env[home],
+                              capture_output=True, text=True, cwd=run_dir, timeout=120)
+
     t0 = time.monotonic()
     try:
         log = run_dir / "superlink.log"
         link = start(net, "link", [processes.bin_path("flower-superlink"), *creds.superlink_tls_args(),
-                                   "--enable-supernode-auth", "--host", "0.0.0.0", "--port", str(PORT),
+                                   "--enable-supernode-auth", "--host", "127.0.0.1", "--port", str(LINK_PORT),
                                    "--database", str(homes["link"] / "state.db"),
                                    "--disable-runtime-dependency-installation"],
                      env["link"], log, run_dir)
         procs.append((link, homes["link"]))
+        gw_log = run_dir / "gateway.log"
+        gw = start(net, "link", [sys.executable, "-m", "fedsuite.cli", "gateway", str(creds.root),
+                                 "--listen", f"0.0.0.0:{PORT}", "--superlink", link_address,
+                                 "--dir", str(tmp_path / "gateway")], env["link"], gw_log, run_dir)
+        procs.append((gw, None))
         wait_for_log(link, log, "Uvicorn running on")
+        wait_for_log(gw, gw_log, "start worker process")
 
-        # the allowed SuperNodes: node0 and node1 are registered (both at once), "rogue" never is
-        register = {name: subprocess.Popen([*net.wrap("user"), processes.bin_path("flwr"), "supernode", "register",
+        # the admin, on the SuperLink's machine, allows node0 and node1 (both at once); "rogue" never is
+        register = {name: subprocess.Popen([*admin, processes.bin_path("flwr"), "supernode", "register",
                                             str(creds.supernode_pub(name)), "fed", "--format", "json"],
-                                           env=env["user"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           env=env["admin"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            text=True, cwd=run_dir)
                     for name in ("node0", "node1")}
         for name, proc in register.items():
@@ -172,7 +244,7 @@ def test_federation_across_network_namespaces(tmp_path, data_root, network):
 
         def supernode(role: str, name: str, key: str | None, pid: int, ca: bool = True) -> subprocess.Popen:
             args = creds.supernode_args(key) if ca else ["--auth-supernode-private-key", str(creds.supernode_key(key))]
-            cmd = [processes.bin_path("flower-supernode"), *args, "--superlink", address,
+            cmd = [processes.bin_path("flower-supernode"), *args, "--superlink", gateway_address,
                    "--node-config", f"partition-id={pid} num-partitions=2 state-dir='{run_dir / f'state-{name}'}'"]
             if name in ("rogue", "noca"):  # both in the user's namespace: their own Runtime API ports
                 cmd += ["--max-retries", "1", "--max-wait-time", "20", "--port", "9095" if name == "rogue" else "9096"]
@@ -190,36 +262,77 @@ def test_federation_across_network_namespaces(tmp_path, data_root, network):
                                     text=True, cwd=run_dir)
         procs.append((cli_noca, None))
 
-        wrap = net.wrap("user")
-        run_id = superlink.submit(app_dir, env["user"], "fed", wrap=wrap)
-        rogue_code, noca_code = wait_exit(rogue, 60), wait_exit(noca, 60)
-        cli_noca_out, _ = cli_noca.communicate(timeout=60)
+        run_id = superlink.submit(app_dir, env["admin"], "fed", wrap=admin)
+        # the stranger, while the run trains: register a key of its own, submit a run, raw requests
+        for what, args in (("register", ("supernode", "register", str(stranger.supernode_pub("stranger")), "fed")),
+                           ("run", ("run", str(app_dir), "fed")), ("ls", ("ls", "fed"))):
+            reply = cli("stranger", "stranger", *args, "--format", "json")
+            fed.outputs[f"stranger-{what}"] = reply.stdout + reply.stderr
+            fed.codes[f"stranger-{what}"] = reply.returncode
+        raw = subprocess.run([*net.wrap("stranger"), sys.executable, "-c", STRANGER_REQUESTS, str(stranger.ca_cert),
+                              gateway_address, f"{LINK_IP}:{LINK_PORT}"], capture_output=True, text=True, timeout=60)
+        assert raw.returncode == 0, raw.stderr
+        fed.stranger_requests = json.loads(raw.stdout)
+
+        fed.codes["rogue"], fed.codes["noca"] = wait_exit(rogue, 60), wait_exit(noca, 60)
+        fed.outputs["cli-noca"], _ = cli_noca.communicate(timeout=60)
         # a refused SuperNode leaves its detached SuperExec retrying: stop it now, by its FLWR_HOME
         for name, proc in (("rogue", rogue), ("noca", noca)):
             processes.stop_tree(proc, ("FLWR_HOME", str(homes[name])))
-        superlink.follow(run_id, env["user"], "fed", run_dir, wrap=wrap)
-        status, details = superlink.final_status(run_id, env["user"], "fed", run_dir, wrap=wrap)
+        superlink.follow(run_id, env["admin"], "fed", run_dir, wrap=admin)
+        fed.status, fed.details = superlink.final_status(run_id, env["admin"], "fed", run_dir, wrap=admin)
+        listed = cli("link", "admin", "supernode", "ls", "fed", "--format", "json")
+        fed.registered = json.loads(listed.stdout[listed.stdout.index("{"):]).get("nodes", [])
     finally:
         stop_all(procs)
-    elapsed = time.monotonic() - t0
-    error = (run_dir / "error.txt").read_text() if (run_dir / "error.txt").exists() else details
-    assert status == "finished:completed", error
+    fed.elapsed = time.monotonic() - t0
+    fed.procs = [p for p, _ in procs]
+    print(f"netns federation: {fed.elapsed:.1f} s from SuperLink start to stop")
+    return fed
+
+
+def test_federation_across_network_namespaces(federation):
+    fed, run_dir = federation, federation.run_dir
+    error = (run_dir / "error.txt").read_text() if (run_dir / "error.txt").exists() else fed.details
+    assert fed.status == "finished:completed", error
     rows = read_metrics(run_dir)
     assert [r["round"] for r in rows] == [0, 1, 2]
     assert all(sorted(r["cohort"]) == [0, 1] and r["dropped"] == [] for r in rows[1:]), rows
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    # the SuperNodes reached the SuperLink through the gateway, on the Fleet API only
+    fleet = (run_dir.parent / "gateway" / "access.log").read_text()
+    assert '"POST /v1/fleet/pull-messages HTTP/1.1" 200' in fleet and '"POST /v1/fleet/push-messages' in fleet
     # an unregistered SuperNode is refused: it exits with Flower's connection error, never gets a node id
     rogue_log = (run_dir / "supernode-rogue.log").read_text()
-    assert rogue_code != 0 and "Failed to initialize the connection to the SuperLink" in rogue_log, rogue_log
-    # without the CA certificate, TLS cannot verify the SuperLink: neither a SuperNode nor the CLI connects
+    assert fed.codes["rogue"] != 0 and "Failed to initialize the connection to the SuperLink" in rogue_log, rogue_log
+    # without the CA certificate, TLS cannot verify the gateway: neither a SuperNode nor the CLI connects
     noca_log = (run_dir / "supernode-noca.log").read_text()
-    assert noca_code != 0 and "CERTIFICATE_VERIFY_FAILED" in noca_log, noca_log
-    # (flwr reports it as JSON, exit code 0, "success": false; the same command with the CA submitted the run)
-    reply = json.loads(cli_noca_out[cli_noca_out.index("{"):])
+    assert fed.codes["noca"] != 0 and "CERTIFICATE_VERIFY_FAILED" in noca_log, noca_log
+    # (flwr reports it as JSON, exit code 0, "success": false; the admin's CLI with the CA submitted the run)
+    out = fed.outputs["cli-noca"]
+    reply = json.loads(out[out.index("{"):])
     assert reply["success"] is False and "Connection to the SuperLink is unavailable" in reply["error-message"], reply
-    for p, _ in procs:
+    for p in fed.procs:
         assert not psutil.pid_exists(p.pid) or psutil.Process(p.pid).status() == psutil.STATUS_ZOMBIE
-    print(f"netns federation: {elapsed:.1f} s from SuperLink start to stop")
+
+
+def test_a_stranger_with_the_ca_certificate_cannot_submit_or_register(federation):
+    """The hole this layout closes: Flower's Control API authenticates nobody, so a stranger with
+    ``ca.crt`` who reaches it can allow a SuperNode key of its own and run code on the server."""
+    fed = federation
+    for what in ("register", "run", "ls"):  # flwr answers JSON with "success": false (exit code 0 or 1)
+        out = fed.outputs[f"stranger-{what}"]
+        reply = json.loads(out[out.index("{"):])
+        assert reply["success"] is False and "403 Forbidden" in reply["error-message"], (what, reply)
+    # no Control or Runtime API path passes the gateway, however it is spelt; the SuperLink's own
+    # port is not on the network at all
+    assert {path: code for path, code in fed.stranger_requests.items() if path != "direct"} == {
+        "/v1/runtime/acquire-task": 403, "/v1/control/list-runs": 403, "/v1/fleet/../control/list-runs": 403,
+        "/v1/fleet/%2e%2e/control/list-runs": 403, "/v1/fleet//../control/start-run": 403}
+    assert fed.stranger_requests["direct"] == "ConnectError", fed.stranger_requests
+    # the SuperLink allows exactly the two keys the admin registered, and ran exactly the admin's run
+    assert len(fed.registered) == 2, fed.registered
+    assert fed.status == "finished:completed", fed.details
 
 
 # --------------------------------------------------------------------------------------------------
@@ -294,9 +407,12 @@ def build_image(tmp_path: Path) -> float:
 
 @pytest.mark.docker
 def test_compose_federation_with_tls_and_authentication(tmp_path):
-    """docker/compose.yaml as a user runs it: the SuperLink (TLS, --enable-supernode-auth, the keys it
-    made registered), two SuperNodes, the run service; 2 rounds, the run directory on the host, and
-    ``down``. Before the run, a SuperNode container with a key the SuperLink never registered is refused."""
+    """docker/compose.yaml as a user runs it: the credentials step, the SuperLink (TLS,
+    --enable-supernode-auth, the keys it made registered, no published port), the gateway (the Fleet
+    API alone), two SuperNodes, the run service; 2 rounds, the run directory on the host, and
+    ``down``. Before the run, a SuperNode container with a key the SuperLink never registered is
+    refused, and a stranger on the SuperNodes' network holding ``ca.crt`` cannot register its key
+    through the gateway."""
     reason = docker_unavailable()
     if reason:
         pytest.skip(reason)
@@ -320,12 +436,18 @@ def test_compose_federation_with_tls_and_authentication(tmp_path):
         from fedsuite.certs import Credentials, make_supernode_key
 
         make_supernode_key(Credentials(folders["intruder"]), "intruder")
-        intruder = dc("run", "--rm", "--no-deps", "-v", f"{folders['intruder'] / 'supernodes'}:/intruder:ro",
-                      "supernode-0", "flower-supernode", "--superlink", "superlink:9093",
+        mount = ["-v", f"{folders['intruder'] / 'supernodes'}:/intruder:ro"]
+        intruder = dc("run", "--rm", "--no-deps", *mount,
+                      "supernode-0", "flower-supernode", "--superlink", "gateway:9093",
                       "--root-certificates", "/credentials/ca.crt",
                       "--auth-supernode-private-key", "/intruder/intruder.key",
                       "--node-config", "partition-id=0 num-partitions=2", "--max-retries", "1",
                       "--max-wait-time", "30", timeout=300)
+        # a stranger with ca.crt on the SuperNodes' network tries the Control API through the gateway
+        stranger = dc("run", "--rm", "--no-deps", "-e", "FEDSUITE_SUPERLINK=gateway:9093", *mount, "supernode-0",
+                      "flwr", "supernode", "register", "/intruder/intruder.pub", "fedsuite", "--format", "json",
+                      timeout=300)
+        published = dc("port", "superlink", "9092")
         run = dc("up", "--exit-code-from", "run")
         logs = dc("logs", "--no-color").stdout
         (tmp_path / "compose-up.log").write_text(run.stdout + run.stderr)
@@ -335,6 +457,8 @@ def test_compose_federation_with_tls_and_authentication(tmp_path):
     elapsed = time.monotonic() - t0
     assert intruder.returncode != 0, intruder.stdout + intruder.stderr
     assert "Failed to activate SuperNode" in intruder.stdout + intruder.stderr, intruder.stdout + intruder.stderr
+    assert '"success": false' in stranger.stdout and "403 Forbidden" in stranger.stdout, stranger.stdout + stranger.stderr
+    assert published.returncode != 0 or not published.stdout.strip(), f"the SuperLink publishes {published.stdout}"
     assert run.returncode == 0, f"compose up: exit {run.returncode}; see {tmp_path}/compose-up.log and compose-logs.log:\n" + \
         "\n".join(line for line in logs.splitlines() if line.startswith(("run_", "superlink_")))[-6000:]
     assert "finished:completed" in run.stdout, run.stdout[-4000:]
@@ -425,3 +549,83 @@ def test_certs_command(tmp_path):
     assert sorted(p.name for p in (tmp_path / "c" / "supernodes").iterdir()) == ["a.key", "a.pub"]
     result = runner.invoke(app, ["certs", str(tmp_path / "c"), "--host", "bad host!"])
     assert result.exit_code == 2 and "neither an IP address nor a DNS name" in " ".join(result.output.split())
+
+
+# --------------------------------------------------------------------------------------------------
+# The gateway's configuration and the credentials hand-out (no Flower process: fast).
+# --------------------------------------------------------------------------------------------------
+
+
+def test_the_gateway_passes_the_fleet_api_alone_and_reads_no_private_key_but_its_own(tmp_path):
+    """``fedsuite gateway --print-config``: nginx accepts it (``nginx -t``), it passes only
+    ``POST /v1/fleet/<endpoint>`` as sent by the client, and it names ca.crt, server.pem and
+    server.key, never ca.key or a SuperNode's key. Bad addresses and missing files are one line."""
+    from typer.testing import CliRunner
+
+    from fedsuite.cli import app
+
+    creds = make_credentials(tmp_path / "creds", supernodes=["n0"])
+    runner = CliRunner()
+    result = runner.invoke(app, ["gateway", str(creds.root), "--listen", "127.0.0.1:19093", "--superlink",
+                                 "127.0.0.1:19092", "--dir", str(tmp_path / "gw"), "--print-config"])
+    assert result.exit_code == 0, result.output
+    config = result.output
+    assert "proxy_pass https://superlink;" in config and "proxy_ssl_verify on;" in config
+    assert f"proxy_ssl_trusted_certificate {creds.ca_cert.resolve()};" in config
+    assert "proxy_ssl_name localhost;" in config  # the SuperLink's address is an IP: its certificate names localhost
+    assert config.count("proxy_pass") == 1 and "limit_except POST" in config
+    assert "ca.key" not in config and "supernodes" not in config
+    assert str(creds.server_key.resolve()) in config
+    # the one path rule: every Fleet endpoint Flower's SuperNode calls passes, nothing else does
+    import re
+
+    import flwr.supernode.fleet_http_client as fleet
+
+    rule = re.compile(gateway.FLEET_PATH_RE)
+    endpoints = re.findall(r'path="(/v1/fleet/[^"]+)"', Path(fleet.__file__).read_text())
+    assert len(endpoints) >= 10 and all(rule.match(e) for e in endpoints), endpoints
+    for path in ("/v1/control/start-run", "/v1/fleet/../control/start-run", "/v1/fleet/%2e%2e/control/x",
+                 "/v1/fleet/get-run?x=1", "/v1/fleet//get-run", "/v1/runtime/acquire-task", "/v1/fleet/"):
+        assert not rule.match(path), path
+    if shutil.which("nginx") or os.access("/usr/sbin/nginx", os.X_OK):
+        command = gateway.prepare(creds, "127.0.0.1:19093", "127.0.0.1:19092", tmp_path / "gw")
+        test = subprocess.run([*command, "-t"], capture_output=True, text=True)
+        assert test.returncode == 0 and "syntax is ok" in test.stderr, test.stderr
+    for args, message in ((["--listen", "nowhere"], "--listen: expected HOST:PORT"),
+                          (["--superlink", "a;b:1"], "is not a host name or IP address"),
+                          (["--superlink", "h:99999"], "--superlink: expected HOST:PORT")):
+        result = runner.invoke(app, ["gateway", str(creds.root), *args, "--print-config"])
+        assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output
+    result = runner.invoke(app, ["gateway", str(tmp_path / "nothing"), "--print-config"])
+    assert result.exit_code == 2 and "missing credential file(s)" in " ".join(result.output.split()), result.output
+
+
+def test_the_credentials_step_hands_each_service_only_its_own_files(tmp_path):
+    """docker/credentials.sh (compose's one-shot ``credentials`` service), run as a script: the
+    SuperLink gets the TLS files and the public keys, the gateway the TLS files, the admin ca.crt,
+    each SuperNode ca.crt and its own private key; ca.key stays in the credentials folder. A
+    certificate made before without the ``gateway`` name is refused in one line."""
+    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+           "FEDSUITE_CREDENTIALS_DIR": str(tmp_path / "creds"), "FEDSUITE_HANDOUT_DIR": str(tmp_path / "out"),
+           "FEDSUITE_SUPERNODES": "supernode-0 supernode-1", "FEDSUITE_TLS_HOSTS": "203.0.113.7"}
+    out = subprocess.run(["sh", str(REPO / "docker" / "credentials.sh")], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    handed = {folder.name: sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+              for folder in (tmp_path / "out").iterdir()}
+    assert handed == {
+        "superlink": ["ca.crt", "server.key", "server.pem", "supernodes/supernode-0.pub", "supernodes/supernode-1.pub"],
+        "gateway": ["ca.crt", "server.key", "server.pem"],
+        "admin": ["ca.crt"],
+        "supernode-0": ["ca.crt", "supernode-0.key"],
+        "supernode-1": ["ca.crt", "supernode-1.key"],
+    }
+    assert (tmp_path / "creds" / "ca.key").is_file()
+    assert oct((tmp_path / "out" / "supernode-0" / "supernode-0.key").stat().st_mode & 0o777) == "0o600"
+    # a credentials folder whose certificate predates the gateway: one line saying how to re-issue it
+    old = make_credentials(tmp_path / "old", hosts=["superlink"])
+    out = subprocess.run(["sh", str(REPO / "docker" / "credentials.sh")], capture_output=True, text=True,
+                         env={**env, "FEDSUITE_CREDENTIALS_DIR": str(old.root), "FEDSUITE_TLS_HOSTS": "",
+                              "FEDSUITE_HANDOUT_DIR": str(tmp_path / "out2")})
+    assert out.returncode == 2 and "not valid for gateway" in out.stderr and "--force-server" in out.stderr, out.stderr
+    assert not (tmp_path / "out2").exists()
+
