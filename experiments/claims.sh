@@ -9,10 +9,12 @@
 #   experiments/claims.sh SCALE report OUT [PAPER...]  # each report (+ CSVs, figures) and the finished
 #                                                      # runs' records into experiments/<paper>/results/claims-SCALE/
 #
-# OUT is the runs' folder (reproduce --out), DATA_ROOT the folder holding the data; `fedsuite` from
-# this checkout's environment. Run the queue from a frozen copy of the code (`git worktree add`), so
-# that other work does not change its numbers mid-way: the commit each scale's runs came from is
-# named in experiments/README.md.
+# OUT is the runs' folder (reproduce --out), DATA_ROOT the folder holding the data. The queue and
+# the reports use this checkout's `fedsuite` (.venv). At the cifar10 scale every run of a paper is
+# computed by one frozen commit, so that other work does not change its numbers mid-way: the first
+# run of a paper pins this checkout's HEAD in experiments/<paper>/results/claims-cifar10.commit
+# (commit that file), and each run is made by that commit's code, in a worktree beside this
+# checkout (../claims-code-<commit>, made on first use with a copy of .venv; `frozen_code`).
 #
 # The work is a list of units (UNITS, each a part of one paper's seed). Two workers run side by
 # side, one run each on its own half of the cores, so both stay busy to the end: each takes the next unit of the list
@@ -45,9 +47,12 @@ cpu)  # the targets `<paper>-claims` at reproduce's cpu scale (Fashion-MNIST)
            fednlr:0 fednlr:1 fednlr:2:methods=fedavg fednlr:2:methods=fednlr) ;;
 cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their own
     PAPERS=(fedmr)
-    SUFFIX=claims-cifar10 REPRODUCE_SCALE=paper
-    # Issue 39's order (a, d, b, c). FedMR: Table 1's CNN at α = 0.1 seed by seed (3 runs of about
-    # 50 min each on one core), then α = 0.5 as the budget allows.
+    SUFFIX=claims-cifar10 REPRODUCE_SCALE=paper FROZEN=1
+    # Issue 39's order is a, d, b, c, seed by seed; a unit is one row or one run where runs are long
+    # (500 rounds of FedMR's CNN: about 50-95 min on one core, depending on what else runs). FedMR:
+    # Table 1's CNN at α = 0.1, then α = 0.5 as the budget allows. FedNLR's (d) and FedInit's (b)
+    # targets join once the summaries record how much each method's own component acted (issue 39,
+    # item 2), since their pinned commit must be one that does.
     UNITS=(fedmr:1:rows=cnn-c10-0.1 fedmr:2:rows=cnn-c10-0.1 fedmr:3:rows=cnn-c10-0.1
            fedmr:1:rows=cnn-c10-0.5 fedmr:2:rows=cnn-c10-0.5 fedmr:3:rows=cnn-c10-0.5) ;;
 *)
@@ -89,11 +94,26 @@ write_report() {
 
 run_unit() {  # run_unit PAPER SEED PART OUT DATA: that seed's runs; PART "rows=R" or "methods=M" (reproduce's
               # --rows R / --methods M) runs only that part of them, empty: all of them
-    local paper=$1 seed=$2 part=$3 out=$4 data=$5 target="$1-$SUFFIX"
-    echo "=== $(date -u +%FT%TZ) $target seed $seed${part:+ ($part)}"
-    "$FEDSUITE" reproduce "$target" --scale "$REPRODUCE_SCALE" --seeds "$seed" ${part:+"--${part%%=*}" "${part#*=}"} \
+    local paper=$1 seed=$2 part=$3 out=$4 data=$5 target="$1-$SUFFIX" fedsuite=$FEDSUITE
+    [ -z "${FROZEN:-}" ] || fedsuite=$(frozen_code "$paper")
+    echo "=== $(date -u +%FT%TZ) $target seed $seed${part:+ ($part)} (${fedsuite%/.venv/bin/fedsuite})"
+    "$fedsuite" reproduce "$target" --scale "$REPRODUCE_SCALE" --seeds "$seed" ${part:+"--${part%%=*}" "${part#*=}"} \
         --jobs 1 --data-root "$data" --out "$out" || echo "=== $target seed $seed${part:+ ($part)}: exit $?"
     report "$paper" "$out"
+}
+
+frozen_code() {  # frozen_code PAPER: the fedsuite of the commit pinned for PAPER's runs (pinned and made on first use)
+    local pin="experiments/$1/results/$RECORDS.commit" commit dir
+    ( flock 9
+      [ -s "$pin" ] || git rev-parse HEAD > "$pin"
+      commit=$(cat "$pin") dir="$(cd .. && pwd)/claims-code-$(cut -c1-12 "$pin")"
+      if [ ! -x "$dir/.venv/bin/fedsuite" ]; then
+          rm -rf "$dir" && git worktree prune && git worktree add -q --detach "$dir" "$commit"
+          cp -a .venv "$dir/.venv"  # the same packages; then its scripts and fedsuite point at the worktree
+          grep -lI '^#!.*/\.venv/bin/' "$dir"/.venv/bin/* | xargs sed -i "1s#^\#!.*/\.venv/bin/#\#!$dir/.venv/bin/#"
+          "$dir/.venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$dir" > /dev/null
+      fi ) 9>".claims-code.lock" >&2
+    echo "$(cd .. && pwd)/claims-code-$(cut -c1-12 "$pin")/.venv/bin/fedsuite"
 }
 
 take() {  # the next unit of this `run`'s list (OUT/.units/next under its lock); fails when none is left
