@@ -27,6 +27,7 @@ federation. ``--force-server`` re-issues the server certificate (new host names)
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import ipaddress
 import os
 import re
@@ -100,7 +101,8 @@ def require(*paths: Path) -> None:
     """Fail loudly, naming every missing file, before a Flower process is started without it."""
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise CertError(f"missing credential file(s): {', '.join(missing)} (make them with `fedsuite certs`)")
+        raise CertError(f"missing credential file(s): {', '.join(missing)} (missing or not a file; make them "
+                        "with `fedsuite certs`)")
 
 
 def _now() -> dt.datetime:
@@ -121,19 +123,25 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
+#: a DNS name: dot-separated labels of 1-63 letters, digits and hyphens (a leading "*." allowed),
+#: 253 characters at most (RFC 1035)
+DNS_NAME_RE = re.compile(r"^(\*\.)?(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?$")
+
+
 def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
     names: list[x509.GeneralName] = []
     for host in dict.fromkeys([*ALWAYS_HOSTS, *hosts]):
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
-            if not re.fullmatch(r"[A-Za-z0-9*][A-Za-z0-9.-]*", host):
-                raise CertError(f"--host {host!r} is neither an IP address nor a DNS name") from None
+            if len(host) > 253 or not DNS_NAME_RE.match(host):
+                raise CertError(f"--host {host!r} is neither an IP address nor a DNS name (labels of 1-63 "
+                                "letters, digits or '-', 253 characters in all)") from None
             names.append(x509.DNSName(host))
     return x509.SubjectAlternativeName(names)
 
 
-def _make_ca(creds: Credentials, days: int) -> None:
+def _make_ca(days: int) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     key = ec.generate_private_key(ec.SECP384R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedsuite federation CA")])
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
@@ -146,9 +154,7 @@ def _make_ca(creds: Credentials, days: int) -> None:
                                          encipher_only=False, decipher_only=False), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA384()))
-    _write(creds.ca_key, _key_pem(key), private=True)
-    _write(creds.ca_cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
-    creds.created += [creds.ca_cert, creds.ca_key]
+    return cert, key
 
 
 def _load_ca(creds: Credentials) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
@@ -156,15 +162,16 @@ def _load_ca(creds: Credentials) -> tuple[x509.Certificate, ec.EllipticCurvePriv
     try:
         cert = x509.load_pem_x509_certificate(creds.ca_cert.read_bytes())
         key = serialization.load_pem_private_key(creds.ca_key.read_bytes(), password=None)
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         raise CertError(f"cannot read the CA in {creds.root}: {exc}") from None
     return cert, key  # type: ignore[return-value]
 
 
-def _make_server(creds: Credentials, hosts: list[str], days: int) -> None:
-    ca_cert, ca_key = _load_ca(creds)
+def _make_server(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, hosts: list[str],
+                 days: int) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     key = ec.generate_private_key(ec.SECP384R1())
-    first = hosts[0] if hosts else "localhost"
+    # the subject's common name is at most 64 characters (RFC 5280); TLS checks the SAN, not the CN
+    first = next((h for h in hosts if len(h) <= 64), "localhost")
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, first)]))
             .issuer_name(ca_cert.subject).public_key(key.public_key())
@@ -175,9 +182,7 @@ def _make_server(creds: Credentials, hosts: list[str], days: int) -> None:
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA384()))
-    _write(creds.server_key, _key_pem(key), private=True)
-    _write(creds.server_cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
-    creds.created += [creds.server_cert, creds.server_key]
+    return cert, key
 
 
 def make_supernode_key(creds: Credentials, name: str) -> None:
@@ -195,7 +200,10 @@ def make_supernode_key(creds: Credentials, name: str) -> None:
 
 def server_hosts(creds: Credentials) -> list[str]:
     """The names and addresses the existing server certificate is valid for."""
-    cert = x509.load_pem_x509_certificate(creds.server_cert.read_bytes())
+    try:
+        cert = x509.load_pem_x509_certificate(creds.server_cert.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise CertError(f"cannot read {creds.server_cert}: {exc}") from None
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     return [str(v) for v in san.get_values_for_type(x509.DNSName)] + \
         [str(v) for v in san.get_values_for_type(x509.IPAddress)]
@@ -205,25 +213,58 @@ def make_credentials(root: Path, hosts: list[str] = (), supernodes: list[str] = 
                      force_server: bool = False) -> Credentials:
     """Create what is missing under ``root``: the CA, the server certificate for ``hosts`` (plus
     localhost and 127.0.0.1), and a key pair per SuperNode name. Existing files are kept; a server
-    certificate that lacks a requested host is an error unless ``force_server`` re-issues it."""
+    certificate that lacks a requested host is an error unless ``force_server`` re-issues it.
+
+    All or nothing: every input is checked and every new certificate made in memory before the first
+    file is written, so a refused call leaves the folder as it was. Calls on one folder take turns
+    (an exclusive lock on ``root/.certs.lock``), so two at once cannot leave a server certificate
+    signed by a CA that was replaced under it."""
     creds = Credentials(Path(root).expanduser().resolve())
     hosts = list(hosts)
     _san(hosts)  # every host is an IP address or a DNS name, checked before anything is written
     bad = [n for n in supernodes if not NAME_RE.match(n)]
     if bad:
         raise CertError(f"SuperNode name {bad[0]!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+    try:
+        creds.root.mkdir(parents=True, exist_ok=True)
+        lock = os.open(creds.root / ".certs.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise CertError(f"cannot use {creds.root} as the credentials folder: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _make_missing(creds, hosts, supernodes, days, force_server)
+    finally:
+        os.close(lock)
+    return creds
+
+
+def _make_missing(creds: Credentials, hosts: list[str], supernodes: list[str], days: int,
+                  force_server: bool) -> None:
     if creds.ca_cert.exists() != creds.ca_key.exists():
         raise CertError(f"{creds.root} holds only one of ca.crt and ca.key; remove it or restore the other")
-    if not creds.ca_cert.exists():
-        _make_ca(creds, days)
-    if force_server or not creds.server_cert.exists() or not creds.server_key.exists():
-        _make_server(creds, hosts, days)
+    new_ca = not creds.ca_cert.exists()
+    ca_cert, ca_key = _make_ca(days) if new_ca else (None, None)
+    server = None
+    if new_ca or force_server or not creds.server_cert.exists() or not creds.server_key.exists():
+        if ca_cert is None:
+            ca_cert, ca_key = _load_ca(creds)
+        server = _make_server(ca_cert, ca_key, hosts, days)
     else:
         lacking = [h for h in hosts if h not in server_hosts(creds)]
         if lacking:
             raise CertError(f"{creds.server_cert} is not valid for {', '.join(lacking)}; pass --force-server "
                             "to re-issue it from the same CA (then restart the SuperLink)")
-    for name in supernodes:
-        if not creds.supernode_key(name).exists():
-            make_supernode_key(creds, name)
-    return creds
+    try:
+        if new_ca:
+            _write(creds.ca_key, _key_pem(ca_key), private=True)
+            _write(creds.ca_cert, ca_cert.public_bytes(serialization.Encoding.PEM), private=False)
+            creds.created += [creds.ca_cert, creds.ca_key]
+        if server is not None:
+            _write(creds.server_key, _key_pem(server[1]), private=True)
+            _write(creds.server_cert, server[0].public_bytes(serialization.Encoding.PEM), private=False)
+            creds.created += [creds.server_cert, creds.server_key]
+        for name in supernodes:
+            if not creds.supernode_key(name).exists():
+                make_supernode_key(creds, name)
+    except OSError as exc:
+        raise CertError(f"cannot write the credentials in {creds.root}: {exc}") from None

@@ -629,3 +629,55 @@ def test_the_credentials_step_hands_each_service_only_its_own_files(tmp_path):
     assert out.returncode == 2 and "not valid for gateway" in out.stderr and "--force-server" in out.stderr, out.stderr
     assert not (tmp_path / "out2").exists()
 
+
+
+def test_certs_is_all_or_nothing_and_two_at_once_agree(tmp_path):
+    """Found by the hostile test: an unreadable ``ca.key`` ended in a traceback; a ``--host`` longer
+    than 64 characters in a traceback and a CA left behind without a server certificate; and two
+    ``fedsuite certs`` into one folder at once could leave a ``server.pem`` that its ``ca.crt`` did
+    not sign. Every refusal is now one line that leaves the folder as it was, and calls on one
+    folder take turns."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from typer.testing import CliRunner
+
+    from fedsuite.certs import server_hosts
+    from fedsuite.cli import app
+
+    runner = CliRunner()
+    # a host name longer than the 64 characters of a certificate's common name is fine in the SAN
+    long_name = "n" * 60 + ".example.org"
+    result = runner.invoke(app, ["certs", str(tmp_path / "long"), "--host", long_name])
+    assert result.exit_code == 0, result.output
+    assert long_name in server_hosts(Credentials(tmp_path / "long"))
+    # a name no DNS allows: one line, and nothing written
+    for bad in ("x" * 300, "a" * 64 + ".org", "-bad.org", "a..b"):
+        result = runner.invoke(app, ["certs", str(tmp_path / "bad"), "--host", bad])
+        assert result.exit_code == 2 and "neither an IP address nor a DNS name" in result.output, result.output
+        assert "Traceback" not in result.output and not (tmp_path / "bad").exists()
+    # an unreadable CA key, re-issuing the server certificate: a folder where the file should be, and
+    # a file that is not a key (as root, permissions cannot make a file unreadable)
+    creds = make_credentials(tmp_path / "c")
+    before = creds.server_cert.read_bytes()
+    creds.ca_key.unlink()
+    creds.ca_key.mkdir()
+    result = runner.invoke(app, ["certs", str(creds.root), "--force-server"])
+    flat = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"missing credential file(s): {creds.ca_key} (missing or not a file" in flat, flat
+    creds.ca_key.rmdir()
+    creds.ca_key.write_bytes(b"\xff\xfe not a key")
+    result = runner.invoke(app, ["certs", str(creds.root), "--force-server"])
+    assert result.exit_code == 2 and "cannot read the CA" in result.output and "Traceback" not in result.output
+    assert creds.server_cert.read_bytes() == before
+    # two at once into one empty folder, four times: one CA, and a server certificate it signed
+    for attempt in range(4):
+        folder = tmp_path / f"race{attempt}"
+        procs = [subprocess.Popen([sys.executable, "-m", "fedsuite.cli", "certs", str(folder), "--supernode", name],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name in ("a", "b")]
+        for proc in procs:
+            out, _ = proc.communicate(timeout=120)
+            assert proc.returncode == 0, out
+        ca = x509.load_pem_x509_certificate((folder / "ca.crt").read_bytes())
+        server = x509.load_pem_x509_certificate((folder / "server.pem").read_bytes())
+        ca.public_key().verify(server.signature, server.tbs_certificate_bytes, ec.ECDSA(server.signature_hash_algorithm))
+        assert sorted(p.name for p in (folder / "supernodes").iterdir()) == ["a.key", "a.pub", "b.key", "b.pub"]
