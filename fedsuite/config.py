@@ -31,6 +31,9 @@ class ConfigError(ValueError):
 
 #: the longest file or folder name, in bytes, of Linux's file systems (and macOS's)
 NAME_MAX = 255
+#: the largest run seed: every random draw takes the seed modulo 2^32 (fedsuite.seeding), so larger
+#: seeds would repeat smaller ones
+SEED_MAX = 2**32 - 1
 #: the longest run folder path, in bytes: Linux's PATH_MAX (4096) less room for the files a run
 #: writes inside it (client-state/client-00099/...)
 RUN_DIR_MAX = 4096 - 512
@@ -107,7 +110,8 @@ class BaseRunConfig(Params):
     grad_clip: float | None = Field(None, gt=0, description="clip the local gradient to this global L2 norm")
     augment: bool | None = Field(None, description="batch augmentation; default: the dataset's default")
     # --- run ----------------------------------------------------------------------------------
-    seed: int = Field(0, ge=0, description="fixes partitions, cohorts, initial weights and local shuffling")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="fixes partitions, cohorts, initial weights and local "
+                      "shuffling (0 to 2^32 - 1: every draw takes it modulo 2^32, fedsuite.seeding)")
     eval_every: int = Field(1, ge=1, description="central evaluation of the global model every k rounds")
     eval_batch_size: int = Field(1000, ge=1, description="batch size of central evaluation")
     output_dir: str = Field("runs", description="parent folder of run directories")
@@ -154,6 +158,9 @@ class BaseRunConfig(Params):
             not self.run_name or self.run_name in (".", "..") or "/" in self.run_name or "\\" in self.run_name
         ):
             raise ValueError(f"run_name must be a plain folder name inside output_dir (no '/', '..'), got {self.run_name!r}")
+        if self.run_name is not None and not self.run_name.isprintable():
+            raise ValueError(f"run_name must be printable text (no newline, tab or other control character), "
+                             f"got {self.run_name!r}")
         if self.run_name is not None and len(self.run_name.encode()) > NAME_MAX:
             raise ValueError(f"run_name is {len(self.run_name.encode())} bytes long; a folder name has at most "
                              f"{NAME_MAX}")

@@ -106,7 +106,8 @@ def check_data(cfg: BaseRunConfig) -> None:
 
 
 def check_hardware(cfg: BaseRunConfig) -> None:
-    """GPUs asked for (``num_gpus`` > 0 or ``device=cuda``) must be visible here; else ``ConfigError``
+    """A client's CPU cores (``num_cpus``) must fit the cores this process may use, and GPUs asked
+    for (``num_gpus`` > 0 or ``device=cuda``) must be visible here; else ``ConfigError``
     (one line, exit 2) instead of Ray failing late ("ActorPool is empty") or training silently on the CPU."""
     from fedsuite.config import ConfigError
 
@@ -119,8 +120,13 @@ def check_hardware(cfg: BaseRunConfig) -> None:
             raise ConfigError(str(exc)) from None
         if cfg.device != "cuda":
             return
-    elif cfg.num_gpus <= 0 and cfg.device != "cuda":
-        return
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if cfg.num_cpus > cores:
+            raise ConfigError(f"num_cpus={cfg.num_cpus} is the CPU cores of one client, but this process may use "
+                              f"{cores}; use at most {cores} (or --ray-address for a cluster with bigger nodes)")
+        if cfg.num_gpus <= 0 and cfg.device != "cuda":
+            return
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     asked = f"num_gpus={cfg.num_gpus:g}" if cfg.num_gpus > 0 else "device=cuda"
     if count == 0:

@@ -289,6 +289,14 @@ def test_output_dir_under_a_regular_file(tmp_path):
     (["--seed", "-1"], "seed"),
     (["--run-name", "../x"], "run_name"),
     (["--run-name", "a/b"], "run_name"),
+    # found by the hostile test: a seed past 2^32 - 1 (every draw takes it modulo 2^32, so it would
+    # repeat a smaller seed; 2^64 passed and failed at run time), and a name with a control character
+    (["--seed", str(2**32)], "seed"),
+    (["--seed", str(2**64)], "seed"),
+    (["--run-name", "two\nlines"], "run_name must be printable"),
+    (["--run-name", "tab\there"], "run_name must be printable"),
+    # the cores of one client beyond what this process may use (the GPU twin was refused up front)
+    (["--num-cpus", "1000"], "num_cpus=1000 is the CPU cores of one client"),
 ])
 def test_bad_fields_are_named(tmp_path, args, fragment):
     code, text, exc = _cli("simulate", *args, "--output-dir", str(tmp_path / "runs"))
