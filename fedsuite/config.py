@@ -49,6 +49,16 @@ def path_length_problem(path: str | Path) -> str | None:
     long = next((part for part in full.split(b"/") if len(part) > NAME_MAX), None)
     if long is not None:
         return f"a name in it is {len(long)} bytes long ({long[:24].decode(errors='replace')}...); a name has at most {NAME_MAX}"
+    return unresolvable(path)
+
+
+def unresolvable(path: str | Path) -> str | None:
+    """Why ``path`` cannot be followed to a place (a symlink loop, a name that is not a folder on
+    the way), or None. Python raises RuntimeError (3.11, 3.12) or OSError (3.13) for a loop."""
+    try:
+        Path(path).expanduser().resolve()
+    except (RuntimeError, OSError) as exc:
+        return f"{path} cannot be followed ({exc})"
     return None
 
 #: ``max_failed_fraction`` when unset, on the Deployment Engine (real clients drop out)
@@ -167,6 +177,9 @@ class BaseRunConfig(Params):
         problem = path_length_problem(Path(self.output_dir) / (self.run_name or "r" * 64))
         if problem is not None:
             raise ValueError(f"output_dir: {problem}")
+        problem = unresolvable(self.data_root)
+        if problem is not None:
+            raise ValueError(f"data_root: {problem}")
         if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise ValueError("tensorboard=true needs the tensorboard package: pip install tensorboard")
         if self.device not in ("auto", "cpu", "cuda"):

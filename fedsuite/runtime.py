@@ -83,9 +83,10 @@ class DataCheckError(Exception):
 
 
 def is_data_error(exc: BaseException) -> bool:
-    """Whether a loader's or partitioner's exception is the user's (missing files, an impossible
-    partition: ``DatasetError``, ``ValueError``) rather than a bug."""
-    return exc.__class__.__name__ in ("DatasetError", "ValueError")
+    """Whether a loader's or partitioner's exception is the user's (missing or damaged files, an
+    impossible partition: ``DatasetError``, ``ValueError``; a file or folder the operating system
+    will not read: ``OSError``) rather than a bug."""
+    return exc.__class__.__name__ in ("DatasetError", "ValueError") or isinstance(exc, OSError)
 
 
 def check_data(cfg: BaseRunConfig) -> None:

@@ -649,3 +649,53 @@ def test_an_output_folder_on_a_full_filesystem_is_one_line(tmp_path, full_filesy
                            f"data_root={tmp_path / 'data'}")
     _assert_one_line_error(code, text, exc, "MiB free")
     assert list(full_filesystem.iterdir()) == []
+
+
+@pytest.mark.parametrize("damage", ["truncated-jpeg", "empty-png", "text-as-png"])
+def test_an_image_folder_with_a_damaged_image_is_one_line_naming_it(tmp_path, damage):
+    """Found by the hostile test (500-4,500-line tracebacks): a file under an image folder that PIL
+    cannot decode is named in one line, before any run folder."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for label in ("a", "b"):
+            folder = tmp_path / "imgs" / split / label
+            folder.mkdir(parents=True)
+            for i in range(3):
+                Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    bad = tmp_path / "imgs" / "train" / "b" / ("bad.jpg" if damage == "truncated-jpeg" else "bad.png")
+    if damage == "truncated-jpeg":
+        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(bad, quality=90)
+        bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    else:
+        bad.write_bytes(b"" if damage == "empty-png" else b"not an image at all\n")
+    code, text, exc = _cli("simulate", "--dataset", "imagefolder", "--model", "mlp", "--set",
+                           f"dataset_options={{path=\"{tmp_path / 'imgs'}\"}}", "--set", f"data_root={tmp_path / 'data'}",
+                           "--output-dir", str(tmp_path / "runs"))
+    _assert_one_line_error(code, text, exc, "is not a readable image")
+    assert str(bad) in " ".join(text.split()).replace(" ", "") or bad.name in text
+    assert not (tmp_path / "runs").exists()
+
+
+def test_paths_that_cannot_be_followed_and_files_that_cannot_be_read_are_one_line(tmp_path):
+    """Found by the hostile test: an output folder or data root inside a symlink loop ended in a
+    traceback, and an idx file the system would not read was called corrupt ("delete it and
+    download it again")."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    code, text, exc = _cli("simulate", "--output-dir", str(tmp_path / "a" / "runs"), "--set",
+                           f"data_root={tmp_path / 'data'}")
+    _assert_one_line_error(code, text, exc, "cannot be followed")
+    code, text, exc = _cli("simulate", "--set", f"data_root={tmp_path / 'a' / 'data'}",
+                           "--output-dir", str(tmp_path / "runs"))
+    _assert_one_line_error(code, text, exc, "data_root")
+    assert not (tmp_path / "runs").exists()
+    # an idx file the system will not read is not called corrupt (as root, permissions cannot make a
+    # file unreadable; a folder in its place raises the same kind of error, IsADirectoryError)
+    from fedsuite.data.datasets import DatasetError, read_idx
+
+    (tmp_path / "labels.gz").mkdir()
+    with pytest.raises(DatasetError, match="cannot be read") as info:
+        read_idx(tmp_path / "labels.gz")
+    assert "corrupt" not in str(info.value)

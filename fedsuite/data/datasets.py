@@ -203,11 +203,15 @@ def _decode_images(paths: Sequence[Path], mode: str, size: int | None) -> torch.
     arrays = []
     first_shape = None
     for p in paths:
-        with Image.open(p) as im:
-            im = im.convert(mode)
-            if size is not None and im.size != (size, size):
-                im = im.resize((size, size), Image.BILINEAR)
-            arr = np.asarray(im, dtype=np.uint8)
+        try:
+            with Image.open(p) as im:
+                im = im.convert(mode)
+                if size is not None and im.size != (size, size):
+                    im = im.resize((size, size), Image.BILINEAR)
+                arr = np.asarray(im, dtype=np.uint8)
+        except (OSError, SyntaxError, ValueError) as exc:  # PIL: not an image, truncated, unreadable
+            raise DatasetError(f"{p} is not a readable image ({type(exc).__name__}: {exc}); remove or "
+                               "replace it") from None
         if arr.ndim == 2:
             arr = arr[:, :, None]
         if first_shape is None:
@@ -342,6 +346,8 @@ def read_idx(path: Path) -> np.ndarray:
     try:
         with opener(path, "rb") as fh:
             raw = fh.read()
+    except (PermissionError, IsADirectoryError, FileNotFoundError) as exc:  # the file is fine, or absent
+        raise DatasetError(f"{path} cannot be read ({exc.strerror}); check the file and its permissions.") from None
     except (OSError, EOFError, zlib.error) as exc:  # truncated or damaged gzip
         raise DatasetError(f"{path} is corrupt ({type(exc).__name__}: {exc}); delete it and download it again.") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
