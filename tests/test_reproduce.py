@@ -825,6 +825,11 @@ def test_the_report_shows_the_papers_difference_beside_each_ordering(tmp_path):
     assert float(near["standard_error"]) == pytest.approx(0.5 / math.sqrt(3))
     cells = list(csv.DictReader((tmp_path / "report" / "report.csv").open()))
     assert {c["row_verdict"] for c in cells} == {"1 could not tell, 1 smaller than the paper's"}
+    # at cpu scale the cells have no difference against the paper, the orderings keep the paper's
+    md = write_report(target, list(specs.values()), "cpu", tmp_path / "cpu-report").read_text()
+    assert "the paper's difference beside each ordering is the one it measured in its own setting" in md
+    assert "| FedProx μ=0.1 > FedAvg | 3 | +0.00 | 0.29 | +5.00† | **smaller than the paper's** |" in md
+    assert md.count("n/a (cpu scale)") == 3
 
 
 def test_a_rounds_report_shows_rounds_saved(tmp_path):

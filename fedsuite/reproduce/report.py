@@ -128,7 +128,8 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
           f"{target.paper}. Published numbers: {target.source}. Scale: **{scale}**.", ""]
     if scale == "cpu":
         md += [f"**CPU scale: obtained numbers are not the paper's setting and are compared on orderings only "
-               f"(difference: n/a).** {target.cpu_note}", ""]
+               f"(difference: n/a); the paper's difference beside each ordering is the one it measured in its own "
+               f"setting.** {target.cpu_note}", ""]
     md += [f"Reading: {target.note}" if target.note else "", "",
            "Obtained = mean ± std over the completed seeds of each run's "
            + ("first round reaching the row's target (∞: never)" if target.metric == "rounds" else
