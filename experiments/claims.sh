@@ -8,6 +8,8 @@
 #                                                      # runs' checkpoints); run it again to go on
 #   experiments/claims.sh SCALE report OUT [PAPER...]  # each report (+ CSVs, figures) and the finished
 #                                                      # runs' records into experiments/<paper>/results/claims-SCALE/
+#                                                      # (the committed records are copied into OUT first,
+#                                                      # so an empty OUT rewrites the reports from them alone)
 #
 # OUT is the runs' folder (reproduce --out), DATA_ROOT the folder holding the data. The queue and
 # the reports use this checkout's `fedsuite` (.venv). At the cifar10 scale every run of a paper is
@@ -56,7 +58,7 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     UNITS=(fedmr:1:rows=cnn-c10-0.1 fedmr:2:rows=cnn-c10-0.1 fedmr:3:rows=cnn-c10-0.1
            fedmr:1:rows=cnn-c10-0.5 fedmr:2:rows=cnn-c10-0.5 fedmr:3:rows=cnn-c10-0.5) ;;
 *)
-    sed -n '2,13p' "$0"; exit 2 ;;
+    sed -n '2,15p' "$0"; exit 2 ;;
 esac
 shift
 RECORDS=claims-$SCALE  # the committed folder: experiments/<paper>/results/$RECORDS
@@ -145,11 +147,11 @@ run)
     worker "$2" "$3" 0 &
     worker "$2" "$3" 1 &
     wait ;;
-report)  # report OUT [PAPER ...]: every paper, or those named (a paper with no runs in OUT would lose its report)
+report)  # report OUT [PAPER ...]: every paper, or those named; OUT gets the committed records first
     out=$2
     shift 2
     [ $# -gt 0 ] || set -- "${PAPERS[@]}"
-    for paper in "$@"; do report "$paper" "$out"; done ;;
+    for paper in "$@"; do restore "$paper" "$out" && report "$paper" "$out"; done ;;
 *)
-    sed -n '2,13p' "$0"; exit 2 ;;
+    sed -n '2,15p' "$0"; exit 2 ;;
 esac

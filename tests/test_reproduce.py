@@ -4,8 +4,11 @@
   the table parsed from ``../shared/specs/*.md`` (beside the repository root).
 * Every cell of every target builds a valid config at both scales (no run).
 * The report's maths (run value, mean ± std over seeds or pooled, ordering claims and their verdict
-  from seed-paired differences: holds, within noise, reversed, not judged) on hand-made inputs;
-  the claims targets (issue 32) parse into the papers' headline orderings and plan seed by seed.
+  from seed-paired differences weighed against the paper's difference: holds, reversed, could not
+  tell, smaller than the paper's, not judged) on hand-made inputs; a row's ``paper_differences``
+  (the nearest published cell) parsed and refused when malformed; the report and claims.csv show
+  the paper's difference; the claims targets (issue 32) parse into the papers' headline orderings
+  and plan seed by seed.
 * Bad input: one line, exit code 2, nothing started (unknown target/row/method, missing data).
 * The claims targets at paper scale (the papers' models and datasets), shrunk to 4 clients and one
   round, on generated CIFAR-10/100 in torchvision's format: the data check, the queue (two at a
@@ -44,8 +47,8 @@ from fedsuite.config import build_config
 from fedsuite.reproduce.queue import ReproduceError, missing_data, pending, placement_options, run_queue
 from fedsuite.reproduce.report import aggregate, write_report
 from fedsuite.reproduce.tables import SCALES, Target, load_targets, parse_tables, plan
-from fedsuite.reproduce.verdicts import (HOLDS, NOT_JUDGED, REVERSED, WITHIN_NOISE, Claim, claims, paired_verdict,
-                                         verdict)
+from fedsuite.reproduce.verdicts import (COULD_NOT_TELL, HOLDS, NOT_JUDGED, REVERSED, SMALLER_THAN_PAPERS, VERDICT_RULE,
+                                         VERDICTS, Claim, claims, paired_verdict, verdict)
 from fedsuite.results import read_metrics, run_value, write_atomically
 from tests.conftest import assert_same_arrays
 from tests.test_data import make_cifar10, make_cifar100
@@ -247,35 +250,84 @@ def test_aggregate_over_seeds_and_pooled():
 
 
 def test_paired_verdict_rule():
-    """d̄ = mean of the per-seed differences, SE = sample sd / √n; holds beyond +2 SE, reversed
-    beyond −2 SE, within noise between; not judged with fewer than two pairs."""
-    mean, se, word = paired_verdict([1.0, 2.0, 3.0])
+    """d̄ = mean of the per-seed differences, SE = sample sd / √n, D = the paper's difference:
+    holds if d̄ > 2 SE, reversed if d̄ < −2 SE; otherwise could not tell if D ≤ d̄ + 2 SE, smaller
+    than the paper's if D > d̄ + 2 SE; not judged with fewer than two pairs."""
+    mean, se, word = paired_verdict([1.0, 2.0, 3.0], paper_difference=10.0)
     assert mean == pytest.approx(2.0) and se == pytest.approx(1 / math.sqrt(3)) and word == HOLDS
-    # the same mean with a spread that reaches zero within 2 SE: within noise
-    mean, se, word = paired_verdict([-2.0, 2.0, 6.0])
-    assert mean == pytest.approx(2.0) and se == pytest.approx(4 / math.sqrt(3)) and word == WITHIN_NOISE
-    assert paired_verdict([-1.0, -2.0, -3.0])[2] == REVERSED
-    # the boundary: d̄ = 2 SE exactly is not beyond it (d = [a − b, a + b] has d̄ = a, SE = b)
-    assert paired_verdict([1.0, 3.0]) == (2.0, 1.0, WITHIN_NOISE) and paired_verdict([1.02, 2.98])[2] == HOLDS
-    assert paired_verdict([-1.0, -3.0])[2] == WITHIN_NOISE and paired_verdict([-1.02, -2.98])[2] == REVERSED
-    # identical differences have SE 0: any non-zero mean is beyond it, zero is not
-    assert paired_verdict([0.5, 0.5, 0.5]) == (0.5, 0.0, HOLDS)
-    assert paired_verdict([0.0, 0.0]) == (0.0, 0.0, WITHIN_NOISE)
-    assert paired_verdict([3.0]) == (3.0, None, NOT_JUDGED) and paired_verdict([]) == (None, None, NOT_JUDGED)
+    # beyond 2 SE in the paper's direction, the paper's difference does not matter: holds even if far smaller
+    assert paired_verdict([1.0, 2.0, 3.0], paper_difference=0.01)[2] == HOLDS
+    assert paired_verdict([-1.0, -2.0, -3.0], paper_difference=0.01)[2] == REVERSED
+    assert paired_verdict([-1.0, -2.0, -3.0], paper_difference=100.0)[2] == REVERSED
+    # the same mean with a spread that reaches zero: band d̄ ± 2 SE = 2 ± 4.62; D inside or above it
+    mean, se, word = paired_verdict([-2.0, 2.0, 6.0], paper_difference=4.0)
+    assert mean == pytest.approx(2.0) and se == pytest.approx(4 / math.sqrt(3)) and word == COULD_NOT_TELL
+    assert paired_verdict([-2.0, 2.0, 6.0], paper_difference=7.0)[2] == SMALLER_THAN_PAPERS
+    # D inside the band below d̄ (d̄ = 2, D = 0.5): the runs cannot tell it from zero either
+    assert paired_verdict([-2.0, 2.0, 6.0], paper_difference=0.5)[2] == COULD_NOT_TELL
+    # the bounds are closed: [0, 2] has d̄ = 1, SE = 1, band [−1, 3]; D = 3 on it is inside
+    assert paired_verdict([0.0, 2.0], paper_difference=3.0) == (1.0, 1.0, COULD_NOT_TELL)
+    assert paired_verdict([0.0, 2.0], paper_difference=3.0 + 1e-9)[2] == SMALLER_THAN_PAPERS
+    # d̄ = 2 SE exactly is not beyond it (d = [a − b, a + b] has d̄ = a, SE = b): zero is on the band's edge
+    assert paired_verdict([1.0, 3.0], paper_difference=4.0) == (2.0, 1.0, COULD_NOT_TELL)
+    assert paired_verdict([1.0, 3.0], paper_difference=4.5)[2] == SMALLER_THAN_PAPERS
+    assert paired_verdict([1.02, 2.98], paper_difference=4.0)[2] == HOLDS
+    assert paired_verdict([-1.0, -3.0], paper_difference=0.5)[2] == SMALLER_THAN_PAPERS  # band [−4, 0]
+    assert paired_verdict([-1.02, -2.98], paper_difference=0.5)[2] == REVERSED
+    # identical differences have SE 0, the band is the point d̄: any non-zero mean is beyond zero; a
+    # zero mean rules out every paper's difference (D > 0)
+    assert paired_verdict([0.5, 0.5, 0.5], paper_difference=3.0) == (0.5, 0.0, HOLDS)
+    assert paired_verdict([-0.5, -0.5], paper_difference=3.0) == (-0.5, 0.0, REVERSED)
+    assert paired_verdict([0.0, 0.0], paper_difference=1e-6) == (0.0, 0.0, SMALLER_THAN_PAPERS)
+    # fewer than two pairs: no standard error, no verdict, whatever the paper's difference
+    assert paired_verdict([3.0], paper_difference=1.0) == (3.0, None, NOT_JUDGED)
+    assert paired_verdict([], paper_difference=1.0) == (None, None, NOT_JUDGED)
+    # a paper's difference of +∞ (a rounds table's "never reached") is above every band
+    assert paired_verdict([0.0, 10.0], paper_difference=math.inf)[2] == SMALLER_THAN_PAPERS
+    # the paper's difference is in the paper's direction, so it is > 0
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match="must be > 0"):
+            paired_verdict([1.0, 2.0], paper_difference=bad)
+    assert VERDICTS == (HOLDS, REVERSED, COULD_NOT_TELL, SMALLER_THAN_PAPERS, NOT_JUDGED)
+    assert "D ≤ d̄ + 2·SE" in VERDICT_RULE and "D > d̄ + 2·SE" in VERDICT_RULE
 
 
 def test_claims_pair_runs_by_seed_and_leave_out_failed_runs():
     """A claim's differences are taken seed by seed over the seeds where both runs completed (a
-    failed or missing run drops its seed from that claim only); the direction is the paper's."""
+    failed or missing run drops its seed from that claim only); the direction is the paper's, and
+    the paper's difference is that of its published numbers."""
+    published = {"ours": 60.0, "a": 57.0, "b": 59.5, "c": 50.0}
     obtained = {"ours": {0: 60.0, 1: 62.0, 2: 61.0}, "a": {0: 58.0, 1: 59.0, 2: 60.5}, "b": {0: 61.0, 2: 60.0}}
-    got = claims({}, obtained, [], stated=[("ours", "a"), ("ours", "b"), ("ours", "c")])
-    assert got[0] == Claim("ours", "a", {0: 2.0, 1: 3.0, 2: 0.5})
+    got = claims(published, obtained, [], stated=[("ours", "a"), ("ours", "b"), ("ours", "c")])
+    assert got[0] == Claim("ours", "a", 3.0, {0: 2.0, 1: 3.0, 2: 0.5})
     assert got[0].result == (pytest.approx(11 / 6), pytest.approx(math.sqrt(19 / 36)), HOLDS)  # sd² = 19/12
-    assert got[1] == Claim("ours", "b", {0: -1.0, 2: 1.0}) and got[1].verdict == WITHIN_NOISE  # seed 1 of b failed
-    assert got[2] == Claim("ours", "c", {}) and got[2].verdict == NOT_JUDGED  # c never completed
-    assert verdict(got) == "1 holds, 1 within noise, 1 not judged"
-    assert verdict([Claim("x", "y", {0: 1.0, 1: 2.0}), Claim("x", "z", {0: 1.0, 1: 2.0})]) == "2 hold"
+    # seed 1 of b failed; d = [−1, 1]: band [−2, 2] holds the paper's 0.5
+    assert got[1] == Claim("ours", "b", 0.5, {0: -1.0, 2: 1.0}) and got[1].verdict == COULD_NOT_TELL
+    assert got[2] == Claim("ours", "c", 10.0, {}) and got[2].verdict == NOT_JUDGED  # c never completed
+    assert verdict(got) == "1 holds, 1 could not tell, 1 not judged"
+    # the paper's 3 lies above the band of b's pairs: smaller than the paper's
+    got = claims({"ours": 60.0, "b": 57.0}, obtained, [], stated=[("ours", "b")])
+    assert got[0].verdict == SMALLER_THAN_PAPERS
+    pair = {0: 1.0, 1: 2.0}
+    assert verdict([Claim("x", "y", 1.0, pair), Claim("x", "z", 1.0, pair)]) == "2 hold"
+    assert verdict([Claim("x", "y", 5.0, {0: 0.0, 1: 1.0}), Claim("x", "z", 9.0, {0: -1.0, 1: 1.0}),
+                    Claim("y", "z", 9.0, {0: -2.0, 1: -3.0})]) == "1 reversed, 2 smaller than the paper's"
     assert verdict([]) == "no claim"
+
+
+def test_a_claim_not_published_takes_the_nearest_cells_difference():
+    """A stated claim whose methods are not both published in its row takes the paper's difference
+    from the nearest cell the row names, with its source; without one it is refused."""
+    obtained = {"ours": {0: 60.0, 1: 61.0}, "twostage": {0: 60.5, 1: 61.5}, "a": {0: 60.0, 1: 60.0}}
+    nearest = {("twostage", "a"): (3.97, "Table 1, CNN / CIFAR-10 / 0.1, one stage")}
+    got = claims({"ours": 54.63, "a": 50.66}, obtained, [], stated=[("ours", "a"), ("twostage", "a")],
+                 nearest=nearest)
+    assert got[0].paper_difference == pytest.approx(3.97) and got[0].paper_source == ""
+    assert got[1] == Claim("twostage", "a", 3.97, {0: 0.5, 1: 1.5}, "Table 1, CNN / CIFAR-10 / 0.1, one stage")
+    # d = [0.5, 1.5]: d̄ = 1, SE = 0.5, band [0, 2]: zero on its edge, 3.97 above it
+    assert got[1].result == (1.0, 0.5, SMALLER_THAN_PAPERS)
+    with pytest.raises(ValueError, match="the claim twostage > a has no paper's difference"):
+        claims({"a": 50.66}, obtained, [], stated=[("twostage", "a")])
 
 
 def test_claims_follow_the_published_order():
@@ -283,12 +335,27 @@ def test_claims_follow_the_published_order():
     published = {"ours": 55.0, "a": 50.0, "b": 57.0, "c": 55.0}
     obtained = {"ours": {0: 60.0, 1: 61.0}, "a": {0: 58.0, 1: 58.5}, "b": {0: 61.0, 1: 63.0}, "c": {0: 59.0}}
     got = claims(published, obtained, [("ours", "a"), ("ours", "b"), ("ours", "c")])
-    # b beat ours in the paper: the claim is "b > ours", and its differences are b − ours
-    assert got == [Claim("ours", "a", {0: 2.0, 1: 2.5}), Claim("b", "ours", {0: 1.0, 1: 2.0})]
-    # rounds to target: lower is better, so the difference is worse − better (rounds saved)
-    got = claims({"ours": 200.0, "x": math.inf}, {"ours": {0: 12.0, 1: 14.0}, "x": {0: 30.0, 1: 21.0}},
-                 [("ours", "x")], higher_is_better=False)
-    assert got == [Claim("ours", "x", {0: 18.0, 1: 7.0})]
+    # b beat ours in the paper: the claim is "b > ours", its differences are b − ours, the paper's 2
+    assert got == [Claim("ours", "a", 5.0, {0: 2.0, 1: 2.5}), Claim("b", "ours", 2.0, {0: 1.0, 1: 2.0})]
+
+
+def test_a_rounds_table_judges_rounds_saved():
+    """Rounds to target: lower is better, so every difference is worse − better (rounds saved), the
+    paper's too (∞ where the worse method never reached the target)."""
+    obtained = {"ours": {0: 12.0, 1: 14.0, 2: 13.0}, "x": {0: 30.0, 1: 21.0, 2: 24.0}, "y": {0: 20.0, 1: 6.0, 2: 13.0}}
+    got = claims({"ours": 200.0, "x": math.inf, "y": 250.0}, obtained, [("ours", "x"), ("ours", "y")],
+                 higher_is_better=False)
+    assert got == [Claim("ours", "x", math.inf, {0: 18.0, 1: 7.0, 2: 11.0}),
+                   Claim("ours", "y", 50.0, {0: 8.0, 1: -8.0, 2: 0.0})]
+    assert got[0].verdict == HOLDS  # d̄ = 12, SE = 3.2
+    # d̄ = 0, SE = 8/√3: band ±9.2 rounds; the paper's 50 saved lie above it
+    assert got[1].result == (0.0, pytest.approx(8 / math.sqrt(3)), SMALLER_THAN_PAPERS)
+    # the paper saving 9 rounds lies inside the band: could not tell
+    assert claims({"ours": 200.0, "y": 209.0}, obtained, [("ours", "y")], higher_is_better=False)[0].verdict \
+        == COULD_NOT_TELL
+    # a published ordering the other way is the claim "y > ours", its saving positive
+    (flipped,) = claims({"ours": 209.0, "y": 200.0}, obtained, [("ours", "y")], higher_is_better=False)
+    assert (flipped.better, flipped.worse, flipped.paper_difference) == ("y", "ours", 9.0)
 
 
 def test_the_claims_run_records_are_not_ignored_by_git():
@@ -386,6 +453,99 @@ def test_a_bad_claims_row_is_refused_naming_it(tmp_path, claims_line, words):
     with pytest.raises(ReproduceError) as err:
         parse_tables(bad)
     assert words in str(err.value) and "targets.t" in str(err.value)
+
+
+PAPER_DIFFERENCES_ROW = ('[targets.t]\nours = "a"\n[targets.t.methods]\na = {{}}\nb = {{}}\nc = {{}}\n'
+                         '[[targets.t.rows]]\nname = "r"\npublished = {{ a = 55.0, b = 50.0 }}\n'
+                         'claims = [["a", "b"], ["c", "b"]]\n{line}\n')
+
+
+def test_a_rows_paper_differences_name_the_nearest_cell(tmp_path):
+    """``paper_differences`` gives a claim whose cell the paper does not publish the difference of
+    the nearest cell, with its source, in either TOML spelling; the claims read off published
+    numbers need none."""
+    good = tmp_path / "tables.toml"
+    good.write_text(PAPER_DIFFERENCES_ROW.format(
+        line='paper_differences = { "c>b" = { value = 2.5, source = "Table 4, the c row at Dir 0.3" } }'))
+    (row,) = parse_tables(good)["t"].rows
+    assert row.paper_differences == {("c", "b"): (2.5, "Table 4, the c row at Dir 0.3")}
+    # the same as a sub-table of the row, spaces around ">" allowed
+    good.write_text(PAPER_DIFFERENCES_ROW.format(
+        line='[targets.t.rows.paper_differences."c > b"]\nvalue = 2\nsource = "Table 4"'))
+    (row,) = parse_tables(good)["t"].rows
+    assert row.paper_differences == {("c", "b"): (2.0, "Table 4")}
+    # a rounds table: the value is rounds saved (> 0), its published claims the lower count first
+    rounds = tmp_path / "rounds.toml"
+    rounds.write_text('[targets.t]\nours = "a"\nmetric = "rounds"\n[targets.t.methods]\na = {}\nb = {}\nc = {}\n'
+                      '[[targets.t.rows]]\nname = "r"\ntarget_accuracy = 40\npublished = { a = 120, b = inf }\n'
+                      'claims = [["a", "b"], ["c", "b"]]\n'
+                      'paper_differences = { "c>b" = { value = inf, source = "Table 3, Dir 0.6: b never reached 38%" } }\n')
+    (row,) = parse_tables(rounds)["t"].rows
+    assert row.paper_differences == {("c", "b"): (math.inf, "Table 3, Dir 0.6: b never reached 38%")}
+    rounds.write_text(rounds.read_text().replace("a = 120, b = inf", "a = 300, b = 200"))
+    with pytest.raises(ReproduceError, match=r"the claim a > b is not the order of its published numbers \(a 300, "
+                                             r"b 200, metric rounds\)"):
+        parse_tables(rounds)
+
+
+@pytest.mark.parametrize("line, words", [
+    ("", 'rows[0]: the claim c > b has no paper\'s difference: publish both methods or give paper_differences."c>b"'),
+    ('paper_differences = [2.5, "Table 4"]', 'rows[0].paper_differences: expected a table of "better>worse"'),
+    ('paper_differences = { "c-b" = { value = 2.5, source = "T4" } }', "key 'c-b' is not \"better>worse\""),
+    ('paper_differences = { "c>c" = { value = 2.5, source = "T4" } }', "key 'c>c' is not \"better>worse\""),
+    ('paper_differences = { "c>b" = [2.5, "T4"] }', 'paper_differences."c>b": expected { value = a number > 0'),
+    ('paper_differences = { "c>b" = { value = 2.5 } }', 'paper_differences."c>b": expected { value = a number > 0'),
+    ('paper_differences = { "c>b" = { value = -2.5, source = "T4" } }', "expected { value = a number > 0"),
+    ('paper_differences = { "c>b" = { value = 0, source = "T4" } }', "expected { value = a number > 0"),
+    ('paper_differences = { "c>b" = { value = nan, source = "T4" } }', "expected { value = a number > 0"),
+    ('paper_differences = { "c>b" = { value = "2.5", source = "T4" } }', "expected { value = a number > 0"),
+    ('paper_differences = { "c>b" = { value = 2.5, source = " " } }', "expected { value = a number > 0"),
+    ('paper_differences = { "c>b" = { value = 2.5, source = "T4", note = "x" } }', "expected { value = a number > 0"),
+    ('paper_differences = { "c>nope" = { value = 2.5, source = "T4" } }', "methods nope are not in its [methods]"),
+    ('paper_differences = { "c>b" = { value = 2.5, source = "T4" }, "b>c" = { value = 1, source = "T4" } }',
+     'paper_differences."b>c": not one of the row\'s claims'),
+    ('paper_differences = { "c>b" = { value = 2.5, source = "T4" }, "a>b" = { value = 5, source = "T4" } }',
+     'paper_differences."a>b": both methods are published in this row'),
+])
+def test_a_bad_paper_differences_row_is_refused_naming_it(tmp_path, line, words):
+    bad = tmp_path / "tables.toml"
+    bad.write_text(PAPER_DIFFERENCES_ROW.format(line=line))
+    with pytest.raises(ReproduceError) as err:
+        parse_tables(bad)
+    message = str(err.value)
+    assert words in message and f"{bad}: targets.t" in message and "\n" not in message, message
+
+
+def test_a_claim_against_its_published_numbers_is_refused(tmp_path):
+    bad = tmp_path / "tables.toml"
+    bad.write_text(PAPER_DIFFERENCES_ROW.format(line="").replace('["c", "b"]', '["b", "a"]'))
+    with pytest.raises(ReproduceError, match=r"rows\[0\]: the claim b > a is not the order of its published numbers "
+                                             r"\(b 50, a 55, metric accuracy\)"):
+        parse_tables(bad)
+
+
+@pytest.mark.skipif(not SPECS.is_dir(), reason="../shared/specs is not present")
+def test_every_claim_has_the_papers_difference(targets):
+    """Every claim of the claims targets has the paper's difference: its row's published numbers,
+    or, for FedMR's two-stage and momentum-0.5 claims (no such cell in the paper), the nearest cell,
+    Table 1's CNN / CIFAR-10 / α = 0.1 FedMR − FedAvg, read here from the spec."""
+    header, rows = spec_table("fedmr.md", "### 6.1 Table 1")
+    cnn = next(r for r in rows if r[:3] == ["CNN", "Cifar-10", "0.1"])
+    table1 = spec_cell(cnn[header.index("FedMR")])[0] - spec_cell(cnn[header.index("FedAvg")])[0]
+    nearest = {}
+    for name in CLAIMS_TARGETS:
+        for row in targets[name].rows:
+            published = {m: v[0] for m, v in row.published.items()}
+            for better, worse in row.claims:
+                if better in published and worse in published:
+                    assert published[better] > published[worse], (name, row.name, better, worse)
+                    assert (better, worse) not in row.paper_differences
+                else:
+                    nearest[name, row.name, better, worse] = row.paper_differences[better, worse]
+    assert set(nearest) == {("fedmr-claims", "paper", "fedmr-2stage", "fedavg"),
+                            ("fedmr-claims", "momentum-0.5", "fedmr", "fedavg")}
+    for value, source in nearest.values():
+        assert value == pytest.approx(table1) and "Table 1, CNN / CIFAR-10 / Dir α = 0.1" in source
 
 
 # ------------------------------------------------------------------------------------------------
@@ -563,7 +723,8 @@ def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
                   for m in ("fedavg", "fedprox") for s in (0, 1)}
     diffs = [runs_value["fedprox", s] - runs_value["fedavg", s] for s in (0, 1)]
     assert [float(d) for d in claim["differences"].split()] == pytest.approx(diffs, abs=1e-4)
-    assert claim["verdict"] == paired_verdict(diffs)[2]
+    assert float(claim["paper_difference"]) == pytest.approx(1.0)  # published FedProx 51 − FedAvg 50
+    assert claim["verdict"] == paired_verdict(diffs, paper_difference=1.0)[2]
     assert f"| FedProx > FedAvg | 2 | {float(claim['mean_difference']):+.2f} |" in md
     assert (report / "dir0.5.png").stat().st_size > 0
 
@@ -609,10 +770,90 @@ def test_report_names_each_run_that_did_not_complete_and_why(tmp_path):
     # the published ordering FedProx > FedAvg, paired on seed 0 only (FedProx's seed 1 failed): 70 - 50
     (claim,) = csv.DictReader((tmp_path / "report" / "claims.csv").open())
     assert (claim["seeds"], float(claim["differences"]), claim["verdict"]) == ("0", 20.0, NOT_JUDGED)
-    assert "| FedProx > FedAvg | 1 | +20.00 | - | **not judged** |" in md
+    assert "| FedProx > FedAvg | 1 | +20.00 | - | +1.00 | **not judged** |" in md
     shutil.rmtree(specs["fedavg", 1].run_dir)
     md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
     assert "- fedavg seed 1: not run" in md
+
+
+def _write_runs(specs: dict, accuracies: dict, rounds: int = 2) -> None:
+    """Completed runs on disk as ``fedsuite simulate`` leaves them: round 0 at 10%, then rounds 1..
+    ``rounds`` at the run's accuracy (a fraction; a list: one per round)."""
+    for key, acc in accuracies.items():
+        run = specs[key].run_dir
+        run.mkdir(parents=True)
+        per_round = acc if isinstance(acc, list) else [acc] * rounds
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"round": r, "test_accuracy": a}) + "\n" for r, a in enumerate([0.1, *per_round])))
+        (run / "summary.json").write_text(json.dumps({"status": "completed"}))
+
+
+def test_the_report_shows_the_papers_difference_beside_each_ordering(tmp_path):
+    """Each ordering's row of report.md and claims.csv carries the paper's difference: its published
+    numbers', or the nearest cell's, marked and named under the table; the verdicts weigh the
+    paired differences against it, and the row's summary counts them."""
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(TINY.format(dataset="synthetic").replace("seeds = [0, 1]", "seeds = [0, 1, 2]").replace(
+        'fedprox = {{ label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }}'.replace("{{", "{").replace("}}", "}"),
+        'fedprox = { label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }\n'
+        'fedprox-big = { label = "FedProx μ=0.1", set = ["strategy=fedprox", "fedprox.mu=0.1"] }')
+        + 'claims = [["fedprox", "fedavg"], ["fedprox-big", "fedavg"]]\n'
+          'paper_differences = { "fedprox-big>fedavg" = { value = 5.0, source = "Table 9, the μ = 0.1 cell" } }\n')
+    target = parse_tables(tables)["tiny"]
+    specs = {(s.method, s.seed): s for s in plan(target, "paper", tmp_path / "out")}
+    # per seed, FedProx − FedAvg = −1, 0, +1 (band ±1.15 holds the paper's 51 − 50 = 1); FedProx μ=0.1
+    # − FedAvg = 0, +0.5, −0.5 (band ±0.58, below the nearest cell's 5)
+    _write_runs(specs, {("fedavg", 0): 0.50, ("fedavg", 1): 0.60, ("fedavg", 2): 0.55,
+                        ("fedprox", 0): 0.49, ("fedprox", 1): 0.60, ("fedprox", 2): 0.56,
+                        ("fedprox-big", 0): 0.50, ("fedprox-big", 1): 0.605, ("fedprox-big", 2): 0.545})
+    md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
+    assert VERDICT_RULE in md
+    assert "| row | holds | reversed | could not tell | smaller than the paper's | not judged |" in md
+    assert "| Synthetic, Dir 0.5 | 0 | 0 | 1 | 1 | 0 |" in md
+    assert "| ordering | seeds paired | mean difference | standard error | paper's difference | verdict |" in md
+    assert "| FedProx > FedAvg | 3 | +0.00 | 0.58 | +1.00 | **could not tell** |" in md
+    assert "| FedProx μ=0.1 > FedAvg | 3 | +0.00 | 0.29 | +5.00† | **smaller than the paper's** |" in md
+    assert "- FedProx μ=0.1 > FedAvg: Table 9, the μ = 0.1 cell" in md
+    assert "**Row: 1 could not tell, 1 smaller than the paper's.**" in md
+    own, near = csv.DictReader((tmp_path / "report" / "claims.csv").open())
+    assert (own["better"], float(own["paper_difference"]), own["paper_difference_source"], own["verdict"]) == \
+        ("fedprox", 1.0, "", COULD_NOT_TELL)
+    assert (near["better"], float(near["paper_difference"]), near["paper_difference_source"], near["verdict"]) == \
+        ("fedprox-big", 5.0, "Table 9, the μ = 0.1 cell", SMALLER_THAN_PAPERS)
+    assert float(near["mean_difference"]) == pytest.approx(0.0, abs=1e-9)
+    assert float(near["standard_error"]) == pytest.approx(0.5 / math.sqrt(3))
+    cells = list(csv.DictReader((tmp_path / "report" / "report.csv").open()))
+    assert {c["row_verdict"] for c in cells} == {"1 could not tell, 1 smaller than the paper's"}
+    # at cpu scale the cells have no difference against the paper, the orderings keep the paper's
+    md = write_report(target, list(specs.values()), "cpu", tmp_path / "cpu-report").read_text()
+    assert "the paper's difference beside each ordering is the one it measured in its own setting" in md
+    assert "| FedProx μ=0.1 > FedAvg | 3 | +0.00 | 0.29 | +5.00† | **smaller than the paper's** |" in md
+    assert md.count("n/a (cpu scale)") == 3
+
+
+def test_a_rounds_report_shows_rounds_saved(tmp_path):
+    """A rounds-to-target table: differences and the paper's are rounds saved (worse − better); a
+    published ∞ (never reached) is a paper's difference of +∞, above every band."""
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    text = TINY.format(dataset="synthetic").replace('metric = "accuracy"', 'metric = "rounds"').replace(
+        '"rounds=2"', '"rounds=4"').replace("seeds = [0, 1]", "seeds = [0, 1, 2]").replace(
+        "published = { fedavg = [50.0, 1.0], fedprox = [51.0, 1.0] }", "target_accuracy = 50\n"
+        "published = { fedavg = inf, fedprox = 300 }")
+    tables.write_text(text)
+    target = parse_tables(tables)["tiny"]
+    specs = {(s.method, s.seed): s for s in plan(target, "paper", tmp_path / "out")}
+    # first round at 50%: FedAvg 3, 2, 4 and FedProx 2, 2, 2: 1, 0, 2 rounds saved
+    _write_runs(specs, {("fedavg", 0): [0.3, 0.4, 0.5, 0.5], ("fedavg", 1): [0.3, 0.5, 0.5, 0.5],
+                        ("fedavg", 2): [0.3, 0.4, 0.4, 0.6], ("fedprox", 0): [0.4, 0.5, 0.5, 0.5],
+                        ("fedprox", 1): [0.4, 0.5, 0.5, 0.5], ("fedprox", 2): [0.4, 0.5, 0.5, 0.5]}, rounds=4)
+    md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
+    # d̄ = 1, SE = 1/√3: band [−0.15, 2.15] holds zero, the paper's ∞ lies above it
+    assert "| FedProx > FedAvg | 3 | +1.00 | 0.58 | +∞ | **smaller than the paper's** |" in md
+    (claim,) = csv.DictReader((tmp_path / "report" / "claims.csv").open())
+    assert (claim["differences"], claim["paper_difference"], claim["verdict"]) == \
+        ("1.0000 0.0000 2.0000", "inf", SMALLER_THAN_PAPERS)
 
 
 def test_a_run_with_other_rounds_than_asked_is_continued_or_named_never_read(tmp_path):

@@ -13,7 +13,8 @@ simulations at once, and writes the report. One idea per module:
   reading from ``fedsuite.results``, as ``fedsuite report``, ``sweep`` and a search read a run),
   as ``report.md``, ``report.csv``, ``claims.csv`` and one figure per row;
 * :mod:`fedsuite.reproduce.verdicts`: each ordering the paper claims judged on the differences
-  paired by seed: holds, within noise, reversed or not judged.
+  paired by seed against the paper's own difference: holds, reversed, could not tell, smaller than
+  the paper's, or not judged.
 """
 
 from __future__ import annotations

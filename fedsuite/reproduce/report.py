@@ -5,8 +5,9 @@ runs of a target (:func:`fedsuite.reproduce.tables.plan`), per cell the publishe
 obtained mean ± std over the completed seeds (each run's reading: ``fedsuite.results.run_value``,
 the same as ``sweep``'s and a search's; a cell's: :func:`aggregate`), the mean best accuracy, their
 difference (paper scale only) and, per row, each ordering the paper claims judged on the
-differences paired by seed (:mod:`fedsuite.reproduce.verdicts`); as ``report.md``, ``report.csv``
-(cells) and ``claims.csv`` (orderings), plus one accuracy-versus-round figure per row (mean over
+differences paired by seed against the paper's own difference for the cell
+(:mod:`fedsuite.reproduce.verdicts`); as ``report.md``, ``report.csv`` (cells) and ``claims.csv``
+(orderings), plus one accuracy-versus-round figure per row (mean over
 seeds with a ± std band, ``fedsuite.plots.plot_groups``). Runs that did not complete are left
 out of the numbers and named under their row. Each file is replaced whole
 (``results.write_atomically``): two ``reproduce`` processes of one target (different seeds, say)
@@ -99,16 +100,26 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
                 curves[f"{target.methods[m][0]}"] = seed_rows
         pairs = [(target.ours, m) for m in methods if m != target.ours] + \
                 [p for p in target.compare if p[0] in methods and p[1] in methods]
-        row_claims = claims({m: v[0] for m, v in row.published.items() if m in methods}, by_seed, pairs,
-                            higher_is_better=target.metric == "accuracy", stated=row.claims)
+        row_claims = claims({m: v[0] for m, v in row.published.items()}, by_seed, pairs,
+                            higher_is_better=target.metric == "accuracy", stated=row.claims,
+                            nearest=row.paper_differences)
         rows.append({"row": row, "cells": cells, "claims": row_claims, "verdict": verdict(row_claims),
                      "curves": curves, "target_accuracy": acc})
     return rows
 
 
+def _signed(value: float, metric: str) -> str:
+    """A difference with its sign: ``+3.97`` points, ``+100`` rounds, ``+∞``."""
+    if math.isinf(value):
+        return "+∞" if value > 0 else "−∞"
+    return f"{value:+.0f}" if metric == "rounds" else f"{value:+.2f}"
+
+
 def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: Path) -> Path:
     """Write ``report.md``, ``report.csv`` (one line per cell), ``claims.csv`` (one line per claimed
-    ordering: its paired differences and verdict) and ``<row>.png`` (accuracy vs round, band over
+    ordering: its paired differences, the paper's difference (with the nearest cell it comes from
+    where the row's own cell is not published: ``paper_difference_source``, empty otherwise) and
+    the verdict) and ``<row>.png`` (accuracy vs round, band over
     seeds) into ``folder``; returns the Markdown path."""
     folder.mkdir(parents=True, exist_ok=True)
     data = collect(target, specs, scale)
@@ -117,7 +128,8 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
           f"{target.paper}. Published numbers: {target.source}. Scale: **{scale}**.", ""]
     if scale == "cpu":
         md += [f"**CPU scale: obtained numbers are not the paper's setting and are compared on orderings only "
-               f"(difference: n/a).** {target.cpu_note}", ""]
+               f"(difference: n/a); the paper's difference beside each ordering is the one it measured in its own "
+               f"setting.** {target.cpu_note}", ""]
     md += [f"Reading: {target.note}" if target.note else "", "",
            "Obtained = mean ± std over the completed seeds of each run's "
            + ("first round reaching the row's target (∞: never)" if target.metric == "rounds" else
@@ -151,20 +163,33 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                 "difference": "n/a" if scale == "cpu" else ("" if c["diff"] is None else c["diff"]),
                 "row_verdict": d["verdict"]})
         md += ["", f"Orderings the paper claims, paired by seed (difference = the first method's value minus the "
-               f"second's, in {unit_short}, positive where the paper says):", ""]
+               f"second's, in {unit_short}, positive where the paper says; the paper's difference is the same "
+               "difference of its published numbers for this cell):", ""]
         if d["claims"]:
-            md += ["| ordering | seeds paired | mean difference | standard error | verdict |", "|---|---|---|---|---|"]
+            md += ["| ordering | seeds paired | mean difference | standard error | paper's difference | verdict |",
+                   "|---|---|---|---|---|---|"]
+        nearest = []
         for c in d["claims"]:
             mean, se, word = c.result
             label = f"{target.methods[c.better][0]} > {target.methods[c.worse][0]}"
+            paper = _signed(c.paper_difference, target.metric) + ("†" if c.paper_source else "")
             md.append(f"| {label} | {len(c.differences)} | {'-' if mean is None else f'{mean:+.2f}'} | "
-                      f"{'-' if se is None else f'{se:.2f}'} | **{word}** |")
+                      f"{'-' if se is None else f'{se:.2f}'} | {paper} | **{word}** |")
+            if c.paper_source:
+                nearest.append(f"- {label}: {c.paper_source}")
             claim_rows.append({"target": target.name, "scale": scale, "row": row.name, "better": c.better,
                                "worse": c.worse, "seeds_paired": len(c.differences),
                                "seeds": " ".join(str(s) for s in sorted(c.differences)),
                                "differences": " ".join(f"{c.differences[s]:.4f}" for s in sorted(c.differences)),
                                "mean_difference": "" if mean is None else mean,
-                               "standard_error": "" if se is None else se, "verdict": word})
+                               "standard_error": "" if se is None else se,
+                               # the published numbers have two decimals: no float noise (3.4200000000000017)
+                               "paper_difference": round(c.paper_difference, 6),
+                               "paper_difference_source": c.paper_source,
+                               "verdict": word})
+        if nearest:
+            md += ["", "† The paper publishes no such cell; its difference is read from the nearest cell of its "
+                   "tables:", "", *nearest]
         md += ["", f"**Row: {d['verdict']}.**"]
         incomplete = [rundir.why_incomplete(sp.run_dir, f"{sp.method} seed {sp.seed}", sp.rounds) for sp in specs
                       if sp.row.setting == row.setting and rundir.state(sp.run_dir, sp.rounds) != "completed"]
@@ -181,7 +206,8 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                                                  "obtained_mean", "obtained_std", "seeds_completed", "seeds_planned",
                                                  "best_mean", "difference", "row_verdict"])
     _write_csv(folder / "claims.csv", claim_rows, ["target", "scale", "row", "better", "worse", "seeds_paired", "seeds",
-                                                   "differences", "mean_difference", "standard_error", "verdict"])
+                                                   "differences", "mean_difference", "standard_error",
+                                                   "paper_difference", "paper_difference_source", "verdict"])
     return folder / "report.md"
 
 

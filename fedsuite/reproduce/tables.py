@@ -11,7 +11,15 @@ file and the key); :func:`plan` turns a selection of rows x methods x seeds into
 Runs live at ``<out>/<paper>/<scale>/<setting>/<method>-s<seed>`` (``<paper>`` is the tables
 file's folder name, ``<setting>`` the row's ``setting``, default its name), so rows of different
 tables that name the same setting share their runs. A ``<paper>-claims`` target holds a paper's
-headline orderings as rows with ``claims``.
+headline orderings as rows with ``claims``. Every claimed ordering needs the paper's own difference
+for its cell (the verdict weighs the runs' difference against it:
+:func:`fedsuite.reproduce.verdicts.paired_verdict`): both methods ``published`` in the row, or,
+where the paper has no such cell, an entry of the row's ``paper_differences`` naming the nearest
+cell of the paper's tables it comes from::
+
+    paper_differences = { "fedmr-2stage>fedavg" = { value = 3.97, source = "Table 1, CNN / CIFAR-10 / ..." } }
+
+(``value``: > 0, in the paper's direction: points gained, or rounds saved for a rounds table.)
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import Any, Sequence
 
 from fedsuite.config import ConfigError, build_config
 from fedsuite.reproduce.queue import ReproduceError, simulate_command
+from fedsuite.reproduce.verdicts import paper_difference
 
 #: the tables files that ship with fedsuite: experiments/<paper>/tables.toml
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
@@ -51,6 +60,9 @@ class Row:
     # the orderings the paper claims in this row, (better, worse) each; None: read them off the
     # published numbers (ours against every other method, and the target's ``compare`` pairs)
     claims: list[tuple[str, str]] | None = None
+    # the paper's difference of a claim whose cell the paper does not publish: (better, worse) ->
+    # (difference, the nearest cell of the paper's tables it is read from); see the module docstring
+    paper_differences: dict[tuple[str, str], tuple[float, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -105,6 +117,54 @@ def _pairs(value: Any, where: str) -> list[tuple[str, str]]:
     return [(p[0], p[1]) for p in value]
 
 
+def _paper_differences(value: Any, where: str) -> dict[tuple[str, str], tuple[float, str]]:
+    """A row's ``paper_differences``: ``{ "better>worse" = { value = number > 0, source = "..." } }``."""
+    if not isinstance(value, dict):
+        raise ReproduceError(f'{where}: expected a table of "better>worse" = {{ value = ..., source = ... }}, '
+                             f"got {value!r}")
+    out = {}
+    for key, entry in value.items():
+        pair = [m.strip() for m in key.split(">")]
+        if len(pair) != 2 or not all(pair) or pair[0] == pair[1]:
+            raise ReproduceError(f'{where}: key {key!r} is not "better>worse" (two different methods)')
+        number = entry.get("value") if isinstance(entry, dict) else None
+        source = entry.get("source") if isinstance(entry, dict) else None
+        if (not isinstance(entry, dict) or set(entry) != {"value", "source"}
+                or not isinstance(number, (int, float)) or isinstance(number, bool) or not number > 0
+                or not isinstance(source, str) or not source.strip()):
+            raise ReproduceError(f'{where}."{key}": expected {{ value = a number > 0 (the paper\'s direction), '
+                                 f'source = "the table and cell it comes from" }}, got {entry!r}')
+        out[(pair[0], pair[1])] = (float(number), source.strip())
+    return out
+
+
+def _check_paper_differences(target: Target, where: str) -> None:
+    """Every claimed ordering of a row has the paper's difference, exactly once: both methods
+    published (and in the claimed order), or a ``paper_differences`` entry for a claim whose cell
+    is not published; an entry names one of the row's claims."""
+    higher = target.metric == "accuracy"
+    for i, r in enumerate(target.rows):
+        rw = f"{where}.rows[{i}]"
+        published = {m: v[0] for m, v in r.published.items()}
+        for better, worse in r.paper_differences:
+            key = f'{rw}.paper_differences."{better}>{worse}"'
+            if (better, worse) not in (r.claims or []):
+                raise ReproduceError(f"{key}: not one of the row's claims (its `claims` list), so nothing would read it")
+            if paper_difference(published, better, worse, higher) is not None:
+                raise ReproduceError(f"{key}: both methods are published in this row, so their difference is "
+                                     "the paper's: remove the entry")
+        for better, worse in r.claims or []:
+            paper = paper_difference(published, better, worse, higher)
+            if paper is None and (better, worse) not in r.paper_differences:
+                raise ReproduceError(f"{rw}: the claim {better} > {worse} has no paper's difference: publish both "
+                                     f'methods or give paper_differences."{better}>{worse}" (the nearest cell of '
+                                     "the paper's tables)")
+            if paper is not None and not paper > 0:
+                raise ReproduceError(f"{rw}: the claim {better} > {worse} is not the order of its published numbers "
+                                     f"({better} {published[better]:g}, {worse} {published[worse]:g}, metric "
+                                     f"{target.metric})")
+
+
 def parse_tables(path: Path) -> dict[str, Target]:
     """The targets of one tables file; a missing or malformed key raises :class:`ReproduceError`
     naming the file and the key. Config paths are relative to the file's folder."""
@@ -137,6 +197,7 @@ def parse_tables(path: Path) -> dict[str, Target]:
                     cpu_method_set={m: _strings(v, f"{rw}.cpu_method_set.{m}")
                                     for m, v in r.get("cpu_method_set", {}).items()},
                     claims=_pairs(r["claims"], rw + ".claims") if "claims" in r else None,
+                    paper_differences=_paper_differences(r.get("paper_differences", {}), rw + ".paper_differences"),
                 ))
             target = Target(
                 name=name, file=path, paper=data.get("paper", path.parent.name), title=t.get("title", name),
@@ -156,7 +217,8 @@ def parse_tables(path: Path) -> dict[str, Target]:
             raise ReproduceError(f"{where}.spread: {target.spread!r}; allowed: seeds, pooled")
         unknown = {target.ours, *(m for p in target.compare for m in p)} - set(methods)
         unknown |= {m for r in rows for m in (*r.published, *r.method_set, *r.cpu_method_set, *(r.methods or ()),
-                                              *(m for p in r.claims or () for m in p)) if m not in methods}
+                                              *(m for p in r.claims or () for m in p),
+                                              *(m for p in r.paper_differences for m in p)) if m not in methods}
         if unknown:
             raise ReproduceError(f"{where}: methods {', '.join(sorted(unknown))} are not in its [methods]")
         unrun = [f"{r.name}: {m}" for r in rows if r.methods is not None
@@ -165,6 +227,7 @@ def parse_tables(path: Path) -> dict[str, Target]:
             raise ReproduceError(f"{where}: a claim names a method its row does not run ({', '.join(sorted(unrun))})")
         if target.metric == "rounds" and any(r.target_accuracy is None for r in rows):
             raise ReproduceError(f"{where}: metric 'rounds' needs target_accuracy on every row")
+        _check_paper_differences(target, where)
         out[name] = target
     return out
 

@@ -1,16 +1,21 @@
-"""The verdicts of the orderings a paper claims, judged on differences paired by seed.
+"""The verdicts of the orderings a paper claims, judged on differences paired by seed and weighed
+against the paper's own difference.
 
 Per row of a target, each ordering the paper claims (a row's ``claims``, else read off its
 published numbers: :func:`claims`) is judged on the per-seed differences of the two methods' run
-values over the seeds where both runs completed (:func:`paired_verdict`): **holds**, **within
-noise**, **reversed** or **not judged** (:data:`VERDICT_RULE` is how the report states the rule).
+values over the seeds where both runs completed, and on the paper's difference for that cell (its
+published numbers, or the nearest published cell the row names: ``paper_differences`` in the
+tables file). :func:`paired_verdict` gives one of :data:`VERDICTS`: **holds**, **reversed**,
+**could not tell**, **smaller than the paper's**, **not judged**; :data:`VERDICT_RULE` is how the
+report states the rule. A new verdict is one more constant in :data:`VERDICTS` (the report's
+columns and a row's summary follow that tuple) and one more branch in :func:`paired_verdict`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -18,25 +23,45 @@ import numpy as np
 VERDICT_RULE = (
     "Verdict of each ordering the paper claims: the difference of the reading between the two methods is "
     "taken per seed (a seed fixes the partition, the cohorts and the initial model) over the seeds where both "
-    "runs completed; **holds** if its mean exceeds two standard errors (sample sd / √n) in the paper's "
-    "direction, **reversed** if it does so in the other direction, **within noise** otherwise; **not judged** "
-    "with fewer than two paired seeds. A run that failed is left out and named under its row.")
+    "runs completed, signed so that a positive difference agrees with the paper; d̄ is its mean and SE its "
+    "standard error (sample sd / √n). D is the paper's difference for the same cell (its published numbers, "
+    "better minus worse; where the cell is not published, the nearest cell of the paper's tables, named "
+    "under the row). **holds** if d̄ > 2·SE; **reversed** if d̄ < −2·SE; otherwise zero lies in "
+    "[d̄ − 2·SE, d̄ + 2·SE] and the verdict says whether the paper's difference does too: **could not tell** "
+    "if D ≤ d̄ + 2·SE (these runs cannot tell the paper's difference from none), **smaller than the paper's** "
+    "if D > d̄ + 2·SE (a difference of the paper's size would have shown; any here is smaller); "
+    "**not judged** with fewer than two paired seeds. A run that failed is left out and named under its row.")
 
-#: the verdicts of one claimed ordering (:func:`paired_verdict`)
-HOLDS, WITHIN_NOISE, REVERSED, NOT_JUDGED = "holds", "within noise", "reversed", "not judged"
-VERDICTS = (HOLDS, WITHIN_NOISE, REVERSED, NOT_JUDGED)
+#: the verdicts of one claimed ordering (:func:`paired_verdict`), in the order the report lists them
+HOLDS, REVERSED = "holds", "reversed"
+COULD_NOT_TELL, SMALLER_THAN_PAPERS = "could not tell", "smaller than the paper's"
+NOT_JUDGED = "not judged"
+VERDICTS = (HOLDS, REVERSED, COULD_NOT_TELL, SMALLER_THAN_PAPERS, NOT_JUDGED)
+#: a verdict's word after a count above one, where it differs (``2 hold``)
+PLURALS = {HOLDS: "hold"}
 
 
-def paired_verdict(differences: Sequence[float]) -> tuple[float | None, float | None, str]:
+def paired_verdict(differences: Sequence[float], paper_difference: float) -> tuple[float | None, float | None, str]:
     """(mean, standard error, verdict) of a claimed ordering from its per-seed differences
-    d_s = v_better(s) − v_worse(s), signed so that d_s > 0 agrees with the paper:
+    d_s = v_better(s) − v_worse(s), signed so that d_s > 0 agrees with the paper, and the paper's
+    difference D > 0 for the same cell (same sign convention: points gained, or rounds saved):
 
         d̄ = (1/n) Σ_s d_s,   SE = sd(d) / √n  with sd the sample standard deviation (n − 1),
 
-    and the verdict ``holds`` if d̄ > 2·SE, ``reversed`` if d̄ < −2·SE, ``within noise`` otherwise.
-    With fewer than two paired seeds there is no standard error: ``not judged`` (d̄ is still given
-    for one seed). A seed fixes the partition, the cohorts and the initial model, so pairing by seed
-    removes the part of the spread that both methods share."""
+    and, with the band B = [d̄ − 2·SE, d̄ + 2·SE]:
+
+        holds                     if d̄ > 2·SE             (B lies above 0)
+        reversed                  if d̄ < −2·SE            (B lies below 0)
+        could not tell            if 0 ∈ B and D ≤ d̄ + 2·SE  (D ∈ B: neither 0 nor D is ruled out)
+        smaller than the paper's  if 0 ∈ B and D > d̄ + 2·SE  (D is ruled out, 0 is not)
+
+    (0 ∈ B and D > 0 give D ≥ d̄ − 2·SE, so those four cases are all.) With fewer than two paired
+    seeds there is no standard error: ``not judged`` (d̄ is still given for one seed). SE = 0 makes
+    B the single point d̄. A seed fixes the partition, the cohorts and the initial model, so pairing
+    by seed removes the part of the spread that both methods share. Raises ValueError if D is not
+    > 0 (a claim the paper makes goes its own way: :func:`paper_difference`)."""
+    if not paper_difference > 0:  # NaN too
+        raise ValueError(f"the paper's difference must be > 0 in the paper's direction, got {paper_difference!r}")
     d = np.asarray(list(differences), dtype=float)
     if d.size == 0:
         return None, None, NOT_JUDGED
@@ -44,53 +69,91 @@ def paired_verdict(differences: Sequence[float]) -> tuple[float | None, float | 
     if d.size < 2:
         return mean, None, NOT_JUDGED
     se = float(d.std(ddof=1) / math.sqrt(d.size))
-    return mean, se, HOLDS if mean > 2 * se else REVERSED if mean < -2 * se else WITHIN_NOISE
+    if mean > 2 * se:
+        return mean, se, HOLDS
+    if mean < -2 * se:
+        return mean, se, REVERSED
+    return mean, se, COULD_NOT_TELL if paper_difference <= mean + 2 * se else SMALLER_THAN_PAPERS
+
+
+def paper_difference(published: Mapping[str, float], better: str, worse: str,
+                     higher_is_better: bool = True) -> float | None:
+    """The paper's difference of "better beats worse" from its published numbers, in the
+    direction the paper calls better: published[better] − published[worse] (points), or
+    published[worse] − published[better] for a lower-is-better metric (rounds saved; ``inf`` where
+    worse never reached the target). None unless both are published."""
+    if better not in published or worse not in published:
+        return None
+    return _gain(published[better], published[worse], higher_is_better)
+
+
+def _gain(better: float, worse: float, higher_is_better: bool) -> float:
+    """better − worse, or worse − better where lower is better (no −0.0 for a tie)."""
+    return better - worse if higher_is_better else worse - better
 
 
 @dataclass
 class Claim:
-    """One ordering the paper claims: ``better`` beat ``worse``. ``differences``: per seed where both
-    runs completed, better's value minus worse's in the direction the paper calls better (in %
-    points, or rounds saved for a rounds-to-target table)."""
+    """One ordering the paper claims: ``better`` beat ``worse``. ``paper_difference``: the paper's
+    difference for this cell (> 0, :func:`paper_difference`); ``paper_source``: where it comes
+    from when not from the row's own published numbers (the nearest cell of the paper's tables),
+    empty otherwise. ``differences``: per seed where both runs completed, better's value minus
+    worse's in the direction the paper calls better (in % points, or rounds saved for a
+    rounds-to-target table)."""
 
     better: str
     worse: str
+    paper_difference: float
     differences: dict[int, float] = field(default_factory=dict)
+    paper_source: str = ""
 
     @property
     def result(self) -> tuple[float | None, float | None, str]:
         """(mean difference, standard error, verdict): :func:`paired_verdict`."""
-        return paired_verdict([self.differences[s] for s in sorted(self.differences)])
+        return paired_verdict([self.differences[s] for s in sorted(self.differences)], self.paper_difference)
 
     @property
     def verdict(self) -> str:
         return self.result[2]
 
 
-def claims(published: dict[str, float], obtained: dict[str, dict[int, float]], pairs: Sequence[tuple[str, str]],
-           higher_is_better: bool = True, stated: Sequence[tuple[str, str]] | None = None) -> list[Claim]:
-    """The orderings to judge and their per-seed differences. ``obtained``: method -> {seed: run
-    value} of the completed runs. The orderings are ``stated`` ((better, worse) pairs, as a claims
-    row names them) or, when None, read off the published numbers: for each pair (a, b) with both
-    published and not tied there, "a beats b" or "b beats a" as the paper has it. A run value of
-    ``inf`` (never reached a rounds target) is the caller's to censor before."""
-    sign = 1 if higher_is_better else -1
+def claims(published: Mapping[str, float], obtained: Mapping[str, Mapping[int, float]],
+           pairs: Sequence[tuple[str, str]], higher_is_better: bool = True,
+           stated: Sequence[tuple[str, str]] | None = None,
+           nearest: Mapping[tuple[str, str], tuple[float, str]] | None = None) -> list[Claim]:
+    """The orderings to judge, their per-seed differences and the paper's difference of each.
+    ``obtained``: method -> {seed: run value} of the completed runs. The orderings are ``stated``
+    ((better, worse) pairs, as a claims row names them) or, when None, read off the published
+    numbers: for each pair (a, b) with both published and not tied there, "a beats b" or "b beats
+    a" as the paper has it. The paper's difference of each is read off ``published``
+    (:func:`paper_difference`), else taken from ``nearest`` ((better, worse) -> (difference,
+    which cell of the paper's tables it comes from)); a stated ordering with neither raises
+    ValueError (``parse_tables`` refuses such a row). A run value of ``inf`` (never reached a
+    rounds target) is the caller's to censor before."""
+    nearest = nearest or {}
     if stated is None:
         stated = []
         for a, b in pairs:
             if a in published and b in published and published[a] != published[b]:
-                stated.append((a, b) if sign * (published[a] - published[b]) > 0 else (b, a))
+                stated.append((a, b) if _gain(published[a], published[b], higher_is_better) > 0 else (b, a))
     out = []
     for better, worse in stated:
+        paper, source = paper_difference(published, better, worse, higher_is_better), ""
+        if paper is None:
+            if (better, worse) not in nearest:
+                raise ValueError(f"the claim {better} > {worse} has no paper's difference: neither both published "
+                                 "nor a nearest cell given")
+            paper, source = nearest[better, worse]
         vb, vw = obtained.get(better, {}), obtained.get(worse, {})
-        out.append(Claim(better, worse, {s: sign * (vb[s] - vw[s]) for s in sorted(vb) if s in vw}))
+        paired = {s: _gain(vb[s], vw[s], higher_is_better) for s in sorted(vb) if s in vw}
+        out.append(Claim(better, worse, paper, paired, source))
     return out
 
 
 def verdict(row_claims: Sequence[Claim]) -> str:
-    """A row's claims in one phrase: how many got each verdict (``2 hold, 1 within noise``), or
-    ``no claim``."""
+    """A row's claims in one phrase: how many got each verdict, in the order of :data:`VERDICTS`
+    (``2 hold, 1 could not tell``), or ``no claim``."""
     if not row_claims:
         return "no claim"
     counts = {v: sum(1 for c in row_claims if c.verdict == v) for v in VERDICTS}
-    return ", ".join(f"{n} {'hold' if v == HOLDS and n > 1 else v}" for v, n in counts.items() if n)
+    return ", ".join(f"{n} {PLURALS.get(v, v) if n > 1 else v}" for v, n in counts.items() if n)
