@@ -205,7 +205,8 @@ def code_label(entry: Mapping[str, Any]) -> str:
     else:
         text += f"at no known commit ({entry.get('commit_note') or 'not recorded'})"
     packages = entry.get("packages") or {}
-    libs = ", ".join(f"{name} {ver}" for name, ver in packages.items() if ver)
+    order = [name for name in PACKAGES if name in packages] + sorted(set(packages) - set(PACKAGES))  # json sorts keys
+    libs = ", ".join(f"{name} {packages[name]}" for name in order if packages[name])
     return text + f" ({libs}; Python {entry.get('python', '?')})"
 
 
@@ -225,24 +226,29 @@ def run_entries(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
 
-def run_summaries(run_dirs: Iterable[Path]) -> dict[str, dict[str, Any]]:
-    """{a short, unique name of each run (its path below the runs' common folder): its
-    ``summary.json``}; a run without a readable summary (partial, or not a run) maps to {}."""
+def run_summaries(run_dirs: Iterable[Path]) -> dict[str, dict[str, Any] | None]:
+    """{a short, unique name of each run (its path below the runs' common folder), in the order
+    given: its ``summary.json``, or None where it has none that can be read (a run not finished)}."""
     import json
 
     dirs = [Path(d).resolve() for d in run_dirs]
     if not dirs:
         return {}
     common = Path(os.path.commonpath(dirs)) if len(dirs) > 1 else dirs[0].parent
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, dict[str, Any] | None] = {}
     for d in dirs:
         name = str(d.relative_to(common)) if d != common else d.name
         try:
             summary = json.loads((d / "summary.json").read_text())
         except (OSError, ValueError):
-            summary = {}
-        found[name] = summary if isinstance(summary, dict) else {}
+            summary = None
+        found[name] = summary if isinstance(summary, dict) else None
     return found
+
+
+#: why a run names no code in a report
+NOT_FINISHED = "not finished (no summary.json; its checkpoint holds its provenance)"
+BEFORE_PROVENANCE = "no provenance recorded (runs from before fedsuite recorded it)"
 
 
 def _count(names: list[str]) -> str:
@@ -254,20 +260,20 @@ def _names(names: list[str], limit: int = 5) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def report_lines(summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def report_lines(summaries: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
     """Markdown lines naming the code (and hardware) that produced the runs ``summaries`` ({run
-    name: its summary.json}): one "Produced by ..." line where they agree, else the distinct
-    versions, each with the runs it produced (a resumed run is under each version it ran on), and
-    the runs that record none."""
+    name: its summary.json, None if it has none}): one "Produced by ..." line where they agree,
+    else the distinct versions, each with the runs it produced (a resumed run is under each version
+    it ran on), and the runs that name none, with why."""
     if not summaries:
         return []
     code: dict[str, list[str]] = {}
     hardware: dict[str, list[str]] = {}
-    bare: list[str] = []
+    bare: dict[str, list[str]] = {}
     for name, summary in summaries.items():
-        entries = run_entries(summary)
+        entries = run_entries(summary) if summary is not None else []
         if not entries:
-            bare.append(name)
+            bare.setdefault(NOT_FINISHED if summary is None else BEFORE_PROVENANCE, []).append(name)
         for entry in entries:
             runs = code.setdefault(code_label(entry), [])
             if name not in runs:
@@ -275,18 +281,21 @@ def report_lines(summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
             where = hardware_label(entry)
             if where is not None and name not in hardware.setdefault(where, []):
                 hardware[where].append(name)
+    unnamed = sum(len(names) for names in bare.values())
     lines = []
     if len(code) == 1 and not bare:
         lines.append(f"Produced by {next(iter(code))}.")
-    elif code:
-        lines += [f"Produced by {len(code) + bool(bare)} code versions (the runs differ, or a run was resumed "
-                  "on other code):", ""]
-        lines += [f"- {label}: {_count(runs)} ({_names(runs)})" for label, runs in code.items()]
-        if bare:
-            lines.append(f"- no provenance recorded (runs from before fedsuite recorded it): {_count(bare)} ({_names(bare)})")
     else:
-        lines.append(f"No provenance recorded for the {_count(bare)} ({_names(bare)}): "
-                     "written before fedsuite recorded it.")
+        head = f"Produced by {len(code)} code version{'s' if len(code) != 1 else ''}"
+        if not code:
+            head = "No run names the code that produced it"
+        elif bare:
+            head += f", and {unnamed} run{'s' if unnamed != 1 else ''} that name{'s' if unnamed == 1 else ''} none"
+        if len(code) > 1:
+            head += " (the runs differ, or a run was resumed on other code)"
+        lines += [head + ":", ""]
+        lines += [f"- {label}: {_count(runs)} ({_names(runs)})" for label, runs in code.items()]
+        lines += [f"- {why}: {_count(names)} ({_names(names)})" for why, names in bare.items()]
     if len(hardware) == 1:
         lines += ["", f"Trained on {next(iter(hardware))}."]
     elif hardware:
