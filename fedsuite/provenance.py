@@ -5,22 +5,29 @@ work tree was dirty), the packages and the hardware (issue 41, item 3).
   :func:`version_line` of it). The commit is read with one ``git status`` call (a timeout of
   :data:`GIT_TIMEOUT_S`) in the folder fedsuite is imported from, and only where that folder is a
   checkout (it holds ``.git``): an installed wheel or the Docker image runs from ``site-packages``
-  and records ``commit: null`` with the reason, as does a missing ``git`` or one that fails. It
-  never raises.
+  and records ``commit: null`` with the reason in ``commit_note``, as does a missing ``git`` or one
+  that fails. ``dirty``: :data:`CODE_PATHS` differ from the commit (a changed tracked file, or a
+  new file git does not ignore; ``changes`` names them); an edit of README.md or the tests does not
+  make a run dirty. It never raises.
 * :func:`collect`: one start of a run, as the ServerApp records it (``fedsuite.server_app``, once
-  per start, in the process that writes ``summary.json``): the code, Python and the packages of
-  :data:`PACKAGES`, the platform, the device the run trains on (the GPU's model on CUDA), the CPU
-  model and cores. No hostname. On a Ray cluster (``ray_address``) or a Deployment Engine the
-  clients may train elsewhere: the hardware is the ServerApp's machine.
+  per start, in the process that writes ``summary.json``): ``fedsuite``, ``commit``, ``dirty``,
+  ``changes``, ``commit_note``, ``python``, ``packages`` (:data:`PACKAGES`), ``platform``,
+  ``device`` (``cpu``/``cuda``), ``gpu`` and ``cuda`` (the GPU's model and torch's CUDA version, on
+  CUDA), ``cpu`` (its model), ``cpu_cores`` (the machine's), ``cores_available`` (this process's
+  affinity), ``started`` (UTC) and ``rounds``. No hostname. On a Ray cluster (``ray_address``) or
+  a Deployment Engine the clients may train elsewhere: the hardware is the ServerApp's machine.
 * A run's record is the list of its starts, oldest first (``summary.json``'s ``provenance``, also
-  kept in every ``checkpoint.pt``, so ``--resume`` carries it over), each with the ``rounds`` of
-  ``metrics.jsonl`` it wrote: ``[first, last]``, ``[]`` if none. A run resumed on other code shows
-  both; a start killed before its first checkpoint wrote no round that counts and is not listed.
-  A run resumed from a checkpoint written before fedsuite recorded provenance starts its list with
-  an entry that says so (:func:`unrecorded`).
+  kept in every ``checkpoint.pt``, so ``--resume`` carries it over; never in ``config.json``,
+  which is the run's settings and what decides whether a run can be reused), each with the
+  ``rounds`` of ``metrics.jsonl`` it wrote: ``[first, last]`` (a first start from round 0, the
+  initial evaluation), ``[]`` if none. A run resumed on other code lists both versions. A start
+  killed before its first checkpoint wrote no round that counts and is not kept; a resumed start
+  that fails before it has read the checkpoint lists only itself in its ``summary.json`` (the
+  checkpoint still holds the earlier starts). A run resumed from a checkpoint written before
+  fedsuite recorded provenance starts its list with an entry that says so (:func:`unrecorded`).
 * :func:`report_lines`: the lines ``fedsuite report`` and the reproduce report write about the
   runs they read ("Produced by fedsuite X at commit abc1234 (torch ..., flwr ...)"; the distinct
-  versions when runs differ).
+  versions when runs differ, or one run was resumed on other code).
 
 Light imports only: ``fedsuite --version`` imports this module.
 """
