@@ -115,6 +115,13 @@ def git_state(root: Path) -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(changes), "changes": shown, "commit_note": None}
 
 
+def changed_count(changes: list[str]) -> int:
+    """How many files :func:`git_state`'s ``changes`` stand for (its last line may count the rest)."""
+    if changes and changes[-1].startswith("... and "):
+        return len(changes) - 1 + int(changes[-1].split()[2])
+    return len(changes)
+
+
 def code_version(root: Path | None = None) -> dict[str, Any]:
     """fedsuite's version and :func:`git_state` of ``root`` (default: :func:`source_root`, where the
     running fedsuite comes from)."""
@@ -127,8 +134,8 @@ def version_line(code: Mapping[str, Any]) -> str:
     if code.get("commit"):
         text += f", commit {code['commit'][:12]}"
         if code.get("dirty"):
-            n = len(code.get("changes") or [])
-            text += f" (dirty: {n}{'+' if n > MAX_CHANGES else ''} changed file{'s' if n != 1 else ''})"
+            n = changed_count(code.get("changes") or [])
+            text += f" (dirty: {n} changed file{'s' if n != 1 else ''})"
     else:
         text += f" ({code.get('commit_note') or 'commit unknown'})"
     return text

@@ -135,6 +135,14 @@ def test_version_of_a_repository_follows_its_commits_and_edits(tmp_path):
     # no git on PATH: no commit, and the reason; the command still works
     line = version_cli(tmp_path, env_from(copy, PATH=str(tmp_path / "nothing-here")))
     assert line == f"fedsuite {version('fedsuite')} (git is not installed (no git on PATH), so the commit is unknown)"
+    # many changes: the first MAX_CHANGES named, the rest counted
+    for i in range(provenance.MAX_CHANGES + 2):
+        (copy / "clients" / f"scratch_{i:02d}.py").write_text("x = 1\n")
+    state = provenance.git_state(copy)
+    assert len(state["changes"]) == provenance.MAX_CHANGES + 1 and state["changes"][-1] == "... and 2 more"
+    assert state["changes"][0] == "?? clients/scratch_00.py"
+    assert provenance.version_line(provenance.code_version(copy)).endswith(
+        f"(dirty: {provenance.MAX_CHANGES + 2} changed files)")
     # git that fails (a broken .git): its first line of error
     broken = code_copy(tmp_path / "broken", repository=False)
     (broken / ".git").write_text("not a gitdir\n")
