@@ -1,4 +1,4 @@
-"""The ``fedsuite`` command: simulate, list, partition, report, certs, gateway, sweep, reproduce.
+"""The ``fedsuite`` command: simulate, list, partition, report, certs, gateway, sweep, reproduce; ``--version``.
 
 User errors (bad config, unknown names, missing data) print one line and exit with code 2, and
 leave no run directory behind (the data check, ``runtime.check_data``, runs while the simulation
@@ -29,6 +29,24 @@ from fedsuite.cli_support import ManyValuesCommand, OneLineUsageCommand, OneLine
 app = typer.Typer(cls=OneLineUsageGroup, add_completion=False, no_args_is_help=True,
                   help="Federated-learning research suite on Flower.")
 console = Console()
+
+
+def _print_version(value: bool) -> None:
+    """``--version``: fedsuite's version and the commit of the checkout it runs from, with a dirty
+    flag (``fedsuite.provenance.code_version``; an installed package says it is not a checkout)."""
+    if value:
+        from fedsuite.provenance import code_version, version_line
+
+        print(version_line(code_version()))
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", "-V", callback=_print_version, is_eager=True,
+                                 help="print fedsuite's version and git commit, and exit"),
+) -> None:
+    """Federated-learning research suite on Flower."""
 
 
 def _common_values(**options: Any) -> dict[str, Any]:
@@ -243,8 +261,9 @@ def report(
     out: Path = typer.Option(Path("report"), help="folder for report.md, report.json, accuracy.png "
                              "(and diagnostics-<run>.png per run with pool diagnostics)"),
 ) -> None:
-    """Table of final accuracy (mean ± std over seeds), rounds to a target, and figures."""
-    from fedsuite.results import ResultsError, report as make_report, report_table, write_report
+    """Table of final accuracy (mean ± std over seeds), rounds to a target, and figures; names the
+    code (fedsuite, commit, packages) and hardware that produced the runs."""
+    from fedsuite.results import ResultsError, provenance_lines, report as make_report, report_table, write_report
 
     if last < 1:
         fail(f"--last must be at least 1 (the number of final evaluations averaged per run), got {last}")
@@ -265,6 +284,9 @@ def report(
     for row in cells:
         table.add_row(*row)
     console.print(table)
+    for line in provenance_lines(run_dirs):
+        if line:
+            console.print(line, highlight=False, soft_wrap=True)
     figures = write_report(out, run_dirs, rows, curves, headers, cells)
     console.print(f"-> {out / 'report.md'}, " + ", ".join(str(f) for f in figures))
 

@@ -56,8 +56,17 @@ class RunProgress:
 
 
 class OneLineUsageGroup(TyperGroup):
-    """The ``fedsuite`` group: an unknown command is one line and exit code 2, as any user error
-    (click's default is a boxed usage text)."""
+    """The ``fedsuite`` group: an unknown command, or an unknown option before it (``fedsuite
+    --bogus``), is one line and exit code 2, as any user error (click's default is a boxed usage
+    text); ``fedsuite`` alone still shows the help."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            fail(exc.format_message())
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
         try:

@@ -9,7 +9,9 @@ A run directory holds::
                      count), failure_reasons ({partition id: reason}) (+ method metrics)
     summary.json     final/best accuracy, rounds, total time, status, failed_replies and
                      rounds_with_failures (totals), failure (round, partition ids, first error)
-                     when the run stopped on too many failed replies
+                     when the run stopped on too many failed replies, provenance (what produced
+                     the run, one entry per start: code, commit, packages, hardware; see
+                     ``fedsuite.provenance``; not in config.json, which is the run's settings)
     checkpoint.pt    global arrays + strategy state + round (rewritten atomically every round)
     events.out.tfevents.*  the same metrics for TensorBoard (``tensorboard=true``, the default where
                      the package is installed; ``fedsuite.recording.TensorBoardLog``)
@@ -31,6 +33,7 @@ import numpy as np
 
 from fedsuite.config import RESUME_MUTABLE, flat_config
 from fedsuite.plots import has_pool_diagnostics, plot_groups, plot_pool_diagnostics
+from fedsuite.provenance import report_lines, run_summaries
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
@@ -211,14 +214,21 @@ def report_table(rows: list[dict[str, Any]], target: float | None) -> tuple[list
     return headers, table
 
 
+def provenance_lines(run_dirs: Iterable[Path]) -> list[str]:
+    """What produced the runs (``fedsuite.provenance.report_lines`` of their summaries)."""
+    return report_lines(run_summaries(run_dirs))
+
+
 def write_report(out: Path, run_dirs: list[Path], rows: list[dict[str, Any]], curves: dict,
                  headers: list[str], cells: list[list[str]]) -> list[Path]:
-    """``fedsuite report``'s files in ``out``: report.md (the table), report.json (:func:`report`'s
-    rows), accuracy.png, and diagnostics-<run>.png for each run with pool diagnostics. Returns the
+    """``fedsuite report``'s files in ``out``: report.md (the table, then the code and hardware
+    that produced the runs: :func:`provenance_lines`), report.json (:func:`report`'s rows),
+    accuracy.png, and diagnostics-<run>.png for each run with pool diagnostics. Returns the
     figures written."""
     out.mkdir(parents=True, exist_ok=True)
     md = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     md += ["| " + " | ".join(row) + " |" for row in cells]
+    md += ["", *provenance_lines(run_dirs)]
     (out / "report.md").write_text("\n".join(md) + "\n")
     (out / "report.json").write_text(json.dumps(rows, indent=2) + "\n")
     plot_groups(curves, out / "accuracy.png")

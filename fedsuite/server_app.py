@@ -20,6 +20,11 @@
    the launcher was killed) writes no ``summary.json``: whatever the ServerApp raised then is the
    stop's side effect (a client's actor gone with the engine), not the run's failure, and the run
    stays partial, for ``--resume`` to continue from its last checkpoint.
+
+What produced the run (``fedsuite.provenance``: code, packages, hardware) is collected once per
+start, at step 1, and recorded as ``summary.json``'s ``provenance``: a list of the starts whose
+rounds the run holds, oldest first, also saved in every checkpoint, so a resume keeps the earlier
+starts' entries and adds its own.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
-from fedsuite import runtime
+from fedsuite import provenance, runtime
 from fedsuite.processes import available_cores
 from fedsuite.models import initial_arrays, make_model
 from fedsuite.nodes import Handshake
@@ -70,8 +75,9 @@ def main(grid: Grid, context: Context) -> None:
                            tensorboard=tensorboard_installed() if cfg.tensorboard is None else cfg.tensorboard)
     torch.set_num_threads(max(1, cfg.num_cpus))
     status, extra = None, {"timing": {"serverapp_start": time.time(), "cores": available_cores()}}
+    extra["provenance"] = starts = [this_start(cfg)]
     try:
-        run(grid, cfg, run_dir, recorder, extra["timing"])
+        run(grid, cfg, run_dir, recorder, extra["timing"], starts)
         status = "completed"
     except BaseException as exc:
         if stop_requested.is_set() or not isinstance(exc, Exception):
@@ -93,7 +99,20 @@ def main(grid: Grid, context: Context) -> None:
             recorder.finish(status, extra)
 
 
-def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> None:
+def this_start(cfg) -> dict:
+    """What runs this start of the run (``fedsuite.provenance.collect``: the code, packages and
+    hardware), collected once; a failure to collect is recorded, never raised."""
+    try:
+        return provenance.collect(runtime.device_for(cfg))
+    except Exception as exc:  # noqa: BLE001 - the run matters more than its record
+        log.warning("provenance could not be collected: %s: %s", type(exc).__name__, exc)
+        return {"rounds": [], "commit_note": f"provenance could not be collected: {type(exc).__name__}: {exc}"}
+
+
+def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict, starts: list[dict]) -> None:
+    """The rounds. ``starts``: the run's provenance (``fedsuite.provenance``), this start's entry
+    last; a resume puts the checkpoint's earlier starts before it, and every checkpoint keeps them
+    all, this start's ``rounds`` up to date."""
     t0 = time.perf_counter()
     # the queries go out first: the clients start (Ray actors import torch and the ClientApp) while
     # this process loads the data and builds the model
@@ -123,11 +142,13 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
         start_round, arrays = ckpt["round"], to_record(ckpt["arrays"])
         strategy.load_checkpoint_state(ckpt["strategy"])
         log.warning("resuming %s from round %d", run_dir, start_round)
+        starts[:-1] = ckpt.get("provenance") or [provenance.unrecorded(start_round)]
         recorder.rewind(start_round, ckpt.get("metrics_row"))
     else:
         recorder.rewind(0, None)  # killed before round 1 was checkpointed: round 0 is written again
 
     clock = {"t": time.perf_counter()}
+    this = starts[-1]
 
     def after_round(offset_round: int, global_arrays: ArrayRecord) -> MetricRecord | None:
         server_round = start_round + offset_round
@@ -138,6 +159,7 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
         if offset_round == 0:
             if start_round == 0:
                 recorder.append({"round": 0, "test_accuracy": test.get("accuracy"), "test_loss": test.get("loss")})
+                this["rounds"] = [0, 0]
         else:
             info = strategy.round_log
             row = {
@@ -150,7 +172,8 @@ def run(grid: Grid, cfg, run_dir: Path, recorder: RunRecorder, timing: dict) -> 
             }
             # one atomic step: the checkpoint carries its round's row; the row is appended after it,
             # and a resume rewrites metrics.jsonl to end with the checkpoint's row (RunRecorder.rewind)
-            save_checkpoint(ckpt_path, server_round, global_arrays, strategy, row)
+            this["rounds"] = [this["rounds"][0] if this["rounds"] else server_round, server_round]
+            save_checkpoint(ckpt_path, server_round, global_arrays, strategy, row, starts)
             recorder.append(row)
             # round t is committed: each of its clients needs only its newest state version <= t
             prune_committed(run_dir / "client-state", info.cohort, server_round)
@@ -178,10 +201,11 @@ def evaluation_threads(cfg) -> int:
     return max(1, cfg.num_cpus) if cfg.ray_address else available_cores()
 
 
-def save_checkpoint(path: Path, server_round: int, arrays: ArrayRecord, strategy, row: dict | None = None) -> None:
+def save_checkpoint(path: Path, server_round: int, arrays: ArrayRecord, strategy, row: dict | None = None,
+                    starts: list[dict] | None = None) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"round": server_round, "arrays": to_ndarrays(arrays), "strategy": strategy.checkpoint_state(),
-                "metrics_row": row}, tmp)
+                "metrics_row": row, "provenance": starts}, tmp)
     os.replace(tmp, path)
 
 

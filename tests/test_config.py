@@ -120,6 +120,7 @@ def test_cli_user_errors_exit_2_without_traceback_or_run_dir(tmp_path, args):
     "args, words",
     [
         (["nope"], "No such command 'nope'"),
+        (["--bogus"], "No such option '--bogus'"),
         (["simulate", "--rounds", "abc"], "'abc' is not a valid integer"),
         (["simulate", "--out", "x"], "No such option '--out'"),
         (["list", "--bogus"], "No such option '--bogus'"),

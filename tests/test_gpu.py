@@ -4,6 +4,7 @@ Every registered method and both plug-ins run 2 rounds on CUDA with 4 virtual cl
 GPU (``--num-gpus 0.25``): no client reply may be dropped (a dropped reply fails the run, see
 ``max_failed_fraction``) and the global model must change. Two runs with one seed must give
 identical metrics on the GPU (``torch.use_deterministic_algorithms`` + ``CUBLAS_WORKSPACE_CONFIG``).
+Each run's summary.json names the GPU's model (``provenance``).
 An image dataset with batch augmentation covers the device-side augmentation draws.
 """
 
@@ -29,6 +30,9 @@ def assert_trained_without_failures(run) -> None:
     assert run.summary["status"] == "completed" and run.summary["failed_replies"] == 0
     first, last = run.rows[0], run.rows[-1]
     assert (last["test_accuracy"], last["test_loss"]) != (first["test_accuracy"], first["test_loss"])
+    # the run records the GPU it trained on (fedsuite.provenance)
+    (start,) = run.summary["provenance"]
+    assert (start["device"], start["gpu"], start["cuda"]) == ("cuda", torch.cuda.get_device_name(), torch.version.cuda)
 
 
 @pytest.mark.parametrize("name", sorted(methods()))

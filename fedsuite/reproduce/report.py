@@ -9,7 +9,9 @@ differences paired by seed against the paper's own difference for the cell
 (:mod:`fedsuite.reproduce.verdicts`); as ``report.md``, ``report.csv`` (cells) and ``claims.csv``
 (orderings), plus one accuracy-versus-round figure per row (mean over
 seeds with a ± std band, ``fedsuite.plots.plot_groups``). Runs that did not complete are left
-out of the numbers and named under their row. Each file is replaced whole
+out of the numbers and named under their row. The report names the code and hardware that
+produced the runs in its numbers (``fedsuite.provenance.report_lines``: one line, or the distinct
+versions when the runs differ). Each file is replaced whole
 (``results.write_atomically``): two ``reproduce`` processes of one target (different seeds, say)
 may end at the same moment.
 """
@@ -27,6 +29,7 @@ from fedsuite import rundir
 from fedsuite.reproduce.tables import RunSpec, Target
 from fedsuite.reproduce.verdicts import VERDICT_RULE, VERDICTS, claims, verdict
 from fedsuite.plots import plot_groups
+from fedsuite.provenance import report_lines, run_summaries
 from fedsuite.results import best_accuracy, evaluations, read_metrics, run_value, write_atomically
 
 
@@ -126,6 +129,9 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
     unit = "rounds to target" if target.metric == "rounds" else "test accuracy (%)"
     md = [f"# {target.name}: {target.title}", "",
           f"{target.paper}. Published numbers: {target.source}. Scale: **{scale}**.", ""]
+    read = [s.run_dir for s in specs if rundir.state(s.run_dir, s.rounds) == "completed"]  # the runs in the numbers
+    if read:
+        md += [*report_lines(run_summaries(read)), ""]
     if scale == "cpu":
         md += [f"**CPU scale: obtained numbers are not the paper's setting and are compared on orderings only "
                f"(difference: n/a); the paper's difference beside each ordering is the one it measured in its own "
