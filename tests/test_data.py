@@ -8,6 +8,8 @@ import os
 import pickle
 import shutil
 import struct
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,7 +29,8 @@ from fedsuite.data import (
     to_float,
 )
 
-SHARED_DATA = Path("/work/shared/data")
+#: ../shared/data beside the checkout (the project's real data files; CI has it too)
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 # ------------------------------------------------------------------------------------------
@@ -193,7 +196,7 @@ def test_partially_missing_mnist_without_download(tmp_path):
     assert "train-images" not in str(ei.value).split("Expected layout")[0]
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "FashionMNIST" / "raw").is_dir(), reason="/work/shared/data/FashionMNIST is absent")
+@pytest.mark.skipif(not (SHARED_DATA / "FashionMNIST" / "raw").is_dir(), reason="../shared/data/FashionMNIST is absent")
 def test_real_fmnist_from_shared(tmp_path):
     shared = SHARED_DATA / "FashionMNIST"
     before = sorted(str(p) for p in shared.rglob("*"))
@@ -209,6 +212,29 @@ def test_real_fmnist_from_shared(tmp_path):
 
 # ------------------------------------------------------------------------------------------
 # CIFAR
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "cifar10-jpeg" / "make_cifar10.py").is_file(),
+                    reason="../shared/data/cifar10-jpeg (the JPEG copy of CIFAR-10) is absent")
+def test_real_cifar10_jpeg_copy_from_shared(tmp_path):
+    """The claims' CIFAR-10 (issue 39): the JPEG copy's own script writes torchvision's layout, which
+    the cifar10 loader reads as it is; real batches go through FedMR's CNN."""
+    from fedsuite.models import build_model
+
+    out = subprocess.run([sys.executable, str(SHARED_DATA / "cifar10-jpeg" / "make_cifar10.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    b = load_dataset("cifar10", tmp_path, download=False, augment="none", normalize="half")
+    assert tuple(b.x_train.shape) == (50000, 3, 32, 32) and tuple(b.x_test.shape) == (10000, 3, 32, 32)
+    assert b.x_train.dtype == torch.uint8 and b.num_classes == 10
+    assert np.array_equal(np.bincount(b.y_train.numpy()), np.full(10, 5000))
+    assert np.array_equal(np.bincount(b.y_test.numpy()), np.full(10, 1000))
+    assert abs(b.x_train[:5000].float().div(255).mean().item() - 0.47) < 0.03  # CIFAR-10's mean brightness
+    model = build_model("cnn", 10, b.input_shape)
+    x = to_float(b.x_train[:64], b)
+    logits = model(x)
+    loss = torch.nn.functional.cross_entropy(logits, b.y_train[:64])
+    assert logits.shape == (64, 10) and torch.isfinite(loss) and 1.5 < loss.item() < 3.5
 
 
 def test_cifar10_from_generated_pickles(tmp_path):

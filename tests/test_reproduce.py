@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -111,7 +112,8 @@ def test_every_spec_table_is_a_target(targets):
         "fedmr-table1", "fedmrur-table2", "fedmrur-table3", "fedmrur-table6",
         "fednlr-table1", "fednlr-table2", "fednlr-table3", "fedinit-table1", "fedinit-table2", "fedinit-table3",
         "fedmr-study",  # not a paper table: issue 14's study (no published cells)
-        "fedmr-claims", "fedmrur-claims", "fednlr-claims", "fedinit-claims"])  # the headline orderings (issue 32)
+        "fedmr-claims", "fedmrur-claims", "fednlr-claims", "fedinit-claims",  # the headline orderings (issue 32)
+        "fedmr-claims-cifar10", "fednlr-claims-cifar10", "fedinit-claims-cifar10"])  # and on CIFAR-10 (issue 39)
     # FedMR's spec: "This is the paper's only table"
     assert "only table" in (SPECS / "fedmr.md").read_text()
 
@@ -189,7 +191,7 @@ def test_fedinit_tables_match_the_spec(targets):
 def test_every_cell_builds_a_config(targets, tmp_path):
     """Each cell's config file + overrides validate at both scales; CPU scale uses MNIST-like data."""
     for target in targets.values():
-        for scale in SCALES:
+        for scale in SCALES if target.has_cpu_scale else ("paper",):
             specs = plan(target, scale, tmp_path)
             assert specs, target.name
             if scale == "cpu":
@@ -201,6 +203,46 @@ def test_every_cell_builds_a_config(targets, tmp_path):
     placed = fedmr[0].command(resume=True, placement=placement_options(0.25, "127.0.0.1:6379"))
     assert placed[-5:] == ["--num-gpus", "0.25", "--ray-address", "127.0.0.1:6379", "--resume"]
     assert "--ray-address" not in fedmr[0].command(resume=False, placement=placement_options(None, None))
+
+
+def test_the_cifar10_claims_targets_plan_the_papers_cells(targets, tmp_path):
+    """Issue 39's CIFAR-10 targets: the papers' cells on CIFAR-10 at paper scale (FedMR's CNN where
+    the paper's model does not fit, named in each note), 3 seeds, 500 rounds where the paper runs
+    500, FedDyn in both weight-decay readings; no cpu scale."""
+    def cells(name: str) -> dict[tuple[str, str], Any]:
+        return {(s.row.name, s.method): build_config(s.config, s.overrides)
+                for s in plan(targets[name], "paper", tmp_path, data_root=str(tmp_path))}
+
+    fedmr = cells("fedmr-claims-cifar10")
+    assert sorted(fedmr) == sorted((row, m) for row in ("cnn-c10-0.1", "cnn-c10-0.5")
+                                   for m in ("fedavg", "fedmut", "fedmr"))
+    for (row, method), cfg in fedmr.items():  # the paper's CNN setting (spec §4), evaluated every 5 rounds
+        assert (cfg.dataset, cfg.model, cfg.num_clients, cfg.cohort_size, cfg.local_epochs, cfg.batch_size,
+                cfg.lr, cfg.momentum, cfg.rounds, cfg.eval_every) == ("cifar10", "cnn", 100, 10, 5, 50, 0.01, 0.9, 500, 5)
+        assert cfg.alpha == float(row.split("-")[-1]) and cfg.strategy == method
+    assert fedmr["cnn-c10-0.1", "fedmr"].fedmr.first_stage_rounds == 0
+    target = targets["fedmr-claims-cifar10"]
+    assert target.last * 5 == 95 and target.seeds == [1, 2, 3]  # rounds 410-500, as spec A8's last 10 every 10
+    fednlr = cells("fednlr-claims-cifar10")
+    assert {m: (c.rounds, c.weight_decay, c.strategy) for (_, m), c in fednlr.items()} == {
+        "fedavg": (500, 0.0, "fedavg"), "fednlr": (500, 0.0, "fednlr"),
+        "feddyn": (200, 0.1, "feddyn"), "feddyn-nlr": (200, 0.1, "feddyn"),
+        "feddyn-wd1e-3": (200, 0.001, "feddyn"), "feddyn-nlr-wd1e-3": (200, 0.001, "feddyn")}
+    for cfg in fednlr.values():  # Table 1's Dir(20, 0.3) cell and local recipe
+        assert (cfg.num_clients, cfg.cohort_size, cfg.alpha, cfg.local_epochs, cfg.batch_size, cfg.lr,
+                cfg.model, cfg.eval_every) == (20, 8, 0.3, 2, 64, 0.01, "cnn", 1)
+    assert [m for (_, m), c in fednlr.items() if c.plugin_settings.get("neuron_lr") is not None] == [
+        "fednlr", "feddyn-nlr", "feddyn-nlr-wd1e-3"]
+    fedinit = cells("fedinit-claims-cifar10")
+    for (_, method), cfg in fedinit.items():  # Dir-0.1, the paper's 5 local epochs and recipe
+        assert (cfg.partitioner, cfg.alpha, cfg.local_epochs, cfg.lr, cfg.lr_decay, cfg.weight_decay, cfg.rounds,
+                cfg.model) == ("dirichlet-refill", 0.1, 5, 0.1, 0.998, 0.001, 500, "cnn")
+    assert {m for (_, m), c in fedinit.items() if c.plugin_settings.get("relaxed_init") is not None} == {
+        "fedinit", "scaffold-ri"}
+    for name in ("fedmr-claims-cifar10", "fednlr-claims-cifar10", "fedinit-claims-cifar10"):
+        assert "CIFAR-10 (JPEG copy)" in " ".join(r.label for r in targets[name].rows)
+        with pytest.raises(ReproduceError, match="has no cpu scale"):
+            plan(targets[name], "cpu", tmp_path)
 
 
 def test_a_row_runs_only_the_methods_it_names(targets, tmp_path):

@@ -88,6 +88,7 @@ class Target:
     cpu_note: str
     methods: dict[str, tuple[str, list[str]]]  # name -> (label, overrides)
     rows: list[Row]
+    has_cpu_scale: bool = True  # a [targets.X.cpu] section: the target's CPU-sized variant
 
     @property
     def paper_key(self) -> str:
@@ -207,7 +208,7 @@ def parse_tables(path: Path) -> dict[str, Target]:
                 note=t.get("note", ""), compare=[tuple(p) for p in t.get("compare", [])],
                 cpu_set=_strings(cpu.get("set", []), where + ".cpu.set"),
                 cpu_seeds=[int(s) for s in cpu.get("seeds", [0])], cpu_note=cpu.get("note", ""),
-                methods=methods, rows=rows,
+                methods=methods, rows=rows, has_cpu_scale="cpu" in t,
             )
         except KeyError as exc:
             raise ReproduceError(f"{where}: missing key {exc.args[0]!r}") from None
@@ -295,6 +296,9 @@ def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = Non
     :class:`ReproduceError` naming it). Rows sharing a setting share runs (listed once)."""
     if scale not in SCALES:
         raise ReproduceError(f"unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
+    if scale == "cpu" and not target.has_cpu_scale:
+        raise ReproduceError(f"target {target.name} has no cpu scale (no [targets.{target.name}.cpu] section); "
+                             "run it at --scale paper")
     picked_rows = _pick("row", rows, [r.name for r in target.rows], target.name)
     picked_methods = _pick("method", methods, list(target.methods), target.name)
     seed_list = list(seeds) if seeds else (target.cpu_seeds if scale == "cpu" else target.seeds)
