@@ -1,34 +1,92 @@
 """The ``fedsuite`` command: simulate, list, partition, report, certs, gateway, sweep, reproduce; ``--version``.
 
-User errors (bad config, unknown names, missing data) print one line and exit with code 2, and
-leave no run directory behind (the data check, ``runtime.check_data``, runs while the simulation
-process starts, see ``launch.simulate``; a run it refuses is removed with everything it started).
+User errors (bad config, unknown names, missing data) print one ``error:`` line and exit with code 2
+(``cli_support.fail``), and leave no run directory behind (the data check, ``runtime.check_data``,
+runs while the simulation process starts, see ``launch.simulate``; a run it refuses is removed with
+everything it started). Ctrl-C stops ``fedsuite simulate`` with the command that continues the run.
 This module holds the commands' options and what they print; the logic lives with the modules
 that own it: ``launch`` (a run), ``rundir`` (a run directory, ``--resume``), ``runtime`` (the data
 and hardware checks), ``results`` (the report), ``certs``, ``sweep``, ``search``, ``reproduce``.
+
+Text is printed as written, never read as rich markup (``cli_support``: plain help, plain consoles).
+Every option and argument has a help text; a parameter with a fixed set of values takes a
+:class:`~fedsuite.cli_support.Names` type, whose set ``--help`` shows (tests/test_cli_text.py).
 """
 
 from __future__ import annotations
 
 import math
+import re
+import shlex
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from fedsuite.cli_support import ManyValuesCommand, OneLineUsageCommand, OneLineUsageGroup, RunProgress, fail
+from fedsuite.cli_support import (
+    CONFIG_KEYS,
+    ConfigOptionsCommand,
+    ManyValuesCommand,
+    Names,
+    OneLineUsageCommand,
+    OneLineUsageGroup,
+    RunProgress,
+    err_console,
+    fail,
+    plain_console,
+)
 
 # fedsuite.config and the registry (torch, pydantic, every method) are imported where a command
 # needs them: `fedsuite simulate` first starts its simulation process, whose imports then run on
 # the second core while this process does its own (fedsuite.launch.start_simulation_process).
 
-app = typer.Typer(cls=OneLineUsageGroup, add_completion=False, no_args_is_help=True,
+app = typer.Typer(cls=OneLineUsageGroup, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Federated-learning research suite on Flower.")
-console = Console()
+console = plain_console()
+
+
+def registry_names(kind: str) -> Callable[[], list[str]]:
+    """The names of one registry (``methods``, ``datasets``, ``partitioners``, ``models``), for
+    :class:`Names`: read when ``--help`` shows them."""
+
+    def names() -> list[str]:
+        from fedsuite import registry
+
+        return sorted(getattr(registry, kind)())
+
+    return names
+
+
+def neuron_lr_presets() -> list[str]:
+    from fedsuite.plugins.neuron_lr import PRESETS
+
+    return list(PRESETS)
+
+
+def search_kinds() -> list[str]:
+    from fedsuite.search import SEARCHES
+
+    return list(SEARCHES)
+
+
+def reproduce_scales() -> list[str]:
+    from fedsuite.reproduce.tables import SCALES
+
+    return list(SCALES)
+
+
+def reproduce_targets() -> list[str]:
+    from fedsuite.reproduce.tables import load_targets
+
+    return [*sorted(load_targets()), "list"]
+
+
+#: what ``fedsuite list`` lists
+LISTS = ("strategies", "datasets", "partitioners", "models")
 
 
 def _print_version(value: bool) -> None:
@@ -53,102 +111,137 @@ def _common_values(**options: Any) -> dict[str, Any]:
     return {k: v for k, v in options.items() if v is not None}
 
 
-@app.command(cls=OneLineUsageCommand)
+@app.command(cls=ConfigOptionsCommand)
 def simulate(
-    strategy: Optional[str] = typer.Option(None, "--strategy", "-s", help="method name (fedsuite list)"),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file"),
+    strategy: Optional[str] = typer.Option(None, "--strategy", "-s", click_type=Names(registry_names("methods")),
+                                           help="method name (fedsuite list)"),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (default: none, the "
+                                          "defaults shown here)"),
     set_: list[str] = typer.Option([], "--set", help="override: key=value, e.g. fedprox.mu=0.01 (repeatable)"),
-    dataset: Optional[str] = typer.Option(None, help="dataset name"),
-    partitioner: Optional[str] = typer.Option(None, help="partitioner name"),
+    dataset: Optional[str] = typer.Option(None, click_type=Names(registry_names("datasets")), help="dataset name"),
+    partitioner: Optional[str] = typer.Option(None, click_type=Names(registry_names("partitioners")),
+                                              help="partitioner name"),
     alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration"),
     classes_per_client: Optional[int] = typer.Option(None, help="classes per client (pathological)"),
     num_clients: Optional[int] = typer.Option(None, help="number of clients"),
-    clients_per_round: Optional[int] = typer.Option(None, help="cohort size K"),
+    clients_per_round: Optional[int] = typer.Option(None, help="cohort size K (default: --fraction of the clients, "
+                                                    "at least 1)"),
     fraction: Optional[float] = typer.Option(None, help="cohort fraction (if K unset)"),
     rounds: Optional[int] = typer.Option(None, help="federated rounds"),
     local_epochs: Optional[int] = typer.Option(None, help="local epochs"),
     batch_size: Optional[int] = typer.Option(None, help="local batch size"),
     lr: Optional[float] = typer.Option(None, help="local learning rate"),
-    model: Optional[str] = typer.Option(None, help="model name"),
+    model: Optional[str] = typer.Option(None, click_type=Names(registry_names("models")), help="model name"),
     seed: Optional[int] = typer.Option(None, help="random seed"),
     output_dir: Optional[str] = typer.Option(None, help="parent folder of run directories"),
-    run_name: Optional[str] = typer.Option(None, help="run directory name"),
+    run_name: Optional[str] = typer.Option(None, help="run directory name (default: "
+                                           "<strategy>-<dataset>-s<seed>-<date>-<time>)"),
     num_cpus: Optional[int] = typer.Option(None, help="CPU cores per simulated client"),
     num_gpus: Optional[float] = typer.Option(None, help="GPU share per simulated client"),
     eval_every: Optional[int] = typer.Option(None, help="evaluate the global model every k rounds"),
-    relaxed_init: Optional[float] = typer.Option(None, "--relaxed-init", help="FedInit's β: relaxed initialisation on any method"),
-    neuron_lr: Optional[str] = typer.Option(None, "--neuron-lr", help="FedNLR's neuron-wise lr preset on any method"),
+    relaxed_init: Optional[float] = typer.Option(None, "--relaxed-init", help="FedInit's β: relaxed initialisation "
+                                                 "on any method (default: off)"),
+    neuron_lr: Optional[str] = typer.Option(None, "--neuron-lr", click_type=Names(neuron_lr_presets),
+                                            help="FedNLR's neuron-wise lr preset on any method (default: off)"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted run in the same run directory"),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run the clients on this Ray cluster (auto, host:port, ray://...)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run the clients on this Ray cluster "
+                                              "(auto, host:port, ray://...; default: a private Ray for the run)"),
 ) -> None:
-    """Run one federated simulation on Flower's Simulation Engine."""
+    """Run one federated simulation on Flower's Simulation Engine.
+
+    An option left out takes its value from --config, else the default shown. Ctrl-C stops the run
+    and prints the --resume command that continues it."""
     from fedsuite import launch
 
-    # started first: its imports use the second core while this process builds the config
-    with launch.simulation_process() as process:
-        from fedsuite import rundir, runtime
-        from fedsuite.config import ConfigError, build_config
+    run_dir: Optional[Path] = None  # the run's folder once the config names it: Ctrl-C says how to continue it
+    total_rounds = 0
+    try:
+        # started first: its imports use the second core while this process builds the config
+        with launch.simulation_process() as process:
+            from fedsuite import rundir, runtime
+            from fedsuite.config import ConfigError, build_config
 
-        values = _common_values(
-            strategy=strategy, dataset=dataset, partitioner=partitioner, alpha=alpha,
-            classes_per_client=classes_per_client, num_clients=num_clients, clients_per_round=clients_per_round,
-            fraction=fraction, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, model=model,
-            seed=seed, output_dir=output_dir, run_name=run_name, num_cpus=num_cpus, num_gpus=num_gpus,
-            eval_every=eval_every, ray_address=ray_address,
-        )
-        if relaxed_init is not None:
-            values["relaxed_init.beta"] = relaxed_init
-        if neuron_lr is not None:
-            values["neuron_lr.preset"] = neuron_lr
-        try:
-            cfg = build_config(config, set_, values)
-            if resume:  # the run's record is the base; the command line may change only RESUME_MUTABLE
-                cfg = rundir.resume_config(cfg, config, set_, values)
-            runtime.check_hardware(cfg)
-        except ConfigError as exc:
-            fail(str(exc))
+            values = _common_values(
+                strategy=strategy, dataset=dataset, partitioner=partitioner, alpha=alpha,
+                classes_per_client=classes_per_client, num_clients=num_clients, clients_per_round=clients_per_round,
+                fraction=fraction, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, model=model,
+                seed=seed, output_dir=output_dir, run_name=run_name, num_cpus=num_cpus, num_gpus=num_gpus,
+                eval_every=eval_every, ray_address=ray_address,
+            )
+            for option, value in (("relaxed_init", relaxed_init), ("neuron_lr", neuron_lr)):
+                if value is not None:
+                    values[CONFIG_KEYS[option]] = value
+            try:
+                cfg = build_config(config, set_, values)
+                if resume:  # the run's record is the base; the command line may change only RESUME_MUTABLE
+                    cfg = rundir.resume_config(cfg, config, set_, values)
+                runtime.check_hardware(cfg)
+            except ConfigError as exc:
+                fail(str(exc))
 
-        # a SIGTERM (e.g. from `timeout` or a job scheduler) must still stop the processes we start
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        run_dir = runtime.default_run_dir(cfg)
-        if run_dir.exists() and not resume and not rundir.start_debris(run_dir):
-            fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
-        check_writable_folder(run_dir, "output_dir")
+            # a SIGTERM (e.g. from `timeout` or a job scheduler) must still stop the processes we start
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+            run_dir, total_rounds = runtime.default_run_dir(cfg), cfg.rounds
+            if run_dir.exists() and not resume and not rundir.start_debris(run_dir):
+                fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
+            check_writable_folder(run_dir, "output_dir")
 
-        progress = RunProgress(cfg.rounds, console)
+            progress = RunProgress(cfg.rounds, console)
 
-        def begin() -> None:
-            """Check the data (``launch.simulate``'s ``before_start``: while the simulation process starts
-            Ray), then say what runs and show the progress bar."""
-            runtime.check_data(cfg)
-            console.print(f"[bold]fedsuite[/] {cfg.strategy} on {cfg.dataset} ({cfg.partitioner}), "
-                          f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds -> {run_dir}")
-            for risk in cfg.method.risks(cfg):
-                console.print(f"[yellow]warning:[/] {risk}")
-            progress.begin()
+            def begin() -> None:
+                """Check the data (``launch.simulate``'s ``before_start``: while the simulation process starts
+                Ray), then say what runs and show the progress bar."""
+                runtime.check_data(cfg)
+                console.print(Text.assemble(("fedsuite", "bold"), f" {cfg.strategy} on {cfg.dataset} ({cfg.partitioner}), "
+                                            f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds "
+                                            f"-> {run_dir}"))
+                for risk in cfg.method.risks(cfg):
+                    console.print(Text.assemble(("warning:", "yellow"), f" {risk}"))
+                progress.begin()
 
-        try:
-            outcome = launch.simulate(cfg, run_dir, progress.show, before_start=begin, process=process)
-        except (runtime.DataCheckError, rundir.RunDirError) as exc:
-            fail(str(exc))
-        except launch.LaunchError as exc:
-            fail(str(exc), code=1)
-        finally:
-            progress.stop()
-        if not outcome.ran:
-            console.print(f"{run_dir} is complete ({cfg.rounds} rounds): nothing was run or changed; "
-                          "pass a larger --rounds to continue it", highlight=False)
-            return
-        summary = rundir.summary(run_dir)
-        if not outcome.ok:
-            # outcome.details: the failed replies' message, error.txt's last line, or the process's exit
-            # code; a failure Flower logged is more telling than the last two
-            detail = outcome.details if "failure" in summary else (rundir.flower_log_reason(run_dir) or outcome.details)
-            fail(f"run {outcome.status}: {detail} (logs: {run_dir / 'flower.log'})", code=1)
-        acc = summary.get("final_accuracy")
-        failed = summary.get("failed_replies", 0)
-        note = f" ({failed} failed client replies in {summary.get('rounds_with_failures')} rounds)" if failed else ""
-        console.print(f"done: final accuracy {100 * acc:.2f}%{note}" if acc is not None else f"done{note}", f"-> {run_dir}")
+            try:
+                outcome = launch.simulate(cfg, run_dir, progress.show, before_start=begin, process=process)
+            except (runtime.DataCheckError, rundir.RunDirError) as exc:
+                fail(str(exc))
+            except launch.LaunchError as exc:
+                fail(str(exc), code=1)
+            finally:
+                progress.stop()
+    except KeyboardInterrupt:  # launch.simulate has stopped the run's processes by now
+        interrupted(run_dir, total_rounds)
+    if not outcome.ran:
+        console.print(f"{run_dir} is complete ({cfg.rounds} rounds): nothing was run or changed; "
+                      "pass a larger --rounds to continue it")
+        return
+    summary = rundir.summary(run_dir)
+    if not outcome.ok:
+        # outcome.details: the failed replies' message, error.txt's last line, or the process's exit
+        # code; a failure Flower logged is more telling than the last two
+        detail = outcome.details if "failure" in summary else (rundir.flower_log_reason(run_dir) or outcome.details)
+        fail(f"run {outcome.status}: {detail} (logs: {run_dir / 'flower.log'})", code=1)
+    acc = summary.get("final_accuracy")
+    failed = summary.get("failed_replies", 0)
+    note = f" ({failed} failed client replies in {summary.get('rounds_with_failures')} rounds)" if failed else ""
+    console.print(f"done: final accuracy {100 * acc:.2f}%{note}" if acc is not None else f"done{note}", f"-> {run_dir}")
+
+
+def interrupted(run_dir: Optional[Path], rounds: int) -> NoReturn:
+    """Ctrl-C (SIGINT) stopped ``fedsuite simulate``: say what the run kept and the command that
+    continues it (``--resume``, which needs only the run's folder: its recorded config is the
+    base, see ``rundir.resume_config``), then exit 130 (128 + SIGINT, as a shell reports it)."""
+    from fedsuite import rundir
+
+    if run_dir is None or not (run_dir / "config.json").is_file():
+        # before the ServerApp recorded the run: launch.simulate removed what it had created, or left
+        # a start-up's debris, which the next start of the same run clears (rundir.start_debris)
+        err_console.print("interrupted before the run started; nothing to continue: the same command starts it",
+                          soft_wrap=True)
+    else:
+        command = shlex.join(["fedsuite", "simulate", "--resume", "--output-dir", str(run_dir.parent),
+                              "--run-name", run_dir.name])
+        err_console.print(f"interrupted after round {rundir.rounds_done(run_dir)} of {rounds}; continue the run "
+                          f"with: {command}", soft_wrap=True)
+    raise typer.Exit(130)
 
 
 def check_writable_folder(folder: Path, field: str) -> None:
@@ -174,23 +267,37 @@ def figure_path(out: Path) -> Path:
     return out
 
 
+#: RST in docstrings: a role (:class:`x`) and an inline literal (``x``)
+RST_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`~?([^`]+)`")
+RST_LITERAL = re.compile(r"``(.+?)``")
+
+
+def plain_text(doc: str) -> str:
+    """A docstring's words as plain text: RST's roles and inline literals lose their marks."""
+    return RST_LITERAL.sub(r"\1", RST_ROLE.sub(r"\1", doc))
+
+
+def first_line(doc: Optional[str]) -> str:
+    return doc.strip().splitlines()[0] if doc and doc.strip() else ""
+
+
 @app.command("list", cls=OneLineUsageCommand)
 def list_(
-    what: Optional[str] = typer.Argument(None, help="strategies | datasets | partitioners | models"),
+    what: Optional[str] = typer.Argument(None, click_type=Names(LISTS), help="the list to print (default: all)"),
     markdown: bool = typer.Option(False, "--markdown", help="print Markdown tables (used for README.md)"),
 ) -> None:
     """List the registered strategies, datasets, partitioners and models."""
     from fedsuite import registry
 
+    if what is not None and what not in LISTS:
+        fail(f"unknown list {what!r}; allowed: {', '.join(LISTS)}")
     tables = {
         "strategies": {n: m.summary for n, m in registry.methods().items()},
-        "datasets": {n: (f.__doc__ or "").strip().splitlines()[0] if f.__doc__ else "" for n, f in registry.datasets().items()},
-        "partitioners": {n: (f.__doc__ or "").strip().splitlines()[0] if f.__doc__ else "" for n, f in registry.partitioners().items()},
-        "models": {n: (f.__doc__ or "").strip().splitlines()[0] if f.__doc__ else "" for n, f in registry.models().items()},
+        "datasets": {n: first_line(f.__doc__) for n, f in registry.datasets().items()},
+        "partitioners": {n: first_line(f.__doc__) for n, f in registry.partitioners().items()},
+        "models": {n: first_line(f.__doc__) for n, f in registry.models().items()},
     }
-    if what is not None and what not in tables:
-        fail(f"unknown list {what!r}; allowed: {', '.join(tables)}")
-    if markdown:
+    if markdown:  # the docstrings' ``x`` is a code span in Markdown too
         for name, rows in tables.items():
             if what in (None, name):
                 print(f"\n**{name}**\n\n| name | what |\n|---|---|")
@@ -200,22 +307,31 @@ def list_(
     for name, rows in tables.items():
         if what in (None, name):
             table = Table(title=name, show_header=False, title_justify="left")
+            table.add_column(style="bold")
+            table.add_column()
             for key, desc in rows.items():
-                table.add_row(f"[bold]{key}[/]", desc)
+                table.add_row(key, plain_text(desc))
             console.print(table)
 
 
-@app.command(cls=OneLineUsageCommand)
+@app.command(cls=ConfigOptionsCommand)
 def partition(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file"),
-    set_: list[str] = typer.Option([], "--set", help="override: key=value"),
-    dataset: Optional[str] = typer.Option(None), partitioner: Optional[str] = typer.Option(None),
-    alpha: Optional[float] = typer.Option(None), classes_per_client: Optional[int] = typer.Option(None),
-    num_clients: Optional[int] = typer.Option(None), seed: Optional[int] = typer.Option(None),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (default: none, the "
+                                          "defaults shown here)"),
+    set_: list[str] = typer.Option([], "--set", help="override: key=value (repeatable)"),
+    dataset: Optional[str] = typer.Option(None, click_type=Names(registry_names("datasets")), help="dataset name"),
+    partitioner: Optional[str] = typer.Option(None, click_type=Names(registry_names("partitioners")),
+                                              help="partitioner name"),
+    alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration"),
+    classes_per_client: Optional[int] = typer.Option(None, help="classes per client (pathological)"),
+    num_clients: Optional[int] = typer.Option(None, help="number of clients"),
+    seed: Optional[int] = typer.Option(None, help="random seed (fixes the partition)"),
     out: Path = typer.Option(Path("partition.png"), help="where to save the label-histogram plot"),
     show: int = typer.Option(20, min=0, help="clients shown in the table"),
 ) -> None:
-    """Per-client label histogram of a dataset/partition choice (table + saved plot)."""
+    """Per-client label histogram of a dataset/partition choice (table + saved plot).
+
+    An option left out takes its value from --config, else the default shown."""
     import numpy as np
 
     from fedsuite import runtime
@@ -366,7 +482,8 @@ def sweep(
     last: int = typer.Option(10, "--last", help="a run's reading: the mean of its last k evaluations"),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="a grid key: the report names the best setting per value"),
     report_only: bool = typer.Option(False, "--report", help="only write the report from the runs on disk"),
-    search: Optional[str] = typer.Option(None, "--search", help="random|asha: a Ray Tune search over --space instead of a grid"),
+    search: Optional[str] = typer.Option(None, "--search", click_type=Names(search_kinds),
+                                         help="random|asha: a Ray Tune search over --space instead of a grid"),
     space: list[str] = typer.Option([], "--space", help="a search range: lr=log:0.001:0.3, uniform:A:B, int:A:B, choice:a,b (repeatable)"),
     samples: int = typer.Option(8, "--samples", help="a search's number of trials"),
     grace_rounds: Optional[int] = typer.Option(None, "--grace-rounds", help="ASHA's first rung, in rounds (default: a quarter of the rounds)"),
@@ -406,11 +523,13 @@ def sweep(
 
 @app.command(cls=ManyValuesCommand, context_settings={"help_option_names": ["-h", "--help"]})
 def reproduce(
-    target: str = typer.Argument(..., help="a target name (see `fedsuite reproduce list`), or `list`"),
+    target: str = typer.Argument(..., click_type=Names(reproduce_targets),
+                                 help="a target name (see `fedsuite reproduce list`), or `list`"),
     rows: Optional[list[str]] = typer.Option(None, "--rows", help="only these rows (names as in `list`): --rows a b"),
     methods: Optional[list[str]] = typer.Option(None, "--methods", help="only these methods (columns)"),
     seeds: Optional[list[int]] = typer.Option(None, "--seeds", help="seeds: --seeds 0 1 2 (default: the target's, per scale)"),
-    scale: str = typer.Option("paper", "--scale", help="paper: the paper's settings; cpu: the target's "
+    scale: str = typer.Option("paper", "--scale", click_type=Names(reproduce_scales),
+                              help="paper: the paper's settings; cpu: the target's "
                               "CPU-sized variant (orderings only)"),
     jobs: int = typer.Option(1, "--jobs", help="simulations at once"),
     out: Path = typer.Option(Path("runs/reproduce"), "--out", help="folder for runs and reports"),

@@ -1,27 +1,47 @@
 """What the ``fedsuite`` commands share beyond their options: the one-line user error (:func:`fail`),
-usage errors said the same way (:class:`OneLineUsageGroup`, :class:`OneLineUsageCommand`), options
+the consoles that print text as given (:func:`plain_console`), usage errors said the same way
+(:class:`OneLineUsageGroup`, :class:`OneLineUsageCommand`), help that shows every parameter's help,
+choices and default (:class:`PlainHelp`, :class:`Names`, :class:`ConfigOptionsCommand`), options
 that take several values after one flag (:class:`ManyValuesCommand`, ``fedsuite reproduce``'s
 ``--seeds 0 1 2``) and a run's progress bar (:class:`RunProgress`). Light imports only:
 ``fedsuite.cli`` imports this at start-up.
+
+No text is ever read as rich markup or emoji codes: help is click's plain text (the app has
+``rich_markup_mode=None``), and every console is a :func:`plain_console`, so a message holding
+``[sweep]``, ``[/x]``, ``[bold]x`` or ``uniform:A:B`` prints as written. Styling is explicit, with
+:class:`rich.text.Text` (``Text.assemble(("error:", "bold red"), " ", message)``), never markup.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
-from typing import Any
+from typing import Any, Callable, Iterable, NoReturn, Union
 
 import click
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
+from typer.utils import get_params_from_function
 
-err_console = Console(stderr=True)
+
+def plain_console(stderr: bool = False) -> Console:
+    """A console that prints strings as they are: no markup (``[bold]``, ``[/x]``), no emoji codes
+    (``:smile:``, ``uniform:A:B``), no highlighting of numbers and paths. Every console of the CLI
+    is one of these (tests/test_cli_text.py checks the sources); style with :class:`rich.text.Text`."""
+    return Console(stderr=stderr, markup=False, emoji=False, highlight=False)
 
 
-def fail(message: str, code: int = 2) -> None:
-    """A user error: one line on stderr, then exit ``code`` (2: bad input; 1: a run failed)."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+err_console = plain_console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """A user error: one ``error:`` line on stderr, then exit ``code`` (2: bad input; 1: a run failed).
+    The only error prefix of the CLI: click's usage errors come here too."""
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -31,7 +51,7 @@ class RunProgress:
 
     def __init__(self, rounds: int, console: Console) -> None:
         self.rounds = rounds
-        self.bar = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+        self.bar = Progress(TextColumn("{task.description}", markup=False, style="progress.description"), BarColumn(),
                             MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False)
         self.task = self.bar.add_task("starting Flower", total=rounds, start=False, visible=False)
 
@@ -48,17 +68,156 @@ class RunProgress:
             desc += f"  acc {100 * accs[-1]:.2f}%"
         failed = sum(r.get("failed", 0) or 0 for r in done)
         if failed:
-            desc += f"  [yellow]{failed} failed replies[/]"
+            desc += f"  {failed} failed replies"
         self.bar.update(self.task, completed=done[-1]["round"] if done else 0, description=desc)
 
     def stop(self) -> None:
         self.bar.stop()
 
 
-class OneLineUsageGroup(TyperGroup):
+# ------------------------------------------------------------------------------------------------
+# help: every parameter with its help, default, choices
+# ------------------------------------------------------------------------------------------------
+
+
+class Names(click.ParamType):
+    """A name from a fixed set (the strategies, the datasets, ``fedsuite list``'s lists, the
+    ``--neuron-lr`` presets, ...): ``--help`` shows the set as the parameter's choices.
+
+    ``names`` is the set, or a function giving it, called only when the help is shown (the
+    registry imports torch; a command's start-up does not). The value is passed on as given: the
+    code that owns the names (the config, the registry, the tables) refuses a wrong one in its own
+    one-line error, which names the allowed ones."""
+
+    name = "name"
+
+    def __init__(self, names: Union[Iterable[str], Callable[[], Iterable[str]]]) -> None:
+        self.names = names
+
+    def choices(self) -> list[str]:
+        return [str(n) for n in (self.names() if callable(self.names) else self.names)]
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return value
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str | None:
+        return None if isinstance(param, click.Argument) else "NAME"  # an argument's metavar is its name
+
+
+def restore_argument_help(command: click.Command) -> None:
+    """Give a command's positional arguments their ``typer.Argument(help=...)`` back: typer 0.20
+    sets it before click (8.2+, whose Argument takes a help of its own) resets it to None."""
+    if command.callback is None:
+        return
+    declared = get_params_from_function(inspect.unwrap(command.callback))
+    for param in command.params:
+        meta = declared.get(param.name or "")
+        if isinstance(param, click.Argument) and not param.help and meta is not None:
+            param.help = getattr(meta.default, "help", None)
+
+
+class PlainHelp:
+    """click's plain help text for a command or group (no rich panels: nothing in it is read as
+    markup), in which every parameter, positional arguments included, shows its help and then, in
+    brackets, its default (:meth:`shown_default`), its choices (a :class:`Names` or
+    ``click.Choice`` type), its range and whether it is required."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # click's order (typer's own is rich panels; click before 8.5 has no arguments section)
+        self.format_usage(ctx, formatter)  # type: ignore[attr-defined]
+        self.format_help_text(ctx, formatter)  # type: ignore[attr-defined]
+        self.format_arguments(ctx, formatter)
+        self.format_options(ctx, formatter)
+        self.format_epilog(ctx, formatter)  # type: ignore[attr-defined]
+
+    def format_arguments(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self.write_section("Positional arguments", [p for p in self.get_params(ctx)  # type: ignore[attr-defined]
+                                                    if isinstance(p, click.Argument)], ctx, formatter)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self.write_section("Options", [p for p in self.get_params(ctx)  # type: ignore[attr-defined]
+                                       if not isinstance(p, click.Argument)], ctx, formatter)
+        if isinstance(self, click.Group):
+            self.format_commands(ctx, formatter)
+
+    def write_section(self, title: str, params: list[click.Parameter], ctx: click.Context,
+                      formatter: click.HelpFormatter) -> None:
+        records = [r for r in (self.help_record(p, ctx) for p in params) if r is not None]
+        if records:
+            with formatter.section(title):
+                formatter.write_dl(records)
+
+    def help_record(self, param: click.Parameter, ctx: click.Context) -> tuple[str, str] | None:
+        """(the parameter's names and metavar, its help with the bracketed extras), or None if hidden."""
+        if getattr(param, "hidden", False):
+            return None
+        if isinstance(param, click.Argument):
+            names = param.make_metavar(ctx)
+        else:
+            names = param.get_help_record(ctx)[0]  # type: ignore[index]  # "--rounds INTEGER", "--strategy, -s NAME"
+        extras = []
+        default = self.shown_default(param, ctx)
+        if default:
+            extras.append(f"default: {default}")
+        choices = param_choices(param)
+        if choices:
+            extras.append(f"choices: {', '.join(choices)}")
+        describe_range = getattr(param.type, "_describe_range", None)  # click's IntRange, FloatRange
+        if describe_range is not None and describe_range():
+            extras.append(describe_range())
+        if param.required:
+            extras.append("required")
+        text = param.help or ""
+        if extras:
+            text = f"{text}  [{'; '.join(extras)}]" if text else f"[{'; '.join(extras)}]"
+        return names, text
+
+    def shown_default(self, param: click.Parameter, ctx: click.Context) -> str | None:
+        """The default the help shows: the parameter's own (a flag's off, an empty list and None show
+        none; a string ``show_default`` is shown as written)."""
+        show = getattr(param, "show_default", None)
+        if isinstance(show, str):
+            return show
+        if show is False or (isinstance(param, click.Option) and param.is_flag):
+            return None
+        default = param.get_default(ctx, call=False)
+        if default is None or callable(default):
+            return None
+        if isinstance(default, (list, tuple)):
+            return ", ".join(str(d) for d in default) or None
+        return str(default)
+
+
+def param_choices(param: click.Parameter) -> list[str]:
+    """A parameter's fixed set of values (:class:`Names`, ``click.Choice``), else []."""
+    if isinstance(param.type, Names):
+        return param.type.choices()
+    if isinstance(param.type, click.Choice):
+        return [str(c) for c in param.type.choices]
+    return []
+
+
+#: ``fedsuite simulate``'s options that set a config field of another name (the rest: their own)
+CONFIG_KEYS = {"relaxed_init": "relaxed_init.beta", "neuron_lr": "neuron_lr.preset"}
+
+
+@functools.cache
+def config_defaults() -> dict[str, Any]:
+    """Every config field's default, by dotted key (``rounds``, ``neuron_lr.preset``)."""
+    from fedsuite.config import config_model, flat_config
+
+    return flat_config(config_model()().model_dump(mode="json"))
+
+
+# ------------------------------------------------------------------------------------------------
+# the group and commands: one-line usage errors, plain help
+# ------------------------------------------------------------------------------------------------
+
+
+class OneLineUsageGroup(PlainHelp, TyperGroup):
     """The ``fedsuite`` group: an unknown command, or an unknown option before it (``fedsuite
     --bogus``), is one line and exit code 2, as any user error (click's default is a boxed usage
-    text); ``fedsuite`` alone still shows the help."""
+    text); so is any other click error a command raises. ``fedsuite`` alone still shows the help."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
@@ -74,10 +233,21 @@ class OneLineUsageGroup(TyperGroup):
         except click.UsageError as exc:
             fail(exc.format_message())
 
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:  # not typer.Exit (fail's) nor Abort: neither is a ClickException
+            fail(exc.format_message(), code=exc.exit_code)
 
-class OneLineUsageCommand(TyperCommand):
+
+class OneLineUsageCommand(PlainHelp, TyperCommand):
     """A command whose usage errors (an unknown option, a value of the wrong type, a missing
-    argument) are one line and exit code 2, as its other user errors."""
+    argument) are one line and exit code 2, as its other user errors; its help is
+    :class:`PlainHelp`'s."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        restore_argument_help(self)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
@@ -88,6 +258,18 @@ class OneLineUsageCommand(TyperCommand):
     def prepare(self, args: list[str]) -> list[str]:
         """The arguments as click is to parse them (here: as given)."""
         return args
+
+
+class ConfigOptionsCommand(OneLineUsageCommand):
+    """A command whose options without a default of their own set the run-config field of their
+    name, or :data:`CONFIG_KEYS`'s (``fedsuite simulate``, ``partition``): the help shows that
+    field's default from the config model (read when the help is shown: it imports the registry)."""
+
+    def shown_default(self, param: click.Parameter, ctx: click.Context) -> str | None:
+        if isinstance(param, click.Option) and not param.is_flag and param.default is None:
+            default = config_defaults().get(CONFIG_KEYS.get(param.name or "", param.name))
+            return None if default is None else str(default)
+        return super().shown_default(param, ctx)
 
 
 class ManyValuesCommand(OneLineUsageCommand):

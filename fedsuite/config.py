@@ -395,7 +395,8 @@ def _format_errors(exc: ValidationError, model: type[BaseModel]) -> str:
             msg = f"unknown key; allowed keys here: {allowed}"
         elif "input" in err and err["type"] not in ("value_error", "missing"):
             msg = f"{msg} (got {err['input']!r})"
-        lines.append(f"config error: {loc or 'config'}: {msg}" if loc else f"config error: {msg}")
+        # "config: ...": the CLI prints it after its one prefix, "error: "
+        lines.append(f"config: {loc}: {msg}" if loc else f"config: {msg}")
     return "\n".join(lines)
 
 

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from rich.text import Text
+
 from fedsuite import rundir
 from fedsuite.config import ConfigError, build_config, parse_value
 from fedsuite.sweep import SweepError, _text, _toml_value, setting_label, split_values
@@ -232,9 +234,9 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
     ray_tmpdir = reaper.make_ray_tmpdir(folder)
     scheduler = (ASHAScheduler(time_attr="round", max_t=rounds, grace_period=grace, reduction_factor=REDUCTION_FACTOR)
                  if search == "asha" else FIFOScheduler())
-    console.print(f"[bold]search {folder.name}[/] ({search}): {samples} trials of {rounds} rounds, seed {seeds[0]}, "
-                  f"{jobs} at a time" + (f", ASHA rungs from round {grace}" if search == "asha" else "")
-                  + f" -> {folder}", highlight=False)
+    console.print(Text.assemble((f"search {folder.name}", "bold"), f" ({search}): {samples} trials of {rounds} rounds, "
+                                f"seed {seeds[0]}, {jobs} at a time"
+                                + (f", ASHA rungs from round {grace}" if search == "asha" else "") + f" -> {folder}"))
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # trials' runs see the GPUs (their clients use them)
     interrupted = False
     try:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from rich.text import Text
 
 from fedsuite import rundir
 from fedsuite.config import ConfigError, build_config, load_toml, parse_value
@@ -322,8 +323,8 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
         return 0
     todo = pending(runs)
     settings = len(runs) // len(seed_list)
-    console.print(f"[bold]sweep {name}[/]: {settings} settings x {len(seed_list)} seeds = {len(runs)} runs, "
-                  f"{len(runs) - len(todo)} already done, {jobs} at a time -> {folder}", highlight=False)
+    console.print(Text.assemble((f"sweep {name}", "bold"), f": {settings} settings x {len(seed_list)} seeds = "
+                                f"{len(runs)} runs, {len(runs) - len(todo)} already done, {jobs} at a time -> {folder}"))
     return queue_and_report(runs, jobs, placement_options(num_gpus, ray_address), console,
                             lambda: write_report(runs, folder, last, group_by, name))
 

@@ -10,6 +10,8 @@
 * A kill between the checkpoint and the metrics row (either order) never loses or doubles a round.
 * ``--resume`` compares the command line with the run's ``config.json``: a change outside
   ``RESUME_MUTABLE`` is refused with exit code 2, and nothing in the run directory is touched.
+* Ctrl-C (SIGINT) stops ``fedsuite simulate`` with exit code 130 and the ``--resume`` command that
+  continues the run, which does (issue 42 item 4).
 
 Real processes throughout; the uninterrupted runs come from the session-cached ``simulate`` fixture.
 """
@@ -20,6 +22,8 @@ import hashlib
 import json
 import os
 import random
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -43,6 +47,7 @@ from fedsuite.state import ClientState, prune_committed
 from tests.conftest import FAST, assert_same_arrays
 
 ROOT = Path(__file__).resolve().parent.parent
+FEDSUITE = Path(sys.executable).parent / "fedsuite"
 ROUNDS = 6
 METHODS: dict[str, dict[str, Any]] = {
     "scaffold": {"strategy": "scaffold"},
@@ -487,6 +492,54 @@ def test_a_run_whose_launcher_is_killed_stays_partial_and_resumes(simulate, data
 
     res = subprocess.run(_cli("--output-dir", str(out), "--run-name", run_dir.name, "--resume"), env=_env(),
                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"resume failed: {res.stdout[-2000:]} {res.stderr[-3000:]}"
+    rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
+    assert rows == reference.metrics_without_time()
+
+
+@pytest.mark.long
+def test_ctrl_c_stops_the_run_and_prints_the_command_that_continues_it(simulate, data_root, tmp_path,
+                                                                       worker_ray_cluster):
+    """SIGINT to the ``fedsuite simulate`` process alone, mid-run (what Ctrl-C sends it: the run's
+    other processes live in sessions of their own): the run's processes stop, the run stays partial,
+    and the CLI exits 130 with one line naming the round reached and the ``--resume`` command; that
+    command, run as printed from another folder, ends the run equal to the uninterrupted one."""
+    reference = simulate(rounds=ROUNDS, strategy="fedavg")
+    out = tmp_path / "runs"
+    run_dir = out / "ctrl-c"
+    toml = _write_toml(tmp_path / "ctrl-c.toml", {**FAST, "rounds": ROUNDS, "strategy": "fedavg", "ray_address":
+                                                  worker_ray_cluster, "data_root": str(data_root),
+                                                  "output_dir": str(out), "run_name": run_dir.name})
+    log, err = tmp_path / "ctrl-c.log", tmp_path / "ctrl-c.err"
+    with log.open("wb") as stdout, err.open("wb") as stderr:
+        # SIGINT handled as in a terminal: a process started where SIGINT is ignored (a non-interactive
+        # shell's background job) inherits that, and Python then raises no KeyboardInterrupt
+        proc = subprocess.Popen(_cli("-c", str(toml)), env=_env(), cwd=tmp_path, stdout=stdout, stderr=stderr,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        _wait_for_round(proc, run_dir, log, 2)
+        proc.send_signal(signal.SIGINT)  # by PID: the CLI only
+        assert proc.wait(timeout=120) == 130, err.read_text()
+    finally:
+        if proc.poll() is None:
+            _kill_9(proc, run_dir)
+    said = err.read_text()
+    assert "Traceback" not in said and "Aborted" not in said, said
+    match = re.fullmatch(r"interrupted after round (\d+) of (\d+); continue the run with: (.+)", said.strip())
+    assert match, said
+    assert 2 <= int(match[1]) < ROUNDS and int(match[2]) == ROUNDS, said
+    command = shlex.split(match[3])
+    assert command == ["fedsuite", "simulate", "--resume", "--output-dir", str(out.resolve()), "--run-name",
+                       run_dir.name], command
+    flwr_home = ("FLWR_HOME", str(run_dir / ".flwr"))
+    assert not [p for p in process_tree(proc, flwr_home) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert rundir.state(run_dir) == "partial"
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = subprocess.run([str(FEDSUITE), *command[1:]], env=_env(), cwd=elsewhere, capture_output=True, text=True,
+                         timeout=600)
     assert res.returncode == 0, f"resume failed: {res.stdout[-2000:]} {res.stderr[-3000:]}"
     rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
     assert rows == reference.metrics_without_time()

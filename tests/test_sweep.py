@@ -140,7 +140,7 @@ def test_a_sweep_section_with_seeds_only_takes_the_grid_from_the_command_line(tm
 
 @pytest.mark.parametrize(("args", "words"), [
     (["--grid", "nope=1,2"], "nope: unknown key"),
-    (["--grid", "lr=0.1,-1"], "setting lr=-1: config error: lr"),
+    (["--grid", "lr=0.1,-1"], "setting lr=-1: config: lr"),
     (["--grid", "strategy=fedavg,notamethod"], "unknown strategy 'notamethod'"),
     ([], "the grid is empty"),
     (["--grid", "lr"], "--grid expects key=value1,value2"),

@@ -22,6 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from rich.text import Text
+
 from fedsuite import rundir
 from fedsuite.reproduce.queue import ReproduceError, pending, placement_options, queue_and_report
 from fedsuite.reproduce.report import write_report
@@ -56,8 +58,8 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
         console.print(f"report -> {path}")
         return 0
     todo = pending(specs)
-    console.print(f"[bold]{target.name}[/] ({scale} scale): {len(specs)} runs, "
-                  f"{len(specs) - len(todo)} already done, {jobs} at a time -> {report_dir.parent}")
+    console.print(Text.assemble((target.name, "bold"), f" ({scale} scale): {len(specs)} runs, "
+                                f"{len(specs) - len(todo)} already done, {jobs} at a time -> {report_dir.parent}"))
     return queue_and_report(specs, jobs, placement_options(num_gpus, ray_address), console,
                             lambda: write_report(target, specs, scale, report_dir))
 
@@ -65,7 +67,7 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
 def print_targets(targets: dict[str, Target], console) -> None:
     """One block per target: name, title, grid size, and its row names (for --rows)."""
     for name, t in sorted(targets.items()):
-        console.print(f"[bold]{name}[/]  {t.title}  ({len(t.rows)} rows x {len(t.methods)} methods; "
-                      f"{t.file.parent.name}/{t.file.name})", highlight=False, soft_wrap=True)
+        console.print(Text.assemble((name, "bold"), f"  {t.title}  ({len(t.rows)} rows x {len(t.methods)} methods; "
+                                    f"{t.file.parent.name}/{t.file.name})"), soft_wrap=True)
         console.print("  methods: " + " ".join(t.methods), highlight=False, soft_wrap=True)
         console.print("  rows: " + " ".join(r.name for r in t.rows), highlight=False, soft_wrap=True)

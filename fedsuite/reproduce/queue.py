@@ -97,13 +97,14 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
     simulate`` child (``--resume`` where a partial run exists); show one progress display. Returns
     each run directory's final state (``rundir.state``, or ``failed`` for a run whose process
     exited non-zero). Ctrl-C/SIGTERM stops every running run's process tree, then re-raises."""
-    from rich.console import Console
     from rich.live import Live
     from rich.table import Table
+    from rich.text import Text
 
     from fedsuite import reaper
+    from fedsuite.cli_support import plain_console
 
-    console = console or Console()
+    console = console or plain_console()
     slices = core_slices(jobs)  # each running run's own share of the cores (None: one job, unpinned)
     states = {s.run_dir: rundir.state(s.run_dir, s.rounds) for s in specs}
     todo = [s for s in specs if states[s.run_dir] in ("new", "partial", "debris")]
@@ -121,9 +122,9 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
         elapsed = time.monotonic() - started
         eta = f"{left * elapsed / gained / 60:.0f} min" if gained > 0 else "-"
         table = Table.grid(padding=(0, 2))
-        table.add_row(f"[bold]runs {finished}/{len(specs)} done[/], {len(running)} running, "
-                      f"{len(todo)} queued; rounds {sum(progress.values())}/{total_rounds}; "
-                      f"elapsed {elapsed / 60:.1f} min, ETA {eta}")
+        table.add_row(Text.assemble((f"runs {finished}/{len(specs)} done", "bold"), f", {len(running)} running, "
+                                    f"{len(todo)} queued; rounds {sum(progress.values())}/{total_rounds}; "
+                                    f"elapsed {elapsed / 60:.1f} min, ETA {eta}"))
         for spec, *_ in running.values():
             table.add_row(f"  {spec.label}: round {progress[spec.run_dir]}/{spec.rounds}")
         return table
