@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import tomli_w
 
 from fedsuite import reaper, rundir
-from fedsuite.processes import STOP_GRACE_S, process_env, run_env, stop_tree
+from fedsuite.processes import STOP_GRACE_S, process_env, process_tree, run_env, stop_tree, terminate_all
 
 if TYPE_CHECKING:
     from fedsuite.config import BaseRunConfig
@@ -217,8 +217,11 @@ def _simulate(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
             watch(run_dir, lambda: proc.poll() is None, on_progress, cfg.stall_timeout_s)
             outcome = RunOutcome(run_dir, *simulation_status(proc, run_dir))
             # the run has ended and its results are on disk: the simulation process gets no teardown
-            # (Ray's shutdown takes seconds, and Ray's SIGTERM handler writes a stack dump to the log)
+            # (Ray's shutdown takes seconds, and Ray's SIGTERM handler writes a stack dump to the log);
+            # what it started is collected first, while its children are still its children
+            started_by_it = process_tree(proc, ("FLWR_HOME", str(flwr_home)))
             proc.kill()
+            terminate_all(started_by_it, timeout=STOP_GRACE_S)
             return outcome
         finally:
             stop_tree(proc, ("FLWR_HOME", str(flwr_home)), timeout=STOP_GRACE_S)

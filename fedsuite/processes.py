@@ -138,20 +138,34 @@ def marked(key: str, value: str, exclude: tuple[int, ...] = (),
     return out
 
 
+def with_descendants(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """``procs`` and all their descendants, each once. A marked process's children need not carry
+    the mark where /proc shows it: Ray renames its agents (``ray::DashboardAgent``,
+    ``ray::RuntimeEnvAgent``) by writing over the memory that holds their environment, so only their
+    parent, the raylet, still shows a run's ``FLWR_HOME``."""
+    out: dict[int, psutil.Process] = {}
+    for p in procs:
+        out[p.pid] = p
+        try:
+            out.update({c.pid: c for c in p.children(recursive=True)})
+        except psutil.NoSuchProcess:
+            continue
+    return list(out.values())
+
+
 def process_tree(proc: subprocess.Popen, marker_env: tuple[str, str] | None = None) -> list[psutil.Process]:
     """``proc``, its descendants and any process whose environment carries ``marker_env`` (our
     private ``FLWR_HOME``: Ray daemons re-parented to init, and a SuperLink's SuperExec, which Flower
-    detaches into a new session)."""
+    detaches into a new session), with theirs (:func:`with_descendants`)."""
     procs: dict[int, psutil.Process] = {}
     try:
         root = psutil.Process(proc.pid)
         procs[root.pid] = root
-        procs.update({p.pid: p for p in root.children(recursive=True)})
     except psutil.NoSuchProcess:
         pass
     if marker_env is not None:
         procs.update({p.pid: p for p in marked(*marker_env, exclude=tuple(procs))})
-    return list(procs.values())
+    return with_descendants(list(procs.values()))
 
 
 def terminate_all(procs: list[psutil.Process], timeout: float) -> None:

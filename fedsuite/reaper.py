@@ -34,7 +34,7 @@ from pathlib import Path
 
 import psutil
 
-from fedsuite.processes import fedsuite_first, marked, terminate_all
+from fedsuite.processes import fedsuite_first, marked, terminate_all, with_descendants
 from fedsuite.rundir import summary_status
 
 PR_SET_PDEATHSIG = 1
@@ -64,7 +64,7 @@ def sweep(key: str, value: str, exclude: tuple[int, ...] = (), settle: float = 2
     quiet_since = time.monotonic()
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        procs = marked(key, value, exclude)
+        procs = [p for p in with_descendants(marked(key, value, exclude)) if p.pid not in exclude]
         if not procs:
             if time.monotonic() - quiet_since >= settle:
                 break
