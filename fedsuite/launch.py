@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import tomli_w
 
 from fedsuite import reaper, rundir
-from fedsuite.processes import STOP_GRACE_S, process_env, process_tree, run_env, stop_tree, terminate_all
+from fedsuite.processes import (STOP_GRACE_S, new_attempt, process_env, process_tree, run_env, stop_tree,
+                                terminate_all)
 
 if TYPE_CHECKING:
     from fedsuite.config import BaseRunConfig
@@ -201,13 +202,14 @@ def _simulate(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
     ray_tmpdir = None if cfg.ray_address else reaper.make_ray_tmpdir(run_dir)
     # a run must not outlive this process: the simulation dies with it (PDEATHSIG) and a watcher in
     # its own session stops everything carrying our FLWR_HOME if this process is killed
-    watcher = reaper.start(flwr_home, run_dir / "reaper.log", remove=ray_tmpdir)
+    attempt = new_attempt()  # this start's mark: its watcher never stops a --resume begun after a kill
+    watcher = reaper.start(flwr_home, run_dir / "reaper.log", remove=ray_tmpdir, attempt=attempt)
     proc = process if process is not None else start_simulation_process()
     started = False
     try:
         try:
             tell(proc, json.dumps({"app": str(app_dir), "log": str(run_dir / "flower.log"),
-                                   "env": run_env(flwr_home, cfg.ray_address, ray_tmpdir)}))
+                                   "env": run_env(flwr_home, cfg.ray_address, ray_tmpdir, attempt)}))
             if before_start is not None:
                 before_start()
             (run_dir / "summary.json").unlink(missing_ok=True)  # a resumed run rewrites it when it ends

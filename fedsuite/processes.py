@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -74,10 +75,25 @@ def flower_env(flwr_home: Path, ray_address: str | None = None, ray_tmpdir: Path
     return {**process_env(), **run_env(flwr_home, ray_address, ray_tmpdir)}
 
 
-def run_env(flwr_home: Path, ray_address: str | None = None, ray_tmpdir: Path | None = None) -> dict[str, str]:
+#: the environment variable that marks the processes of one start of a run (:func:`new_attempt`):
+#: a killed start's watcher stops those, never the processes of a ``--resume`` begun meanwhile,
+#: which share the run's ``FLWR_HOME``
+ATTEMPT_ENV = "FEDSUITE_ATTEMPT"
+
+
+def new_attempt() -> str:
+    """A mark for one start of a run, unique on this machine (the starting process and the time)."""
+    return f"{os.getpid()}-{time.time_ns()}"
+
+
+def run_env(flwr_home: Path, ray_address: str | None = None, ray_tmpdir: Path | None = None,
+            attempt: str | None = None) -> dict[str, str]:
     """What ties a process to one run: ``FLWR_HOME`` (Flower's home for the run, and the mark by which
-    the run's processes are found and stopped), the Ray cluster it joins, its private Ray's folder."""
+    the run's processes are found and stopped), the Ray cluster it joins, its private Ray's folder,
+    and the start of the run it belongs to (:data:`ATTEMPT_ENV`)."""
     env = {"FLWR_HOME": str(flwr_home)}
+    if attempt is not None:
+        env[ATTEMPT_ENV] = attempt
     # Flower's simulation process calls ray.init(), which joins the cluster named by RAY_ADDRESS:
     # set exactly when the run asks for one (fedsuite.raycluster), never inherited from the shell
     if ray_address:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import psutil
 
-from fedsuite.processes import fedsuite_first, marked, terminate_all, with_descendants
+from fedsuite.processes import ATTEMPT_ENV, fedsuite_first, marked, terminate_all, with_descendants
 from fedsuite.rundir import summary_status
 
 PR_SET_PDEATHSIG = 1
@@ -154,17 +154,21 @@ def remove_orphan_ray_tmpdirs() -> list[Path]:
     return removed
 
 
-def start(flwr_home: Path, log_path: Path | None = None, remove: Path | None = None) -> subprocess.Popen:
+def start(flwr_home: Path, log_path: Path | None = None, remove: Path | None = None,
+          attempt: str | None = None) -> subprocess.Popen:
     """Start the watcher for this process (the CLI) and the run whose ``FLWR_HOME`` is ``flwr_home``
     (``<run>/.flwr``); ``remove``: the run's private Ray directory, discarded after the sweep
-    (:func:`discard_ray_tmpdir`)."""
+    (:func:`discard_ray_tmpdir`). With ``attempt`` (``processes.new_attempt``, set in the run's
+    processes as ``processes.ATTEMPT_ENV``) it stops the processes of that start of the run only,
+    so a ``--resume`` begun while it sweeps is left alone; without, every process of the run."""
     me = psutil.Process()
-    env = fedsuite_first({k: v for k, v in os.environ.items() if k != "FLWR_HOME"})
+    env = fedsuite_first({k: v for k, v in os.environ.items() if k not in ("FLWR_HOME", ATTEMPT_ENV)})
+    marker = (ATTEMPT_ENV, attempt) if attempt is not None else ("FLWR_HOME", str(flwr_home))
     out = log_path.open("ab") if log_path is not None else subprocess.DEVNULL
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "fedsuite.reaper", str(me.pid), repr(me.create_time()), str(flwr_home),
-             *([str(remove)] if remove is not None else [])],
+             *marker, *([str(remove)] if remove is not None else [])],
             env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     finally:
@@ -193,15 +197,16 @@ def _alive(pid: int, create_time: float) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    pid, create_time, flwr_home = int(argv[0]), float(argv[1]), argv[2]
+    """``python -m fedsuite.reaper PID CREATE_TIME FLWR_HOME MARK_KEY MARK_VALUE [RAY_TMPDIR]``."""
+    pid, create_time, flwr_home, key, value = int(argv[0]), float(argv[1]), argv[2], argv[3], argv[4]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the CLI finished normally
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while _alive(pid, create_time):
         time.sleep(0.5)
-    n = sweep("FLWR_HOME", flwr_home, exclude=(os.getpid(),))
-    if len(argv) > 3:
-        discard_ray_tmpdir(Path(argv[3]), Path(flwr_home).parent)
-    print(f"fedsuite reaper: CLI {pid} is gone; stopped {n} processes of {flwr_home}", flush=True)
+    n = sweep(key, value, exclude=(os.getpid(),))
+    if len(argv) > 5:
+        discard_ray_tmpdir(Path(argv[5]), Path(flwr_home).parent)
+    print(f"fedsuite reaper: CLI {pid} is gone; stopped {n} processes of {flwr_home} ({key}={value})", flush=True)
     return 0
 
 
