@@ -217,7 +217,12 @@ def config_defaults() -> dict[str, Any]:
 class OneLineUsageGroup(PlainHelp, TyperGroup):
     """The ``fedsuite`` group: an unknown command, or an unknown option before it (``fedsuite
     --bogus``), is one line and exit code 2, as any user error (click's default is a boxed usage
-    text); so is any other click error a command raises. ``fedsuite`` alone still shows the help."""
+    text); so is any other click error a command raises. ``fedsuite`` alone still shows the help.
+    A mistyped command gets click's own "Did you mean" (typer would add it a second time)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.suggest_commands = False
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:

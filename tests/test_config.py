@@ -120,6 +120,7 @@ def test_cli_user_errors_exit_2_without_traceback_or_run_dir(tmp_path, args):
     "args, words",
     [
         (["nope"], "No such command 'nope'"),
+        (["simulat"], "No such command 'simulat'. Did you mean 'simulate'?"),
         (["--bogus"], "No such option '--bogus'"),
         (["simulate", "--rounds", "abc"], "'abc' is not a valid integer"),
         (["simulate", "--out", "x"], "No such option '--out'"),
@@ -143,6 +144,7 @@ def test_every_commands_usage_error_is_one_line_and_exit_2(args, words):
     text = result.stdout + (result.stderr or "")
     assert result.exit_code == 2, text
     assert text.startswith("error: ") and words in text and len(text.strip().splitlines()) == 1, text
+    assert text.count("Did you mean") <= 1, text  # once (typer repeated click's suggestion)
 
 
 def test_cli_missing_dataset_names_files_and_layout(tmp_path):
