@@ -435,7 +435,7 @@ class ResNet20(FeatureModel):
 
 
 def resnet20(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
-    """FedMR's ResNet-20 (spec §4.3, A11). 1-channel input -> FEMNIST variant (stem max-pool)."""
+    """FedMR's ResNet-20 as the authors' code builds it (pre-activation bottlenecks). 1-channel input -> FEMNIST variant (stem max-pool)."""
     shape = _image_shape("resnet20", input_shape)
     return ResNet20(shape[0], _check_classes(num_classes), femnist=shape[0] == 1)
 
@@ -576,7 +576,7 @@ def vgg11(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
 
 
 def vgg16(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
-    """FedMR's VGG-16-BN; inputs smaller than 32x32 are zero-padded to 32x32 (spec A12)."""
+    """A true VGG-16-BN; inputs smaller than 32x32 are zero-padded to 32x32 (FedMR's FEMNIST rows use vgg16_femnist_authors)."""
     return VGG16(_image_shape("vgg16", input_shape), _check_classes(num_classes))
 
 
