@@ -40,14 +40,14 @@ from rich.console import Console
 
 from fedsuite import rundir
 from fedsuite.processes import available_cores, core_slices
-from fedsuite.config import build_config
+from fedsuite.config import ConfigError, build_config
 from fedsuite.reproduce.queue import ReproduceError, missing_data, pending, placement_options, run_queue
 from fedsuite.reproduce.report import aggregate, write_report
 from fedsuite.reproduce.tables import SCALES, Target, load_targets, parse_tables, plan
 from fedsuite.reproduce.verdicts import (HOLDS, NOT_JUDGED, REVERSED, WITHIN_NOISE, Claim, claims, paired_verdict,
                                          verdict)
-from fedsuite.results import read_metrics, run_value, write_atomically
-from tests.conftest import assert_same_arrays
+from fedsuite.results import read_metrics, run_value, write_atomically, write_json
+from tests.conftest import FAST, assert_same_arrays
 from tests.test_data import make_cifar10, make_cifar100
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -639,6 +639,57 @@ def test_a_run_with_other_rounds_than_asked_is_continued_or_named_never_read(tmp
     assert ("- fedprox seed 1: has 4 rounds, more than the 3 asked (a run is not cut short: ask for its rounds, "
             "or use another output folder)") in md
     assert "| FedProx | 51.00 ± 1.00 | - | 0/2 |" in md
+
+
+# ------------------------------------------------------------------------------------------------
+# a queue reuses a run only if it is the run asked for (issue 42 item 3)
+# ------------------------------------------------------------------------------------------------
+
+
+def _record(run_dir: Path, cfg) -> Path:
+    """``run_dir`` holding the ``config.json`` the ServerApp records for ``cfg`` (server_app.main)."""
+    run_dir.mkdir(parents=True)
+    write_json(run_dir / "config.json", cfg.active_dump())
+    return run_dir
+
+
+def test_a_run_is_the_run_asked_for_only_if_its_recorded_config_is(tmp_path):
+    """``rundir.config_mismatch``: a field that makes another experiment is named, recorded value
+    and asked value; the rounds (``rundir.state`` judges them), where the run lives (a moved
+    folder, moved data) and what runs it (``--ray-address``, ``--num-gpus``) are not."""
+    asked = build_config(values={**FAST, "strategy": "fedprox", "output_dir": str(tmp_path / "out"), "run_name": "r"})
+    same = {**FAST, "strategy": "fedprox", "output_dir": str(tmp_path / "moved"), "run_name": "r-old", "rounds": 50,
+            "data_root": "/elsewhere/data", "ray_address": "127.0.0.1:6379", "num_gpus": 0.5, "device": "cpu",
+            "tensorboard": False}
+    assert rundir.config_mismatch(_record(tmp_path / "same", build_config(values=same)), asked) == []
+
+    other = {**same, "lr": 0.1, "fedprox.mu": 0.5, "dataset_options": {"iid": True}, "faults.client_error": 0.5}
+    assert rundir.config_mismatch(_record(tmp_path / "other", build_config(values=other)), asked) == [
+        'dataset_options: recorded {"iid": true}, asked {}', "faults.client_error: recorded 0.5, asked 0.0",
+        "fedprox.mu: recorded 0.5, asked 0.01", "lr: recorded 0.1, asked 0.05"]
+    # another method: its strategy first; a method's section that only one side has is not compared
+    fedavg = _record(tmp_path / "fedavg", build_config(values={**same, "strategy": "fedavg", "alpha": 0.1}))
+    assert rundir.config_mismatch(fedavg, asked) == ['strategy: recorded "fedavg", asked "fedprox"',
+                                                     "alpha: recorded 0.1, asked 0.5"]
+    # a record an older fedsuite wrote, without a field added since: the field counts at its default
+    old = json.loads((tmp_path / "same" / "config.json").read_text())
+    del old["min_replies"]
+    (tmp_path / "same" / "config.json").write_text(json.dumps(old))
+    assert rundir.config_mismatch(tmp_path / "same", asked) == []
+    assert rundir.config_mismatch(tmp_path / "same", build_config(values={**same, "min_replies": 2})) == [
+        "min_replies: recorded 1, asked 2"]
+
+    # no config.json: a run never started, or one killed in its first seconds (debris), records no
+    # run and differs from nothing: the queue starts it as before
+    debris = tmp_path / "debris"
+    debris.mkdir()
+    (debris / "flower.log").write_text("starting\n")
+    assert rundir.state(debris) == "debris" and rundir.config_mismatch(debris, asked) == []
+    assert rundir.config_mismatch(tmp_path / "never", asked) == []
+    # a record that cannot be read: one line naming it
+    (tmp_path / "other" / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"^dir0\.5 fedavg s0: .*other/config.json cannot be read as JSON"):
+        rundir.config_mismatch(tmp_path / "other", asked, who="dir0.5 fedavg s0")
 
 
 @pytest.mark.long
