@@ -15,7 +15,10 @@ Every setting (one value per key: the grid's Cartesian product) runs once per se
 ``fedsuite simulate`` run in ``<out>/<name>/<setting>/s<seed>``. The runs go through the queue of
 ``fedsuite reproduce`` (:func:`fedsuite.reproduce.queue.run_queue`): ``--jobs`` at a time, finished runs
 skipped, interrupted ones resumed, Ctrl-C and kill safe. Before anything runs, every run's config is
-validated (an unknown key, a value that fails validation, an empty grid: one line, exit 2) and
+validated (an unknown key, a value that fails validation, an empty grid: one line, exit 2), every
+run already in the folder is checked to be the run asked for (a sweep run again after its base
+``--set`` or config file changed finds runs of the old setting: one line naming a run folder and
+the fields that differ, exit 2, nothing started; ``fedsuite.reproduce.queue.check_recorded``), and
 every dataset the runs need is checked.
 
 The report (``<out>/<name>/report.md``, ``report.csv``, ``accuracy.png``) has per setting the
@@ -38,8 +41,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from fedsuite import rundir
-from fedsuite.config import ConfigError, build_config, load_toml, parse_value
-from fedsuite.reproduce.queue import ReproduceError, pending, placement_options, queue_and_report, simulate_command
+from fedsuite.config import BaseRunConfig, ConfigError, build_config, load_toml, parse_value
+from fedsuite.reproduce.queue import (ReproduceError, check_recorded, other_folder, pending, placement_options,
+                                      queue_and_report, simulate_command)
 from fedsuite.reproduce.report import aggregate
 
 
@@ -125,6 +129,7 @@ class SweepRun:
     overrides: list[str]
     rounds: int
     dataset: tuple[str, str, str]
+    cfg: BaseRunConfig  # the config the run runs: what its recorded config.json must equal
 
     @property
     def label(self) -> str:
@@ -157,7 +162,7 @@ def plan(config: Path | None, base_set: Sequence[str], grid: dict[str, list[Any]
             except ConfigError as exc:
                 raise SweepError(f"setting {setting_label(setting)}: {str(exc).splitlines()[0]}") from None
             dataset = (cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True))
-            runs.append(SweepRun(setting, seed, run_dir, config, items, cfg.rounds, dataset))
+            runs.append(SweepRun(setting, seed, run_dir, config, items, cfg.rounds, dataset, cfg))
     if len({r.run_dir for r in runs}) != len(runs):
         raise SweepError("two settings of the grid share a folder name; give the grid distinct values")
     return runs
@@ -292,7 +297,9 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
               group_by: str | None, report_only: bool, console) -> int:
     """The command: plan, check, queue, report. Returns the exit code (0 every run completed, 1 a
     run did not, 130 interrupted); raises :class:`SweepError` (or, for missing data, its base
-    ``ReproduceError``) for bad input: exit 2."""
+    ``ReproduceError``) for bad input, exit 2, before anything is written: among it a run in the
+    folder that is not the run asked for (``fedsuite.reproduce.queue.check_recorded``), also with
+    ``--report``, which would read it as the new setting's."""
     if jobs < 1:
         raise SweepError(f"--jobs must be at least 1, got {jobs}")
     if last < 1:
@@ -304,13 +311,20 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
         raise SweepError(f"--group-by {group_by!r} is not a grid key; allowed: {', '.join(grid)}")
     name = name or (config.stem if config is not None else "sweep")
     folder = (out / name).resolve()
-    problem = rundir.folder_problem(folder)
-    if problem is not None:
-        raise SweepError(f"--out: {problem}")
     # the runs read the config file itself, or, when it has a [sweep] section, a copy without it
     runs_config = config if stripped is None else folder / "base.toml"
     runs = plan(runs_config, base_set, grid, seed_list, folder, base=stripped)
-    if stripped is not None:  # written once every setting has validated
+    remedy = other_folder("another --name or --out")
+    if report_only:
+        check_recorded(runs, remedy)
+    else:
+        todo = pending(runs, remedy)
+    # the checks above only read: a refused sweep leaves its folder as it was, to its mtime (this
+    # one makes and removes a probe folder in it)
+    problem = rundir.folder_problem(folder)
+    if problem is not None:
+        raise SweepError(f"--out: {problem}")
+    if stripped is not None:  # written once every setting and every run on disk have passed
         import tomli_w
 
         text = tomli_w.dumps(stripped)
@@ -320,7 +334,6 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
     if report_only:
         console.print(f"report -> {write_report(runs, folder, last, group_by, name)}")
         return 0
-    todo = pending(runs)
     settings = len(runs) // len(seed_list)
     console.print(f"[bold]sweep {name}[/]: {settings} settings x {len(seed_list)} seeds = {len(runs)} runs, "
                   f"{len(runs) - len(todo)} already done, {jobs} at a time -> {folder}", highlight=False)

@@ -41,13 +41,13 @@ from rich.console import Console
 from fedsuite import rundir
 from fedsuite.processes import available_cores, core_slices
 from fedsuite.config import ConfigError, build_config
-from fedsuite.reproduce.queue import ReproduceError, missing_data, pending, placement_options, run_queue
+from fedsuite.reproduce.queue import ReproduceError, check_recorded, missing_data, pending, placement_options, run_queue
 from fedsuite.reproduce.report import aggregate, write_report
 from fedsuite.reproduce.tables import SCALES, Target, load_targets, parse_tables, plan
 from fedsuite.reproduce.verdicts import (HOLDS, NOT_JUDGED, REVERSED, WITHIN_NOISE, Claim, claims, paired_verdict,
                                          verdict)
 from fedsuite.results import read_metrics, run_value, write_atomically, write_json
-from tests.conftest import FAST, assert_same_arrays
+from tests.conftest import FAST, assert_same_arrays, tree_snapshot
 from tests.test_data import make_cifar10, make_cifar100
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -690,6 +690,70 @@ def test_a_run_is_the_run_asked_for_only_if_its_recorded_config_is(tmp_path):
     (tmp_path / "other" / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match=r"^dir0\.5 fedavg s0: .*other/config.json cannot be read as JSON"):
         rundir.config_mismatch(tmp_path / "other", asked, who="dir0.5 fedavg s0")
+
+
+def test_the_queue_stops_in_one_line_on_runs_of_another_config(tmp_path):
+    """``check_recorded``: the first run of another config with its fields, how many more there
+    are, and what to do; a run of the config asked and a killed start-up pass."""
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(TINY.format(dataset="synthetic"))
+    specs = plan(parse_tables(tables)["tiny"], "paper", tmp_path / "out")
+    assert [s.label for s in specs] == ["dir0.5 fedavg s0", "dir0.5 fedprox s0", "dir0.5 fedavg s1", "dir0.5 fedprox s1"]
+    _record(specs[0].run_dir, specs[0].cfg)
+    (specs[0].run_dir / "summary.json").write_text(json.dumps({"status": "failed", "rounds_completed": 1}))
+    specs[1].run_dir.mkdir(parents=True)
+    (specs[1].run_dir / "flower.log").write_text("starting\n")
+    check_recorded(specs, "REMEDY")  # the runs asked for: nothing to say
+    assert [s.label for s in pending(specs)] == ["dir0.5 fedprox s0", "dir0.5 fedavg s1", "dir0.5 fedprox s1"]
+
+    for spec in specs[2:]:
+        _record(spec.run_dir, build_config(spec.config, [*spec.overrides, "alpha=0.1", "lr=0.1"]))
+    with pytest.raises(ReproduceError) as err:
+        pending(specs)
+    assert str(err.value) == (
+        f"{specs[2].run_dir} holds a run of another config (alpha: recorded 0.1, asked 0.5; lr: recorded 0.1, "
+        "asked 0.05), and 1 more run of this queue differ; nothing was started: ask for the recorded config, or "
+        "give the new runs another folder (another --out)")
+
+
+def test_reproduce_reuses_a_moved_run_and_stops_on_a_changed_target(simulate, data_root, tmp_path):
+    """A completed run of the target's one cell, moved into the target's folder (its record names
+    another output_dir and run_name, and another Ray): the queue reuses it and runs nothing. The
+    target replaced by a tables file of the same paper (``--tables``) whose row sets another alpha:
+    the queue, and ``--report``, stop in one line naming the run folder and the field, exit 2, and
+    write nothing (today's code read the old run as the new target's)."""
+    from typer.testing import CliRunner
+
+    from fedsuite.cli import app
+
+    done = simulate(strategy="fedavg")
+    tiny = TINY.format(dataset="synthetic").replace(', "faults.delay_s=1.0"', "")
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(tiny)
+    out = tmp_path / "out"
+    run_dir = out / "tiny" / "paper" / "dir0.5" / f"fedavg-s{FAST['seed']}"
+    shutil.copytree(done.run_dir, run_dir, ignore=shutil.ignore_patterns(".flwr"))
+    args = ["reproduce", "tiny", "--tables", str(tables), "--out", str(out), "--methods", "fedavg",
+            "--seeds", str(FAST["seed"]), "--data-root", str(data_root)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert "1 runs, 1 already done" in res.stdout and "start" not in res.stdout, res.stdout
+    (row,) = csv.DictReader((out / "tiny" / "paper" / "tiny" / "report.csv").open())
+    assert (row["method"], row["seeds_completed"]) == ("fedavg", "1")
+
+    before = tree_snapshot(out)
+    changed = tmp_path / "mine" / "tiny" / "tables.toml"  # the paper's folder name: the same runs' folder
+    changed.parent.mkdir(parents=True)
+    changed.write_text(tiny.replace('set = ["alpha=0.5"]', 'set = ["alpha=0.1"]'))
+    for extra in ([], ["--report"]):
+        res = CliRunner().invoke(app, [*args, "--tables", str(changed), *extra])
+        assert res.exit_code == 2, res.stdout + res.stderr
+        assert res.stdout == "" and res.stderr == (
+            f"error: {run_dir.resolve()} holds a run of another config (alpha: recorded 0.5, asked 0.1); nothing was "
+            "started: ask for the recorded config, or give the new runs another folder (another --out)\n"), res.stderr
+        assert tree_snapshot(out) == before
 
 
 @pytest.mark.long

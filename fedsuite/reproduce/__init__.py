@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from fedsuite import rundir
-from fedsuite.reproduce.queue import ReproduceError, pending, placement_options, queue_and_report
+from fedsuite.reproduce.queue import ReproduceError, check_recorded, other_folder, pending, placement_options, queue_and_report
 from fedsuite.reproduce.report import write_report
 from fedsuite.reproduce.tables import SCALES, Target, load_targets, plan
 
@@ -33,7 +33,10 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
                   console) -> int:
     """The command (``target_name`` ``list``: the targets): plan, check, queue, report. Returns the
     exit code (0 every run completed, 1 a run did not, 130 interrupted); raises
-    :class:`ReproduceError` for bad input (exit 2, nothing started)."""
+    :class:`ReproduceError` for bad input (exit 2, nothing started): among it a run on disk that is
+    not the run the target asks for (its config changed since, e.g. by a ``--tables`` file that
+    replaces the target: ``fedsuite.reproduce.queue.check_recorded``), also with ``--report``, which
+    would read it as the target's."""
     if scale not in SCALES:
         raise ReproduceError(f"unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
     if jobs < 1:
@@ -51,10 +54,11 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
     specs = plan(target, scale, out, rows, methods, seeds, data_root)
     report_dir = (out / target.paper_key / scale / target.name).resolve()
     if report_only:
+        check_recorded(specs, other_folder("another --out"))
         path = write_report(target, specs, scale, report_dir)
         console.print(f"report -> {path}")
         return 0
-    todo = pending(specs)
+    todo = pending(specs, other_folder("another --out"))  # the checks: nothing starts unless they pass
     console.print(f"[bold]{target.name}[/] ({scale} scale): {len(specs)} runs, "
                   f"{len(specs) - len(todo)} already done, {jobs} at a time -> {report_dir.parent}")
     return queue_and_report(specs, jobs, placement_options(num_gpus, ray_address), console,

@@ -1,18 +1,25 @@
 """The queue: runs as ``fedsuite simulate`` processes, ``--jobs`` at a time, resumable.
 
-The queue of ``fedsuite reproduce``, ``fedsuite sweep`` and (its command line, environment and data
-check) ``fedsuite sweep --search``. A queued run is anything with ``run_dir``, ``rounds``,
-``label``, ``dataset`` and ``command(resume, placement)`` (a
-:class:`fedsuite.reproduce.tables.RunSpec`, a sweep's ``SweepRun``):
+The queue of ``fedsuite reproduce``, ``fedsuite sweep`` and (its command line, environment and the
+checks before it starts) ``fedsuite sweep --search``. A queued run is anything with ``run_dir``,
+``cfg`` (the config it runs), ``rounds``, ``label``, ``dataset`` and ``command(resume, placement)``
+(a :class:`fedsuite.reproduce.tables.RunSpec`, a sweep's ``SweepRun``):
 
+* before anything starts (:func:`pending`), every run folder that holds a run is checked to hold
+  the run asked for: its recorded ``config.json`` equals the run's config up to the rounds and the
+  fields that do not make another experiment (``fedsuite.rundir.config_mismatch``, the comparison
+  ``--resume`` makes). A run of another config (a base ``--set`` or a target's config changed since
+  it ran) stops the queue in one line naming the run folder and the differing fields, exit code 2,
+  nothing started or written: it is never continued, skipped as done or read into a report as the
+  new setting's. A folder without ``config.json`` (a run killed in its first seconds) records no
+  run and is started anew, as before;
+* then every dataset the runs need is checked (:func:`missing_data`);
 * a run whose ``summary.json`` says ``completed`` with the rounds asked is skipped; a run directory
   that holds a ``config.json`` but no finished summary is continued with ``fedsuite simulate
   --resume`` (the run restarts from its last per-round checkpoint, so a killed queue loses at most
   the rounds that were in flight), and so is a completed run asked for more rounds than it has (a
   target's rounds raised: it goes on from its last round); a run that ended ``failed``, or that has
   more rounds than asked, is left as it is and reported (``rundir.state``);
-* before anything starts, every dataset the runs need is checked (:func:`pending`,
-  :func:`missing_data`);
 * each run is a ``fedsuite simulate`` child process in this process's group, started with
   ``PR_SET_PDEATHSIG`` (``fedsuite.reaper.die_with_parent``), so a killed queue takes its runs with
   it; Ctrl-C or SIGTERM stops each run's whole process tree (``fedsuite.processes.stop_tree``);
@@ -77,9 +84,41 @@ def missing_data(specs: Sequence[Any]) -> list[str]:
     return problems
 
 
-def pending(specs: Sequence[Any]) -> list[Any]:
-    """The runs still to run (neither completed nor failed), once every dataset they need is on disk;
-    else :class:`ReproduceError` listing what is missing and the expected layout, nothing started."""
+def check_recorded(specs: Sequence[Any], remedy: str) -> None:
+    """That every run folder of ``specs`` holding a run holds the run asked for
+    (``rundir.config_mismatch``); else :class:`ReproduceError`, one line: the first such run folder
+    and its differing fields, how many other runs differ, and what to do (``remedy``, the
+    command's). Reads only."""
+    from fedsuite.config import ConfigError
+
+    stale = []
+    for spec in specs:
+        try:
+            changed = rundir.config_mismatch(spec.run_dir, spec.cfg, who=spec.label)
+        except ConfigError as exc:
+            raise ReproduceError(f"{exc}; nothing was started") from None
+        if changed:
+            stale.append((spec, changed))
+    if stale:
+        (spec, changed), more = stale[0], len(stale) - 1
+        raise ReproduceError(
+            f"{spec.run_dir} holds a run of another config ({'; '.join(changed)})"
+            + (f", and {more} more run{'s' if more > 1 else ''} of this queue differ" if more else "")
+            + f"; nothing was started: {remedy}")
+
+
+def other_folder(options: str) -> str:
+    """What a queue's user does about a run of another config in its folder (:func:`check_recorded`);
+    ``options``: the command's options that name another folder."""
+    return f"ask for the recorded config, or give the new runs another folder ({options})"
+
+
+def pending(specs: Sequence[Any], remedy: str = other_folder("another --out")) -> list[Any]:
+    """The runs still to run (neither completed nor failed), once every run on disk is the one asked
+    for (:func:`check_recorded`) and every dataset they need is on disk; else
+    :class:`ReproduceError` naming the run and its fields, or listing what data is missing and the
+    expected layout, nothing started."""
+    check_recorded(specs, remedy)
     todo = [s for s in specs if rundir.state(s.run_dir, s.rounds) in ("new", "partial", "debris")]
     problems = missing_data(todo)
     if problems:
