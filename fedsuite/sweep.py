@@ -19,7 +19,8 @@ validated (an unknown key, a value that fails validation, an empty grid: one lin
 run already in the folder is checked to be the run asked for (a sweep run again after its base
 ``--set`` or config file changed finds runs of the old setting: one line naming a run folder and
 the fields that differ, exit 2, nothing started; ``fedsuite.reproduce.queue.check_recorded``), and
-every dataset the runs need is checked.
+every dataset the runs need is checked. A run that failed is named at the start, one line each,
+and left as it is; ``--retry-failed`` runs it again from its last checkpoint.
 
 The report (``<out>/<name>/report.md``, ``report.csv``, ``accuracy.png``) has per setting the
 mean ± std over its completed seeds of the reading (each run's mean of its last ``--last``
@@ -42,8 +43,8 @@ import numpy as np
 
 from fedsuite import rundir
 from fedsuite.config import BaseRunConfig, ConfigError, build_config, load_toml, parse_value
-from fedsuite.reproduce.queue import (ReproduceError, check_recorded, other_folder, pending, placement_options,
-                                      queue_and_report, simulate_command)
+from fedsuite.reproduce.queue import (ReproduceError, check_recorded, completed, name_failed, other_folder, pending,
+                                      placement_options, queue_and_report, simulate_command)
 from fedsuite.reproduce.report import aggregate
 
 
@@ -294,16 +295,19 @@ def write_report(runs: Sequence[SweepRun], folder: Path, last: int, group_by: st
 
 def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence[str], seeds: Sequence[int] | None,
               out: Path, name: str | None, jobs: int, num_gpus: float | None, ray_address: str | None, last: int,
-              group_by: str | None, report_only: bool, console) -> int:
+              group_by: str | None, report_only: bool, console, retry_failed: bool = False) -> int:
     """The command: plan, check, queue, report. Returns the exit code (0 every run completed, 1 a
     run did not, 130 interrupted); raises :class:`SweepError` (or, for missing data, its base
     ``ReproduceError``) for bad input, exit 2, before anything is written: among it a run in the
     folder that is not the run asked for (``fedsuite.reproduce.queue.check_recorded``), also with
-    ``--report``, which would read it as the new setting's."""
+    ``--report``, which would read it as the new setting's. A failed run is named at the start and
+    left as it is, or run again with ``retry_failed`` (``--retry-failed``)."""
     if jobs < 1:
         raise SweepError(f"--jobs must be at least 1, got {jobs}")
     if last < 1:
         raise SweepError(f"--last must be at least 1, got {last}")
+    if report_only and retry_failed:
+        raise SweepError("--report only writes the report; --retry-failed belongs to a sweep that runs")
     stripped, file_grid, file_seeds = read_sweep_section(config)
     grid = {**file_grid, **parse_grid(grid_items)} if grid_items else file_grid
     seed_list = list(seeds) if seeds else file_seeds or [0]
@@ -318,7 +322,7 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
     if report_only:
         check_recorded(runs, remedy)
     else:
-        todo = pending(runs, remedy)
+        todo = pending(runs, retry_failed, remedy)
     # the checks above only read: a refused sweep leaves its folder as it was, to its mtime (this
     # one makes and removes a probe folder in it)
     problem = rundir.folder_problem(folder)
@@ -336,7 +340,8 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
         return 0
     settings = len(runs) // len(seed_list)
     console.print(f"[bold]sweep {name}[/]: {settings} settings x {len(seed_list)} seeds = {len(runs)} runs, "
-                  f"{len(runs) - len(todo)} already done, {jobs} at a time -> {folder}", highlight=False)
+                  f"{completed(runs)} already done, {len(todo)} to run, {jobs} at a time -> {folder}", highlight=False)
+    name_failed(runs, retry_failed, console)
     return queue_and_report(runs, jobs, placement_options(num_gpus, ray_address), console,
-                            lambda: write_report(runs, folder, last, group_by, name))
+                            lambda: write_report(runs, folder, last, group_by, name), retry_failed)
 
