@@ -303,7 +303,8 @@ def sweep(
     grid: list[str] = typer.Option([], "--grid", help="a grid key and its values: lr=0.01,0.05 (repeatable)"),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="seeds of every setting: 0,1,2 (default: [sweep] seeds, else 0)"),
     out: Path = typer.Option(Path("runs/sweeps"), "--out", help="parent folder of the sweep's folder"),
-    name: Optional[str] = typer.Option(None, "--name", help="the sweep's folder name (default: the config file's name, else sweep)"),
+    name: Optional[str] = typer.Option(None, "--name", help="the sweep's folder name (default: the config file's name, "
+                                       "else sweep; a search's: NAME-search, else search)"),
     jobs: int = typer.Option(1, "--jobs", help="simulations at once"),
     num_gpus: Optional[float] = typer.Option(None, "--num-gpus", help="GPU share per simulated client, passed to every run"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run every simulation's clients on this Ray cluster"),
@@ -344,7 +345,8 @@ def sweep(
 
             if jobs < 1 or last < 1:
                 fail("--jobs and --last must be at least 1")
-            folder = (out / (name or (config.stem if config is not None else "search"))).resolve()
+            # not the grid's default folder: a grid and a search do not share one (fedsuite.sweep.study_in)
+            folder = (out / (name or (f"{config.stem}-search" if config is not None else "search"))).resolve()
             code = run_search(search, space, samples, grace_rounds, config, set_, seed_list or [0], folder, jobs,
                               num_gpus, ray_address, last, console)
             raise typer.Exit(code)

@@ -20,11 +20,16 @@ rounds and checkpoint, and ``fedsuite simulate --config <trial>/config.json --re
 ``random`` runs every sampled trial to the end. Tune places the trials on a private Ray of its own
 (``--jobs`` trials at a time; its folder removed at the end); each trial's run starts its own private
 Ray for its clients, or puts them on ``--ray-address`` (and ``--num-gpus`` is passed to every run).
-The sampling is seeded with the trials' seed, so the same command samples the same settings. A
-search is not resumed as a whole: a second search into a folder that holds trials is refused (give
-``--name``); its runs are. Where the second search's config differs from what the trials ran (a
-base ``--set`` changed, say), the refusal names a trial's run folder and the differing fields, the
-check every queue makes of the runs it finds (``fedsuite.reproduce.queue.check_recorded``).
+The sampling is seeded with the trials' seed, so the same command samples the same settings.
+
+A search's folder is ``<out>/<name>``, by default ``<config name>-search`` (``search`` without a
+config file): not the folder a grid of the same config file writes, since a grid and a search
+write the same ``report.md`` and one folder holds one of them (a grid's folder is refused:
+``fedsuite.sweep.study_in``). A search is not resumed as a whole: a second search into a folder
+that holds trials is refused (give ``--name``); its runs are. Where the second search's config
+differs from what the trials ran (a base ``--set`` changed, say), the refusal names a trial's run
+folder and the differing fields, the check every queue makes of the runs it finds
+(``fedsuite.reproduce.queue.check_recorded``).
 
 The report (``report.md``, ``trials.csv``, ``accuracy.png``) lists every trial: its setting, what
 became of it (completed; stopped by ASHA at a round; failed, with why), its rounds, its reading
@@ -47,7 +52,7 @@ from typing import Any, Sequence
 
 from fedsuite import rundir
 from fedsuite.config import BaseRunConfig, ConfigError, build_config, parse_value
-from fedsuite.sweep import SweepError, _text, _toml_value, setting_label, split_values
+from fedsuite.sweep import SweepError, _text, _toml_value, setting_label, split_values, study_in
 
 SEARCHES = ("random", "asha")
 #: ASHA's reduction factor: at each rung the better half goes on
@@ -243,6 +248,9 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
     grace = grace_rounds if grace_rounds is not None else max(1, rounds // 4)
     if not 1 <= grace <= rounds:
         raise SweepError(f"--grace-rounds must be between 1 and the runs' {rounds} rounds, got {grace}")
+    if study_in(folder) == "grid":
+        raise SweepError(f"{folder} holds a grid sweep, whose report.md a search's would replace: give the "
+                         "search another --name")
     trials_dir = folder / "trials"
     if trials_dir.is_dir() and any(trials_dir.iterdir()):
         from fedsuite.reproduce.queue import check_recorded

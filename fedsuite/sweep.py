@@ -22,6 +22,11 @@ the fields that differ, exit 2, nothing started; ``fedsuite.reproduce.queue.chec
 every dataset the runs need is checked. A run that failed is named at the start, one line each,
 and left as it is; ``--retry-failed`` runs it again from its last checkpoint.
 
+A sweep's folder holds one grid: a search (``fedsuite sweep --search``, :mod:`fedsuite.search`)
+writes its own ``report.md`` and is refused in a grid's folder, and a grid in a search's
+(:func:`study_in`). A search's default folder is ``<config name>-search``, a grid's the config's
+name, so the two do not meet unless ``--name`` says so.
+
 The report (``<out>/<name>/report.md``, ``report.csv``, ``accuracy.png``) has per setting the
 mean ± std over its completed seeds of the reading (each run's mean of its last ``--last``
 evaluations, :func:`fedsuite.results.run_value`), the best accuracy, the seeds that completed, and
@@ -293,15 +298,35 @@ def write_report(runs: Sequence[SweepRun], folder: Path, last: int, group_by: st
     return folder / "report.md"
 
 
+def study_in(folder: Path) -> str | None:
+    """What a sweep's folder holds: ``search`` (a search's ``trials/``, ``trials.csv`` or Tune's
+    ``tune/``), ``grid`` (a grid's ``report.csv`` or ``base.toml``, or a setting folder holding a
+    run ``s<seed>`` or its log), or None (nothing of either). A grid and a search write the same
+    ``report.md`` and ``accuracy.png``, so one folder holds one of them: each refuses the other's."""
+    if not folder.is_dir():
+        return None
+    trials = folder / "trials"
+    if (trials.is_dir() and any(trials.iterdir())) or (folder / "trials.csv").exists() or (folder / "tune").exists():
+        return "search"
+    if (folder / "report.csv").exists() or (folder / "base.toml").exists():
+        return "grid"
+    for entry in folder.iterdir():
+        if entry.is_dir() and entry.name not in ("trials", "tune") and any(
+                re.fullmatch(r"s\d+(\.log)?", run.name) for run in entry.iterdir()):
+            return "grid"
+    return None
+
+
 def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence[str], seeds: Sequence[int] | None,
               out: Path, name: str | None, jobs: int, num_gpus: float | None, ray_address: str | None, last: int,
               group_by: str | None, report_only: bool, console, retry_failed: bool = False) -> int:
     """The command: plan, check, queue, report. Returns the exit code (0 every run completed, 1 a
     run did not, 130 interrupted); raises :class:`SweepError` (or, for missing data, its base
-    ``ReproduceError``) for bad input, exit 2, before anything is written: among it a run in the
-    folder that is not the run asked for (``fedsuite.reproduce.queue.check_recorded``), also with
-    ``--report``, which would read it as the new setting's. A failed run is named at the start and
-    left as it is, or run again with ``retry_failed`` (``--retry-failed``)."""
+    ``ReproduceError``) for bad input, exit 2, before anything is written: among it a folder that
+    holds a search (:func:`study_in`), and a run in the folder that is not the run asked for
+    (``fedsuite.reproduce.queue.check_recorded``), also with ``--report``, which would read it as
+    the new setting's. A failed run is named at the start and left as it is, or run again with
+    ``retry_failed`` (``--retry-failed``)."""
     if jobs < 1:
         raise SweepError(f"--jobs must be at least 1, got {jobs}")
     if last < 1:
@@ -315,6 +340,9 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
         raise SweepError(f"--group-by {group_by!r} is not a grid key; allowed: {', '.join(grid)}")
     name = name or (config.stem if config is not None else "sweep")
     folder = (out / name).resolve()
+    if study_in(folder) == "search":
+        raise SweepError(f"{folder} holds a search (trials/), whose report.md a grid's would replace: give the grid "
+                         "another --name")
     # the runs read the config file itself, or, when it has a [sweep] section, a copy without it
     runs_config = config if stripped is None else folder / "base.toml"
     runs = plan(runs_config, base_set, grid, seed_list, folder, base=stripped)

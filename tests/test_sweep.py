@@ -10,7 +10,7 @@
 * A sweep run again reuses only its own runs (issue 42 item 3): with another base ``--set`` it stops
   in one line naming a run and the field, writing nothing; with more rounds it extends them. A
   failed run is named at the start of every later sweep and run again only with
-  ``--retry-failed``.
+  ``--retry-failed``. A search is refused in the grid's folder (their reports would collide).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def test_a_sweep_reuses_only_its_own_runs_and_names_a_failed_one(tmp_path, worke
     more runs differ, exit 2, nothing written. Run again as it was: nothing runs, the failed run is
     named with its round and reason and how to retry, exit 1. With 2 rounds and --retry-failed: the
     completed run is extended, the failed one run again (it fails again: the failure is its
-    setting's)."""
+    setting's). A search is refused in the grid's folder, whose report stays."""
     out = tmp_path / "out"
     folder = out / "grid"
     ok, bad = folder / "faults.client_error-0.0" / "s0", folder / "faults.client_error-1.0" / "s0"
@@ -157,6 +157,14 @@ def test_a_sweep_reuses_only_its_own_runs_and_names_a_failed_one(tmp_path, worke
     assert [r["round"] for r in read_metrics(ok)] == [0, 1, 2] and rundir.state(ok, 2) == "completed"
     assert rundir.state(bad) == "failed" and rundir.summary(bad)["timing"]["serverapp_start"] > started
     assert rundir.summary(bad)["failure"]["message"] == failure
+
+    report = tree_snapshot(folder)
+    search = subprocess.run(_sweep("--search", "random", "--space", "lr=choice:0.05", "--set", "rounds=1", "--out",
+                                   str(out), "--name", "grid"), env=_env(), capture_output=True, text=True, timeout=300)
+    assert search.returncode == 2 and search.stderr == (
+        f"error: {folder} holds a grid sweep, whose report.md a search's would replace: give the search another "
+        "--name\n"), search.stdout + search.stderr
+    assert tree_snapshot(folder) == report
 
 
 def test_a_sweep_section_in_the_config_file(tmp_path):
