@@ -475,13 +475,16 @@ def sweep(
     grid: list[str] = typer.Option([], "--grid", help="a grid key and its values: lr=0.01,0.05 (repeatable)"),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="seeds of every setting: 0,1,2 (default: [sweep] seeds, else 0)"),
     out: Path = typer.Option(Path("runs/sweeps"), "--out", help="parent folder of the sweep's folder"),
-    name: Optional[str] = typer.Option(None, "--name", help="the sweep's folder name (default: the config file's name, else sweep)"),
+    name: Optional[str] = typer.Option(None, "--name", help="the sweep's folder name (default: the config file's name, "
+                                       "else sweep; a search's: NAME-search, else search)"),
     jobs: int = typer.Option(1, "--jobs", help="simulations at once"),
     num_gpus: Optional[float] = typer.Option(None, "--num-gpus", help="GPU share per simulated client, passed to every run"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run every simulation's clients on this Ray cluster"),
     last: int = typer.Option(10, "--last", help="a run's reading: the mean of its last k evaluations"),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="a grid key: the report names the best setting per value"),
     report_only: bool = typer.Option(False, "--report", help="only write the report from the runs on disk"),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="run failed runs again, each from its last "
+                                      "checkpoint (without it they are named and left as they are)"),
     search: Optional[str] = typer.Option(None, "--search", click_type=Names(search_kinds),
                                          help="random|asha: a Ray Tune search over --space instead of a grid"),
     space: list[str] = typer.Option([], "--space", help="a search range: lr=log:0.001:0.3, uniform:A:B, int:A:B, choice:a,b (repeatable)"),
@@ -489,7 +492,9 @@ def sweep(
     grace_rounds: Optional[int] = typer.Option(None, "--grace-rounds", help="ASHA's first rung, in rounds (default: a quarter of the rounds)"),
 ) -> None:
     """Run a grid of settings times seeds as one resumable queue, and report mean ± std per setting;
-    or, with --search, a Ray Tune search (ASHA stops poor trials early), each trial a fedsuite run."""
+    or, with --search, a Ray Tune search (ASHA stops poor trials early), each trial a fedsuite run.
+    A run in the folder of another config than asked stops the command before it starts anything;
+    a failed run is named and left as it is, or run again with --retry-failed."""
     from fedsuite.reproduce.queue import ReproduceError
     from fedsuite.sweep import run_sweep
 
@@ -504,18 +509,22 @@ def sweep(
     if search is not None and (grid or group_by or report_only):
         fail("a search samples --space: --grid, --group-by and --report belong to a grid sweep "
              "(a grid key's values are a choice: --space key=choice:v1,v2)")
+    if search is not None and retry_failed:
+        fail("--retry-failed belongs to a grid sweep: a search starts new trials (a trial's run continues with "
+             "fedsuite simulate --config <trial>/config.json --resume)")
     try:
         if search is not None:
             from fedsuite.search import run_search
 
             if jobs < 1 or last < 1:
                 fail("--jobs and --last must be at least 1")
-            folder = (out / (name or (config.stem if config is not None else "search"))).resolve()
+            # not the grid's default folder: a grid and a search do not share one (fedsuite.sweep.study_in)
+            folder = (out / (name or (f"{config.stem}-search" if config is not None else "search"))).resolve()
             code = run_search(search, space, samples, grace_rounds, config, set_, seed_list or [0], folder, jobs,
                               num_gpus, ray_address, last, console)
             raise typer.Exit(code)
         code = run_sweep(config, set_, grid, seed_list, out, name, jobs, num_gpus, ray_address, last, group_by,
-                         report_only, console)
+                         report_only, console, retry_failed)
     except ReproduceError as exc:  # SweepError, or missing data
         fail(str(exc))
     raise typer.Exit(code)
@@ -539,15 +548,19 @@ def reproduce(
                                               "Ray cluster (host:port, auto)"),
     tables: list[Path] = typer.Option([], "--tables", help="another tables file (repeatable)"),
     report_only: bool = typer.Option(False, "--report", help="only write the report from the runs on disk"),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="run failed runs again, each from its last "
+                                      "checkpoint (without it they are named and left as they are)"),
 ) -> None:
     """Reproduce a paper's table: run its grid (rows x methods x seeds) as a resumable queue of
-    `fedsuite simulate` runs and report obtained beside published. `fedsuite reproduce list` shows the targets."""
+    `fedsuite simulate` runs and report obtained beside published. `fedsuite reproduce list` shows the targets.
+    A run on disk of another config than the target's stops the command before it starts anything;
+    a failed run is named and left as it is, or run again with --retry-failed."""
     from fedsuite.reproduce import run_reproduce
     from fedsuite.reproduce.queue import ReproduceError
 
     try:
         code = run_reproduce(target, rows, methods, seeds, scale, jobs, out, data_root, num_gpus, ray_address, tables,
-                             report_only, console)
+                             report_only, console, retry_failed)
     except ReproduceError as exc:
         fail(str(exc))
     raise typer.Exit(code)

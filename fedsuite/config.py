@@ -343,25 +343,43 @@ def flat_config(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def config_differences(recorded: dict[str, Any], cfg: BaseRunConfig) -> list[tuple[str, Any, Any]]:
+    """Where ``cfg`` differs from a run's recorded ``config.json``, as ``(field, recorded, asked)``
+    with dotted field names (``fedprox.mu``), the :data:`RESUME_MUTABLE` fields left out.
+
+    The one comparison of a run's record with a config asked of it: ``--resume`` refuses a
+    difference (:func:`check_resume`), and every queue (``fedsuite sweep``, ``sweep --search``,
+    ``reproduce``) reuses a run only without one (``fedsuite.rundir.config_mismatch``). The same
+    fields are left out for both because a queue continues a run with ``--resume``: a difference
+    the queue let pass would fail in the run it starts, and one it refused would be a run
+    ``--resume`` continues. They are the fields that do not make a run another experiment:
+    ``rounds`` (a run asked for more rounds is continued, one asked for fewer is named as longer:
+    ``fedsuite.rundir.state``), where it lives (``output_dir``, ``run_name``: a folder moved or
+    copied, as ``experiments/claims.sh`` copies committed records into a fresh ``--out``;
+    ``data_root``: the data moved) and what runs it (``num_cpus``, ``num_gpus``, ``device``,
+    ``ray_address``: a queue's ``--num-gpus`` and ``--ray-address`` may change between two of its
+    starts; ``eval_batch_size``, ``stall_timeout_s``, ``tensorboard``).
+
+    Both sides are validated and dumped as the ServerApp writes ``config.json`` (``active_dump``), so
+    a field the record lacks (an older fedsuite wrote it) counts at its default. A method's section
+    that only one side has is not compared: ``strategy`` differs then, and comes first.
+    :class:`ConfigError` if the record does not validate."""
+    old = flat_config(validate(recorded).active_dump())
+    new = flat_config(cfg.active_dump())
+    changed = [(key, old[key], new[key]) for key in sorted(set(old) & set(new))
+               if key.split(".", 1)[0] not in RESUME_MUTABLE and old[key] != new[key]]
+    return sorted(changed, key=lambda change: change[0] != "strategy")  # stable: the rest stay sorted
+
+
 def resume_changes(recorded: dict[str, Any], cfg: BaseRunConfig) -> list[str]:
     """The fields where ``cfg`` differs from a run's recorded ``config.json`` and that
-    :data:`RESUME_MUTABLE` does not allow to change, as ``"name (recorded R, given G)"``."""
+    :data:`RESUME_MUTABLE` does not allow to change (:func:`config_differences`), as
+    ``"name (recorded R, given G)"``."""
     try:
-        old = flat_config(validate(recorded).active_dump())
+        changed = config_differences(recorded, cfg)
     except ConfigError as exc:
         raise ConfigError(f"--resume: the run's config.json no longer validates: {exc}") from None
-    new = flat_config(cfg.active_dump())
-    changed: list[str] = []
-    for key in sorted(set(old) | set(new)):
-        top = key.split(".", 1)[0]
-        if top in RESUME_MUTABLE or old.get(key, None) == new.get(key, None):
-            continue
-        if key not in old or key not in new:  # a section only one side has (another strategy/plug-in)
-            continue
-        changed.append(f"{key} (recorded {old[key]!r}, given {new[key]!r})")
-    if old.get("strategy") != new.get("strategy") and not any(c.startswith("strategy ") for c in changed):
-        changed.insert(0, f"strategy (recorded {old.get('strategy')!r}, given {new.get('strategy')!r})")
-    return changed
+    return [f"{key} (recorded {old!r}, given {new!r})" for key, old, new in changed]
 
 
 def check_resume(recorded: dict[str, Any], cfg: BaseRunConfig, rounds_done: int) -> None:

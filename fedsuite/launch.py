@@ -212,7 +212,10 @@ def _simulate(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
                                    "env": run_env(flwr_home, cfg.ray_address, ray_tmpdir, attempt)}))
             if before_start is not None:
                 before_start()
-            (run_dir / "summary.json").unlink(missing_ok=True)  # a resumed run rewrites it when it ends
+            # a resumed run (one retried after it failed, too) writes its own outcome when it ends: the
+            # last attempt's would be read as this one's (flower.log keeps every attempt's traceback)
+            (run_dir / "summary.json").unlink(missing_ok=True)
+            (run_dir / "error.txt").unlink(missing_ok=True)
             tell(proc, "start")
             proc.stdin.close()
             started = True

@@ -6,8 +6,9 @@ through this module: whether a run finished (:func:`summary_status`), how many r
 (:func:`checkpointed_round`, :func:`rounds_done`), what its summary says (:func:`summary`) and
 why it failed (:func:`why_incomplete`, :func:`flower_log_reason`), whether a command may continue
 it (:func:`check_resumable`, :func:`recorded_config`, :func:`resume_config`), whether it is the
-debris of a start-up (:func:`start_debris`), who holds it (:func:`claimed`), and whether a folder
-can take a run at all (:func:`folder_problem`). The parent-death watcher (``fedsuite.reaper``)
+run a queue asks for (:func:`config_mismatch`), whether it is the debris of a start-up
+(:func:`start_debris`), who holds it (:func:`claimed`), and whether a folder can take a run at all
+(:func:`folder_problem`). The parent-death watcher (``fedsuite.reaper``)
 reads a run's outcome here too.
 """
 
@@ -47,7 +48,10 @@ def state(run_dir: Path, rounds: int | None = None) -> str:
     rounds are the ones a run asked for the larger count from the start has (tests/test_resume.py:
     2 + 2 + 2 rounds equal 6), up to what a method does on its last round (an evaluation, CCVR's
     calibration, both of the evaluated model only). A run that completed more is ``longer``: it is
-    not what was asked, and a run is never cut short."""
+    not what was asked, and a run is never cut short.
+
+    The state reads the rounds only: whether the run is otherwise the one asked for is
+    :func:`config_mismatch`, which every queue checks before it starts anything."""
     recorded = summary_status(run_dir)
     if recorded is not None:
         if recorded[0] != "finished:completed":
@@ -173,23 +177,47 @@ def resume_config(given: BaseRunConfig, config: Path | None, set_: list[str], va
     return cfg
 
 
-def recorded_config(run_dir: Path) -> dict[str, Any]:
+def recorded_config(run_dir: Path, who: str = "--resume") -> dict[str, Any]:
     """A run's ``config.json``, checked to validate with this fedsuite; anything else (not UTF-8,
-    not JSON, not a config) is a ``ConfigError`` naming the file, in one line."""
+    not JSON, not a config) is a ``ConfigError`` naming the file, in one line that starts with
+    ``who``."""
     from fedsuite.config import ConfigError, validate
 
     record = run_dir / "config.json"
     try:
         recorded = json.loads(record.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError and UnicodeDecodeError
-        raise ConfigError(f"--resume: {record} cannot be read as JSON ({exc})") from None
+        raise ConfigError(f"{who}: {record} cannot be read as JSON ({exc})") from None
     if not isinstance(recorded, dict):
-        raise ConfigError(f"--resume: {record} holds {type(recorded).__name__}, not a run's config")
+        raise ConfigError(f"{who}: {record} holds {type(recorded).__name__}, not a run's config")
     try:
         validate(recorded)
     except ConfigError as exc:
-        raise ConfigError(f"--resume: {record} does not validate with this fedsuite: {exc}") from None
+        raise ConfigError(f"{who}: {record} does not validate with this fedsuite: {exc}") from None
     return recorded
+
+
+def config_mismatch(run_dir: Path, cfg: BaseRunConfig, who: str = "a queued run") -> list[str]:
+    """Whether the run in ``run_dir`` is the run ``cfg`` asks for: ``[]`` if it is, else each field
+    where its recorded ``config.json`` differs, as ``field: recorded X, asked Y`` (values as JSON,
+    as ``config.json`` holds them). The comparison is ``fedsuite.config.config_differences``, the
+    one ``--resume`` makes: ``rounds`` and the other ``RESUME_MUTABLE`` fields (where a run lives,
+    what hardware runs it) may differ; :func:`state` judges the rounds.
+
+    A folder without ``config.json`` (``new``; ``debris``: a run killed in its first seconds,
+    before the ServerApp recorded its config) records no run and differs from nothing: a queue
+    starts the run in it as before. An unreadable record is a ``ConfigError`` naming the file
+    (``who`` starts its line)."""
+    if not (run_dir / "config.json").is_file():
+        return []
+    from fedsuite.config import ConfigError, config_differences
+
+    recorded = recorded_config(run_dir, who)
+    try:
+        changed = config_differences(recorded, cfg)
+    except ConfigError as exc:  # recorded_config has validated it: not expected, but one line all the same
+        raise ConfigError(f"{who}: {run_dir / 'config.json'}: {exc}") from None
+    return [f"{key}: recorded {json.dumps(old)}, asked {json.dumps(new)}" for key, old, new in changed]
 
 
 def checkpointed_round(run_dir: Path) -> int:

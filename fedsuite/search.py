@@ -20,8 +20,16 @@ rounds and checkpoint, and ``fedsuite simulate --config <trial>/config.json --re
 ``random`` runs every sampled trial to the end. Tune places the trials on a private Ray of its own
 (``--jobs`` trials at a time; its folder removed at the end); each trial's run starts its own private
 Ray for its clients, or puts them on ``--ray-address`` (and ``--num-gpus`` is passed to every run).
-The sampling is seeded with the trials' seed, so the same command samples the same settings. A search is not resumed as a whole:
-a second search into a folder that holds trials is refused (give ``--name``); its runs are.
+The sampling is seeded with the trials' seed, so the same command samples the same settings.
+
+A search's folder is ``<out>/<name>``, by default ``<config name>-search`` (``search`` without a
+config file): not the folder a grid of the same config file writes, since a grid and a search
+write the same ``report.md`` and one folder holds one of them (a grid's folder is refused:
+``fedsuite.sweep.study_in``). A search is not resumed as a whole: a second search into a folder
+that holds trials is refused (give ``--name``); its runs are. Where the second search's config
+differs from what the trials ran (a base ``--set`` changed, say), the refusal names a trial's run
+folder and the differing fields, the check every queue makes of the runs it finds
+(``fedsuite.reproduce.queue.check_recorded``).
 
 The report (``report.md``, ``trials.csv``, ``accuracy.png``) lists every trial: its setting, what
 became of it (completed; stopped by ASHA at a round; failed, with why), its rounds, its reading
@@ -45,8 +53,8 @@ from typing import Any, Sequence
 from rich.text import Text
 
 from fedsuite import rundir
-from fedsuite.config import ConfigError, build_config, parse_value
-from fedsuite.sweep import SweepError, _text, _toml_value, setting_label, split_values
+from fedsuite.config import BaseRunConfig, ConfigError, build_config, parse_value
+from fedsuite.sweep import SweepError, _text, _toml_value, setting_label, split_values, study_in
 
 SEARCHES = ("random", "asha")
 #: ASHA's reduction factor: at each rung the better half goes on
@@ -130,6 +138,40 @@ class FedsuiteTrial:
     process tree with SIGTERM, as Ctrl-C would."""
 
 
+def trial_overrides(base_set: Sequence[str], setting: dict[str, Any], seed: int, run_dir: Path) -> list[str]:
+    """The ``--set`` overrides of a trial's run: the base, the trial's setting, the seed and where it lives."""
+    return [*base_set, *(f"{k}={_toml_value(v)}" for k, v in setting.items()), f"seed={seed}",
+            f"output_dir={json.dumps(str(run_dir.parent))}", f"run_name={json.dumps(run_dir.name)}"]
+
+
+@dataclass
+class EarlierTrial:
+    """A trial an earlier search left in the folder, with the config this search would give its
+    setting: what :func:`fedsuite.reproduce.queue.check_recorded` compares with its record."""
+
+    run_dir: Path
+    cfg: BaseRunConfig
+
+    @property
+    def label(self) -> str:
+        return f"trial {self.run_dir.name}"
+
+
+def earlier_trials(folder: Path, config: Path | None, base_set: Sequence[str], seed: int) -> list[EarlierTrial]:
+    """The trials in ``folder/trials`` (their records, ``<trial>.json``), each with the config this
+    search's base gives its setting; a trial whose setting this base cannot take is left out (the
+    search is refused all the same)."""
+    trials = []
+    for path in sorted((folder / "trials").glob("*.json")):
+        try:
+            setting = json.loads(path.read_text())["setting"]
+            run_dir = path.with_suffix("")
+            trials.append(EarlierTrial(run_dir, build_config(config, trial_overrides(base_set, setting, seed, run_dir))))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # ConfigError is a ValueError
+            continue
+    return trials
+
+
 def trainable(folder: Path, config: Path | None, base_set: Sequence[str], seed: int, rounds: int,
               placement: Sequence[str], env: dict[str, str], poll_s: float = 0.5):
     """The :class:`FedsuiteTrial` class for a search writing its runs under ``folder/trials``.
@@ -144,9 +186,7 @@ def trainable(folder: Path, config: Path | None, base_set: Sequence[str], seed: 
     class Trial(tune.Trainable, FedsuiteTrial):
         def setup(self, setting: dict[str, Any]) -> None:
             self.run_dir = folder / "trials" / self.trial_id
-            items = [*base_set, *(f"{k}={_toml_value(v)}" for k, v in setting.items()), f"seed={seed}",
-                     f"output_dir={json.dumps(str(self.run_dir.parent))}",
-                     f"run_name={json.dumps(self.run_dir.name)}"]
+            items = trial_overrides(base_set, setting, seed, self.run_dir)
             self.run_dir.parent.mkdir(parents=True, exist_ok=True)
             self.log = (self.run_dir.parent / f"{self.run_dir.name}.log").open("ab")
             self.proc = subprocess.Popen(simulate_command(config, items, False, placement), stdout=self.log,
@@ -210,8 +250,15 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
     grace = grace_rounds if grace_rounds is not None else max(1, rounds // 4)
     if not 1 <= grace <= rounds:
         raise SweepError(f"--grace-rounds must be between 1 and the runs' {rounds} rounds, got {grace}")
+    if study_in(folder) == "grid":
+        raise SweepError(f"{folder} holds a grid sweep, whose report.md a search's would replace: give the "
+                         "search another --name")
     trials_dir = folder / "trials"
     if trials_dir.is_dir() and any(trials_dir.iterdir()):
+        from fedsuite.reproduce.queue import check_recorded
+
+        check_recorded(earlier_trials(folder, config, base_set, seeds[0]),  # names what changed, if anything
+                       "a search is not resumed as a whole: give the new search another --name")
         raise SweepError(f"{folder} already holds a search's trials (a search is not resumed as a whole; its runs "
                          "are): give another --name, or remove the folder")
     problem = rundir.folder_problem(folder)

@@ -15,8 +15,17 @@ Every setting (one value per key: the grid's Cartesian product) runs once per se
 ``fedsuite simulate`` run in ``<out>/<name>/<setting>/s<seed>``. The runs go through the queue of
 ``fedsuite reproduce`` (:func:`fedsuite.reproduce.queue.run_queue`): ``--jobs`` at a time, finished runs
 skipped, interrupted ones resumed, Ctrl-C and kill safe. Before anything runs, every run's config is
-validated (an unknown key, a value that fails validation, an empty grid: one line, exit 2) and
-every dataset the runs need is checked.
+validated (an unknown key, a value that fails validation, an empty grid: one line, exit 2), every
+run already in the folder is checked to be the run asked for (a sweep run again after its base
+``--set`` or config file changed finds runs of the old setting: one line naming a run folder and
+the fields that differ, exit 2, nothing started; ``fedsuite.reproduce.queue.check_recorded``), and
+every dataset the runs need is checked. A run that failed is named at the start, one line each,
+and left as it is; ``--retry-failed`` runs it again from its last checkpoint.
+
+A sweep's folder holds one grid: a search (``fedsuite sweep --search``, :mod:`fedsuite.search`)
+writes its own ``report.md`` and is refused in a grid's folder, and a grid in a search's
+(:func:`study_in`). A search's default folder is ``<config name>-search``, a grid's the config's
+name, so the two do not meet unless ``--name`` says so.
 
 The report (``<out>/<name>/report.md``, ``report.csv``, ``accuracy.png``) has per setting the
 mean ± std over its completed seeds of the reading (each run's mean of its last ``--last``
@@ -39,8 +48,9 @@ import numpy as np
 from rich.text import Text
 
 from fedsuite import rundir
-from fedsuite.config import ConfigError, build_config, load_toml, parse_value
-from fedsuite.reproduce.queue import ReproduceError, pending, placement_options, queue_and_report, simulate_command
+from fedsuite.config import BaseRunConfig, ConfigError, build_config, load_toml, parse_value
+from fedsuite.reproduce.queue import (ReproduceError, check_recorded, completed, name_failed, other_folder, pending,
+                                      placement_options, queue_and_report, simulate_command)
 from fedsuite.reproduce.report import aggregate
 
 
@@ -126,6 +136,7 @@ class SweepRun:
     overrides: list[str]
     rounds: int
     dataset: tuple[str, str, str]
+    cfg: BaseRunConfig  # the config the run runs: what its recorded config.json must equal
 
     @property
     def label(self) -> str:
@@ -158,7 +169,7 @@ def plan(config: Path | None, base_set: Sequence[str], grid: dict[str, list[Any]
             except ConfigError as exc:
                 raise SweepError(f"setting {setting_label(setting)}: {str(exc).splitlines()[0]}") from None
             dataset = (cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True))
-            runs.append(SweepRun(setting, seed, run_dir, config, items, cfg.rounds, dataset))
+            runs.append(SweepRun(setting, seed, run_dir, config, items, cfg.rounds, dataset, cfg))
     if len({r.run_dir for r in runs}) != len(runs):
         raise SweepError("two settings of the grid share a folder name; give the grid distinct values")
     return runs
@@ -288,16 +299,41 @@ def write_report(runs: Sequence[SweepRun], folder: Path, last: int, group_by: st
     return folder / "report.md"
 
 
+def study_in(folder: Path) -> str | None:
+    """What a sweep's folder holds: ``search`` (a search's ``trials/``, ``trials.csv`` or Tune's
+    ``tune/``), ``grid`` (a grid's ``report.csv`` or ``base.toml``, or a setting folder holding a
+    run ``s<seed>`` or its log), or None (nothing of either). A grid and a search write the same
+    ``report.md`` and ``accuracy.png``, so one folder holds one of them: each refuses the other's."""
+    if not folder.is_dir():
+        return None
+    trials = folder / "trials"
+    if (trials.is_dir() and any(trials.iterdir())) or (folder / "trials.csv").exists() or (folder / "tune").exists():
+        return "search"
+    if (folder / "report.csv").exists() or (folder / "base.toml").exists():
+        return "grid"
+    for entry in folder.iterdir():
+        if entry.is_dir() and entry.name not in ("trials", "tune") and any(
+                re.fullmatch(r"s\d+(\.log)?", run.name) for run in entry.iterdir()):
+            return "grid"
+    return None
+
+
 def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence[str], seeds: Sequence[int] | None,
               out: Path, name: str | None, jobs: int, num_gpus: float | None, ray_address: str | None, last: int,
-              group_by: str | None, report_only: bool, console) -> int:
+              group_by: str | None, report_only: bool, console, retry_failed: bool = False) -> int:
     """The command: plan, check, queue, report. Returns the exit code (0 every run completed, 1 a
     run did not, 130 interrupted); raises :class:`SweepError` (or, for missing data, its base
-    ``ReproduceError``) for bad input: exit 2."""
+    ``ReproduceError``) for bad input, exit 2, before anything is written: among it a folder that
+    holds a search (:func:`study_in`), and a run in the folder that is not the run asked for
+    (``fedsuite.reproduce.queue.check_recorded``), also with ``--report``, which would read it as
+    the new setting's. A failed run is named at the start and left as it is, or run again with
+    ``retry_failed`` (``--retry-failed``)."""
     if jobs < 1:
         raise SweepError(f"--jobs must be at least 1, got {jobs}")
     if last < 1:
         raise SweepError(f"--last must be at least 1, got {last}")
+    if report_only and retry_failed:
+        raise SweepError("--report only writes the report; --retry-failed belongs to a sweep that runs")
     stripped, file_grid, file_seeds = read_sweep_section(config)
     grid = {**file_grid, **parse_grid(grid_items)} if grid_items else file_grid
     seed_list = list(seeds) if seeds else file_seeds or [0]
@@ -305,13 +341,23 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
         raise SweepError(f"--group-by {group_by!r} is not a grid key; allowed: {', '.join(grid)}")
     name = name or (config.stem if config is not None else "sweep")
     folder = (out / name).resolve()
-    problem = rundir.folder_problem(folder)
-    if problem is not None:
-        raise SweepError(f"--out: {problem}")
+    if study_in(folder) == "search":
+        raise SweepError(f"{folder} holds a search (trials/), whose report.md a grid's would replace: give the grid "
+                         "another --name")
     # the runs read the config file itself, or, when it has a [sweep] section, a copy without it
     runs_config = config if stripped is None else folder / "base.toml"
     runs = plan(runs_config, base_set, grid, seed_list, folder, base=stripped)
-    if stripped is not None:  # written once every setting has validated
+    remedy = other_folder("another --name or --out")
+    if report_only:
+        check_recorded(runs, remedy)
+    else:
+        todo = pending(runs, retry_failed, remedy)
+    # the checks above only read: a refused sweep leaves its folder as it was, to its mtime (this
+    # one makes and removes a probe folder in it)
+    problem = rundir.folder_problem(folder)
+    if problem is not None:
+        raise SweepError(f"--out: {problem}")
+    if stripped is not None:  # written once every setting and every run on disk have passed
         import tomli_w
 
         text = tomli_w.dumps(stripped)
@@ -321,10 +367,11 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
     if report_only:
         console.print(f"report -> {write_report(runs, folder, last, group_by, name)}")
         return 0
-    todo = pending(runs)
     settings = len(runs) // len(seed_list)
     console.print(Text.assemble((f"sweep {name}", "bold"), f": {settings} settings x {len(seed_list)} seeds = "
-                                f"{len(runs)} runs, {len(runs) - len(todo)} already done, {jobs} at a time -> {folder}"))
+                                f"{len(runs)} runs, {completed(runs)} already done, {len(todo)} to run, {jobs} at a "
+                                f"time -> {folder}"))
+    name_failed(runs, retry_failed, console)
     return queue_and_report(runs, jobs, placement_options(num_gpus, ray_address), console,
-                            lambda: write_report(runs, folder, last, group_by, name))
+                            lambda: write_report(runs, folder, last, group_by, name), retry_failed)
 

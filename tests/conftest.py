@@ -9,6 +9,7 @@ Use ``FAST`` settings unless a test needs more.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -177,6 +178,15 @@ def deployment_app(tmp_path: Path, data_root: Path, **values: Any):
     run_dir.mkdir()
     launch.write_app(run_dir / "app", cfg, run_dir)
     return cfg, run_dir, run_dir / "app"
+
+
+def tree_snapshot(folder: Path) -> dict[str, tuple[int, str]]:
+    """Every file and folder under ``folder`` (a run's ``.flwr`` left out: Flower's home, not the
+    run's record) with its modification time and, for a file, its content's hash: equal snapshots
+    mean nothing was written, changed, added or removed."""
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest()
+                                         if p.is_file() else "folder")
+            for p in sorted(folder.rglob("*")) if ".flwr" not in p.relative_to(folder).parts}
 
 
 def assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray], exact: bool = True) -> None:

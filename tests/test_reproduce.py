@@ -44,14 +44,15 @@ from rich.console import Console
 
 from fedsuite import rundir
 from fedsuite.processes import available_cores, core_slices
-from fedsuite.config import build_config
-from fedsuite.reproduce.queue import ReproduceError, missing_data, pending, placement_options, run_queue
+from fedsuite.config import ConfigError, build_config
+from fedsuite.reproduce.queue import (ReproduceError, check_recorded, missing_data, name_failed, pending, placement_options,
+                                      run_queue)
 from fedsuite.reproduce.report import aggregate, write_report
 from fedsuite.reproduce.tables import SCALES, Target, load_targets, parse_tables, plan
 from fedsuite.reproduce.verdicts import (COULD_NOT_TELL, HOLDS, NOT_JUDGED, REVERSED, SMALLER_THAN_PAPERS, VERDICT_RULE,
                                          VERDICTS, Claim, claims, paired_verdict, verdict)
-from fedsuite.results import read_metrics, run_value, write_atomically
-from tests.conftest import assert_same_arrays
+from fedsuite.results import read_metrics, run_value, write_atomically, write_json
+from tests.conftest import FAST, assert_same_arrays, tree_snapshot
 from tests.test_data import make_cifar10, make_cifar100
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -922,6 +923,152 @@ def test_a_run_with_other_rounds_than_asked_is_continued_or_named_never_read(tmp
     assert ("- fedprox seed 1: has 4 rounds, more than the 3 asked (a run is not cut short: ask for its rounds, "
             "or use another output folder)") in md
     assert "| FedProx | 51.00 ± 1.00 | - | 0/2 |" in md
+
+
+# ------------------------------------------------------------------------------------------------
+# a queue reuses a run only if it is the run asked for; a failed run is named (issue 42 item 3)
+# ------------------------------------------------------------------------------------------------
+
+
+def _record(run_dir: Path, cfg) -> Path:
+    """``run_dir`` holding the ``config.json`` the ServerApp records for ``cfg`` (server_app.main)."""
+    run_dir.mkdir(parents=True)
+    write_json(run_dir / "config.json", cfg.active_dump())
+    return run_dir
+
+
+def test_a_run_is_the_run_asked_for_only_if_its_recorded_config_is(tmp_path):
+    """``rundir.config_mismatch``: a field that makes another experiment is named, recorded value
+    and asked value; the rounds (``rundir.state`` judges them), where the run lives (a moved
+    folder, moved data) and what runs it (``--ray-address``, ``--num-gpus``) are not."""
+    asked = build_config(values={**FAST, "strategy": "fedprox", "output_dir": str(tmp_path / "out"), "run_name": "r"})
+    same = {**FAST, "strategy": "fedprox", "output_dir": str(tmp_path / "moved"), "run_name": "r-old", "rounds": 50,
+            "data_root": "/elsewhere/data", "ray_address": "127.0.0.1:6379", "num_gpus": 0.5, "device": "cpu",
+            "tensorboard": False}
+    assert rundir.config_mismatch(_record(tmp_path / "same", build_config(values=same)), asked) == []
+
+    other = {**same, "lr": 0.1, "fedprox.mu": 0.5, "dataset_options": {"iid": True}, "faults.client_error": 0.5}
+    assert rundir.config_mismatch(_record(tmp_path / "other", build_config(values=other)), asked) == [
+        'dataset_options: recorded {"iid": true}, asked {}', "faults.client_error: recorded 0.5, asked 0.0",
+        "fedprox.mu: recorded 0.5, asked 0.01", "lr: recorded 0.1, asked 0.05"]
+    # another method: its strategy first; a method's section that only one side has is not compared
+    fedavg = _record(tmp_path / "fedavg", build_config(values={**same, "strategy": "fedavg", "alpha": 0.1}))
+    assert rundir.config_mismatch(fedavg, asked) == ['strategy: recorded "fedavg", asked "fedprox"',
+                                                     "alpha: recorded 0.1, asked 0.5"]
+    # a record an older fedsuite wrote, without a field added since: the field counts at its default
+    old = json.loads((tmp_path / "same" / "config.json").read_text())
+    del old["min_replies"]
+    (tmp_path / "same" / "config.json").write_text(json.dumps(old))
+    assert rundir.config_mismatch(tmp_path / "same", asked) == []
+    assert rundir.config_mismatch(tmp_path / "same", build_config(values={**same, "min_replies": 2})) == [
+        "min_replies: recorded 1, asked 2"]
+
+    # no config.json: a run never started, or one killed in its first seconds (debris), records no
+    # run and differs from nothing: the queue starts it as before
+    debris = tmp_path / "debris"
+    debris.mkdir()
+    (debris / "flower.log").write_text("starting\n")
+    assert rundir.state(debris) == "debris" and rundir.config_mismatch(debris, asked) == []
+    assert rundir.config_mismatch(tmp_path / "never", asked) == []
+    # a record that cannot be read: one line naming it
+    (tmp_path / "other" / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"^dir0\.5 fedavg s0: .*other/config.json cannot be read as JSON"):
+        rundir.config_mismatch(tmp_path / "other", asked, who="dir0.5 fedavg s0")
+
+
+def test_the_queue_stops_in_one_line_on_runs_of_another_config(tmp_path):
+    """``check_recorded``: the first run of another config with its fields, how many more there
+    are, and what to do; a failed run and a killed start-up of the config asked pass."""
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(TINY.format(dataset="synthetic"))
+    specs = plan(parse_tables(tables)["tiny"], "paper", tmp_path / "out")
+    assert [s.label for s in specs] == ["dir0.5 fedavg s0", "dir0.5 fedprox s0", "dir0.5 fedavg s1", "dir0.5 fedprox s1"]
+    _record(specs[0].run_dir, specs[0].cfg)
+    (specs[0].run_dir / "summary.json").write_text(json.dumps({"status": "failed", "rounds_completed": 1}))
+    specs[1].run_dir.mkdir(parents=True)
+    (specs[1].run_dir / "flower.log").write_text("starting\n")
+    check_recorded(specs, "REMEDY")  # the runs asked for: nothing to say
+    assert [s.label for s in pending(specs)] == ["dir0.5 fedprox s0", "dir0.5 fedavg s1", "dir0.5 fedprox s1"]
+    assert [s.label for s in pending(specs, retry_failed=True)] == [s.label for s in specs]
+
+    for spec in specs[2:]:
+        _record(spec.run_dir, build_config(spec.config, [*spec.overrides, "alpha=0.1", "lr=0.1"]))
+    with pytest.raises(ReproduceError) as err:
+        pending(specs)
+    assert str(err.value) == (
+        f"{specs[2].run_dir} holds a run of another config (alpha: recorded 0.1, asked 0.5; lr: recorded 0.1, "
+        "asked 0.05), and 1 more run of this queue differ; nothing was started: ask for the recorded config, or "
+        "give the new runs another folder (another --out)")
+
+
+def test_every_committed_claims_record_is_the_run_its_target_asks_for(targets, tmp_path):
+    """The records ``experiments/claims.sh`` commits (and copies back into a fresh ``--out`` before
+    it queues) were run under another ``--out`` and ``--data-root``: they are still the runs their
+    targets ask for, so the queue skips them. A failed one is named at the start, with the round
+    and the reason its summary.json records, and how to run it again."""
+    failed = []
+    for name in ("fedmrur-claims", "fednlr-claims", "fedinit-claims", "fedmr-claims"):
+        target = targets[name]
+        records = ROOT / "experiments" / target.paper_key / "results" / "claims-cpu" / "runs"
+        specs = [s for s in plan(target, "cpu", tmp_path / "out")
+                 if (records / s.row.setting / s.run_dir.name / "config.json").is_file()]
+        assert specs, name
+        for spec in specs:
+            shutil.copytree(records / spec.row.setting / spec.run_dir.name, spec.run_dir)
+            assert json.loads((spec.run_dir / "config.json").read_text())["output_dir"] != str(spec.run_dir.parent)
+        check_recorded(specs, "REMEDY")
+        failed += [s for s in specs if rundir.state(s.run_dir, s.rounds) == "failed"]
+    assert failed  # FedMR diverged at momentum 0.9 (docs/methods/fedmr.md)
+    for retry_failed, then in ((False, "not run again; --retry-failed runs it again from its last checkpoint"),
+                               (True, "run again (--retry-failed), from its last checkpoint")):
+        console = Console(file=io.StringIO(), width=80)
+        name_failed(failed, retry_failed, console)
+        lines = console.file.getvalue().splitlines()
+        assert len(lines) == len(failed)
+        for spec, line in zip(failed, lines):
+            summary = json.loads((spec.run_dir / "summary.json").read_text())
+            assert line == (f"{spec.label}: failed, stopped after round {summary['rounds_completed']}: "
+                            f"{summary['failure']['message']} ({spec.run_dir}); {then}")
+
+
+def test_reproduce_reuses_a_moved_run_and_stops_on_a_changed_target(simulate, data_root, tmp_path):
+    """A completed run of the target's one cell, moved into the target's folder (its record names
+    another output_dir and run_name, and another Ray): the queue reuses it and runs nothing. The
+    target replaced by a tables file of the same paper (``--tables``) whose row sets another alpha:
+    the queue, and ``--report``, stop in one line naming the run folder and the field, exit 2, and
+    write nothing (today's code read the old run as the new target's)."""
+    from typer.testing import CliRunner
+
+    from fedsuite.cli import app
+
+    done = simulate(strategy="fedavg")
+    tiny = TINY.format(dataset="synthetic").replace(', "faults.delay_s=1.0"', "")
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(tiny)
+    out = tmp_path / "out"
+    run_dir = out / "tiny" / "paper" / "dir0.5" / f"fedavg-s{FAST['seed']}"
+    shutil.copytree(done.run_dir, run_dir, ignore=shutil.ignore_patterns(".flwr"))
+    args = ["reproduce", "tiny", "--tables", str(tables), "--out", str(out), "--methods", "fedavg",
+            "--seeds", str(FAST["seed"]), "--data-root", str(data_root)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert "1 runs, 1 already done, 0 to run" in res.stdout and "start" not in res.stdout, res.stdout
+    (row,) = csv.DictReader((out / "tiny" / "paper" / "tiny" / "report.csv").open())
+    assert (row["method"], row["seeds_completed"]) == ("fedavg", "1")
+
+    before = tree_snapshot(out)
+    changed = tmp_path / "mine" / "tiny" / "tables.toml"  # the paper's folder name: the same runs' folder
+    changed.parent.mkdir(parents=True)
+    changed.write_text(tiny.replace('set = ["alpha=0.5"]', 'set = ["alpha=0.1"]'))
+    for extra in ([], ["--report"]):
+        res = CliRunner().invoke(app, [*args, "--tables", str(changed), *extra])
+        assert res.exit_code == 2, res.stdout + res.stderr
+        assert res.stdout == "" and res.stderr == (
+            f"error: {run_dir.resolve()} holds a run of another config (alpha: recorded 0.5, asked 0.1); nothing was "
+            "started: ask for the recorded config, or give the new runs another folder (another --out)\n"), res.stderr
+        assert tree_snapshot(out) == before
 
 
 @pytest.mark.long

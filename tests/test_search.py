@@ -6,6 +6,9 @@
   the report's readings equal what the runs' own ``metrics.jsonl`` give.
 * Bad spaces (unknown key, a bound that fails validation, a malformed or empty range, a grid
   beside a search, several seeds) are one line, exit 2, before anything runs or is created.
+* A search and a grid keep to folders of their own (issue 42 item 3): by default a search's is
+  ``<config>-search``; given one folder, each refuses the other's. A search run again into its
+  folder with another base ``--set`` is refused naming a trial's run and the field.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from fedsuite.cli import app
 from fedsuite.results import read_metrics
 from fedsuite.search import Range, parse_space
 from fedsuite.sweep import SweepError
+from tests.conftest import tree_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ["--set", "rounds=3", "--set", "num_clients=8", "--set", "clients_per_round=3", "--set", "batch_size=32"]
@@ -112,3 +116,57 @@ def test_a_bad_search_is_one_line_before_anything_runs(tmp_path, args, words):
     assert res.exit_code == 2 and words in text and "Traceback" not in text, text
     assert len([line for line in text.splitlines() if line.strip()]) <= 3, text  # one message (maybe wrapped)
     assert not out.exists()
+
+
+@pytest.mark.long
+def test_a_search_run_again_names_what_changed_and_a_grid_keeps_out_of_its_folder(tmp_path, worker_ray_cluster):
+    """One trial of one round. The same search with another base --set: refused in one line naming
+    the trial's run folder and the field (today: "already holds a search's trials", whatever
+    changed), nothing written; the same search as it was: refused, a search is not resumed whole. A
+    grid given the search's folder: refused, the search's report kept."""
+    out = tmp_path / "out"
+    folder = (out / "one").resolve()
+    args = ["--search", "random", "--samples", "1", "--space", "lr=choice:0.05", "--set", "rounds=1", "--set",
+            "num_clients=6", "--set", "clients_per_round=2", "--set", "batch_size=32", "--set",
+            f"data_root={tmp_path / 'data'}", "--out", str(out), "--name", "one", "--ray-address", worker_ray_cluster]
+    res = subprocess.run(_search(*args), env=_env(), capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (trial,) = [p for p in (folder / "trials").iterdir() if p.is_dir()]
+    assert rundir.state(trial) == "completed"
+
+    before = tree_snapshot(out)
+    for more, error in (
+            (["--set", "alpha=0.1"], f"{trial} holds a run of another config (alpha: recorded 0.5, asked 0.1); nothing "
+                                     "was started: a search is not resumed as a whole: give the new search another "
+                                     "--name"),
+            ([], f"{folder} already holds a search's trials (a search is not resumed as a whole; its runs are): give "
+                 "another --name, or remove the folder")):
+        res = CliRunner().invoke(app, ["sweep", *args, *more])
+        assert res.exit_code == 2 and res.stdout == "", res.stdout + res.stderr
+        assert res.stderr.startswith(f"error: {error}") and len(res.stderr.splitlines()) == 1, res.stderr
+    res = CliRunner().invoke(app, ["sweep", "--grid", "lr=0.05", "--set", "rounds=1", "--out", str(out), "--name", "one"])
+    assert res.exit_code == 2 and res.stderr == (
+        f"error: {folder} holds a search (trials/), whose report.md a grid's would replace: give the grid another "
+        "--name\n"), res.stdout + res.stderr
+    assert tree_snapshot(out) == before
+
+
+def test_a_search_and_a_grid_of_one_config_default_to_folders_of_their_own(tmp_path):
+    """The README runs a grid and then a search of one config file: the grid's folder is the config's
+    name, the search's ``<name>-search``, so the second does not meet the first (which it would
+    refuse: their reports would collide). No run starts here: the search stops at its data check."""
+    config = tmp_path / "mine.toml"
+    config.write_text("rounds = 1\n")
+    out = tmp_path / "out"
+    grid = CliRunner().invoke(app, ["sweep", "--config", str(config), "--grid", "lr=0.05,0.1", "--out", str(out),
+                                    "--report"])  # a grid's report, of runs not run yet
+    assert grid.exit_code == 0 and (out / "mine" / "report.md").is_file(), grid.stdout + grid.stderr
+    search = ["sweep", "--search", "random", "--config", str(config), "--space", "lr=choice:0.05", "--set",
+              "dataset=fmnist", "--set", f"data_root={tmp_path / 'no-data'}", "--out", str(out)]
+    res = CliRunner().invoke(app, search)
+    assert res.exit_code == 2 and "missing data, nothing was started" in res.stderr, res.stdout + res.stderr
+    res = CliRunner().invoke(app, [*search, "--name", "mine"])
+    assert res.exit_code == 2 and res.stderr == (
+        f"error: {(out / 'mine').resolve()} holds a grid sweep, whose report.md a search's would replace: give "
+        "the search another --name\n"), res.stdout + res.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["mine"]

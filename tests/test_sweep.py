@@ -7,6 +7,10 @@
 * A ``[sweep]`` section in the config file is a grid too.
 * Bad grids (unknown key, a value that fails validation, an empty or malformed grid, a group-by
   that is not a grid key) are one line, exit 2, before anything runs or is created.
+* A sweep run again reuses only its own runs (issue 42 item 3): with another base ``--set`` it stops
+  in one line naming a run and the field, writing nothing; with more rounds it extends them. A
+  failed run is named at the start of every later sweep and run again only with
+  ``--retry-failed``. A search is refused in the grid's folder (their reports would collide).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import pytest
 from fedsuite import rundir
 from fedsuite.results import read_metrics
 from fedsuite.sweep import parse_grid, split_values
+from tests.conftest import tree_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ["--set", "rounds=2", "--set", "num_clients=8", "--set", "clients_per_round=3", "--set", "batch_size=32",
@@ -99,6 +104,67 @@ def test_a_killed_sweep_resumes_and_reports_what_its_runs_give(tmp_path, worker_
         lr = max(("0.05", "0.1"), key=lambda v: means[v, strategy])
         assert f"- strategy={strategy}: **lr={lr} strategy={strategy}** ({means[lr, strategy]:.2f})" in md
     assert (folder / "accuracy.png").stat().st_size > 0
+
+
+@pytest.mark.long
+def test_a_sweep_reuses_only_its_own_runs_and_names_a_failed_one(tmp_path, worker_ray_cluster):
+    """One setting that completes and one whose every client reply fails (round 1), 1 round each.
+    Run again with another base --set: one line naming the first run and the field, and how many
+    more runs differ, exit 2, nothing written. Run again as it was: nothing runs, the failed run is
+    named with its round and reason and how to retry, exit 1. With 2 rounds and --retry-failed: the
+    completed run is extended, the failed one run again (it fails again: the failure is its
+    setting's). A search is refused in the grid's folder, whose report stays."""
+    out = tmp_path / "out"
+    folder = out / "grid"
+    ok, bad = folder / "faults.client_error-0.0" / "s0", folder / "faults.client_error-1.0" / "s0"
+    args = ["--grid", "faults.client_error=0.0,1.0", "--seeds", "0", "--set", "num_clients=6", "--set",
+            "clients_per_round=2", "--set", "batch_size=32", "--set", f"data_root={tmp_path / 'data'}", "--out",
+            str(out), "--name", "grid", "--ray-address", worker_ray_cluster]
+    sweep = lambda *more: subprocess.run(_sweep(*args, *more), env=_env(), capture_output=True, text=True,  # noqa: E731
+                                         timeout=900)
+    first = sweep("--set", "rounds=1")
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert rundir.state(ok) == "completed" and rundir.state(bad) == "failed"
+    failure = rundir.summary(bad)["failure"]["message"]
+    assert failure.startswith("round 1: 2 of 2 client replies failed"), failure
+
+    before = tree_snapshot(out)
+    changed = sweep("--set", "rounds=1", "--set", "alpha=0.1")
+    assert changed.returncode == 2 and changed.stdout == "", changed.stdout + changed.stderr
+    assert changed.stderr == (f"error: {ok} holds a run of another config (alpha: recorded 0.5, asked 0.1), and 1 "
+                              "more run of this queue differ; nothing was started: ask for the recorded config, or "
+                              "give the new runs another folder (another --name or --out)\n"), changed.stderr
+    assert tree_snapshot(out) == before
+
+    runs_before = {run: tree_snapshot(run) for run in (ok, bad)}
+    again = sweep("--set", "rounds=1")
+    assert again.returncode == 1, again.stdout + again.stderr
+    named = (f"faults.client_error=1.0 s0: failed, stopped after round 0: {failure} ({bad}); not run again; "
+             "--retry-failed runs it again from its last checkpoint")
+    assert "2 runs, 1 already done, 0 to run" in again.stdout and named in again.stdout.splitlines(), again.stdout
+    assert "start" not in again.stdout and "retry " not in again.stdout, again.stdout
+    assert {run: tree_snapshot(run) for run in (ok, bad)} == runs_before
+    assert f"- faults.client_error=1.0 s0: failed, stopped after round 0: {failure}" in (folder / "report.md").read_text()
+
+    started = rundir.summary(bad)["timing"]["serverapp_start"]
+    retried = sweep("--set", "rounds=2", "--retry-failed")
+    assert retried.returncode == 1, retried.stdout + retried.stderr
+    assert "2 runs, 0 already done, 2 to run" in retried.stdout, retried.stdout
+    assert (f"faults.client_error=1.0 s0: failed, stopped after round 0: {failure} ({bad}); run again "
+            "(--retry-failed), from its last checkpoint") in retried.stdout.splitlines(), retried.stdout
+    assert f"extend faults.client_error=0.0 s0 -> {ok}" in retried.stdout, retried.stdout
+    assert f"retry  faults.client_error=1.0 s0 -> {bad}" in retried.stdout, retried.stdout
+    assert [r["round"] for r in read_metrics(ok)] == [0, 1, 2] and rundir.state(ok, 2) == "completed"
+    assert rundir.state(bad) == "failed" and rundir.summary(bad)["timing"]["serverapp_start"] > started
+    assert rundir.summary(bad)["failure"]["message"] == failure
+
+    report = tree_snapshot(folder)
+    search = subprocess.run(_sweep("--search", "random", "--space", "lr=choice:0.05", "--set", "rounds=1", "--out",
+                                   str(out), "--name", "grid"), env=_env(), capture_output=True, text=True, timeout=300)
+    assert search.returncode == 2 and search.stderr == (
+        f"error: {folder} holds a grid sweep, whose report.md a search's would replace: give the search another "
+        "--name\n"), search.stdout + search.stderr
+    assert tree_snapshot(folder) == report
 
 
 def test_a_sweep_section_in_the_config_file(tmp_path):

@@ -25,7 +25,8 @@ from typing import Sequence
 from rich.text import Text
 
 from fedsuite import rundir
-from fedsuite.reproduce.queue import ReproduceError, pending, placement_options, queue_and_report
+from fedsuite.reproduce.queue import (ReproduceError, check_recorded, completed, name_failed, other_folder, pending,
+                                      placement_options, queue_and_report)
 from fedsuite.reproduce.report import write_report
 from fedsuite.reproduce.tables import SCALES, Target, load_targets, plan
 
@@ -33,14 +34,20 @@ from fedsuite.reproduce.tables import SCALES, Target, load_targets, plan
 def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequence[str] | None,
                   seeds: Sequence[int] | None, scale: str, jobs: int, out: Path, data_root: str | None,
                   num_gpus: float | None, ray_address: str | None, tables: Sequence[Path], report_only: bool,
-                  console) -> int:
+                  console, retry_failed: bool = False) -> int:
     """The command (``target_name`` ``list``: the targets): plan, check, queue, report. Returns the
     exit code (0 every run completed, 1 a run did not, 130 interrupted); raises
-    :class:`ReproduceError` for bad input (exit 2, nothing started)."""
+    :class:`ReproduceError` for bad input (exit 2, nothing started): among it a run on disk that is
+    not the run the target asks for (its config changed since, e.g. by a ``--tables`` file that
+    replaces the target: ``fedsuite.reproduce.queue.check_recorded``), also with ``--report``, which
+    would read it as the target's. A failed run is named at the start and left as it is, or run
+    again with ``retry_failed`` (``--retry-failed``)."""
     if scale not in SCALES:
         raise ReproduceError(f"unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
     if jobs < 1:
         raise ReproduceError(f"--jobs must be at least 1, got {jobs}")
+    if report_only and retry_failed:
+        raise ReproduceError("--report only writes the report; --retry-failed belongs to a queue that runs")
     problem = rundir.folder_problem(out)
     if problem is not None:
         raise ReproduceError(f"--out: {problem}")
@@ -54,14 +61,17 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
     specs = plan(target, scale, out, rows, methods, seeds, data_root)
     report_dir = (out / target.paper_key / scale / target.name).resolve()
     if report_only:
+        check_recorded(specs, other_folder("another --out"))
         path = write_report(target, specs, scale, report_dir)
         console.print(f"report -> {path}")
         return 0
-    todo = pending(specs)
+    todo = pending(specs, retry_failed, other_folder("another --out"))  # the checks: nothing starts unless they pass
     console.print(Text.assemble((target.name, "bold"), f" ({scale} scale): {len(specs)} runs, "
-                                f"{len(specs) - len(todo)} already done, {jobs} at a time -> {report_dir.parent}"))
+                                f"{completed(specs)} already done, {len(todo)} to run, {jobs} at a time -> "
+                                f"{report_dir.parent}"))
+    name_failed(specs, retry_failed, console)
     return queue_and_report(specs, jobs, placement_options(num_gpus, ray_address), console,
-                            lambda: write_report(target, specs, scale, report_dir))
+                            lambda: write_report(target, specs, scale, report_dir), retry_failed)
 
 
 def print_targets(targets: dict[str, Target], console) -> None:

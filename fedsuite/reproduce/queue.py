@@ -1,18 +1,32 @@
 """The queue: runs as ``fedsuite simulate`` processes, ``--jobs`` at a time, resumable.
 
-The queue of ``fedsuite reproduce``, ``fedsuite sweep`` and (its command line, environment and data
-check) ``fedsuite sweep --search``. A queued run is anything with ``run_dir``, ``rounds``,
-``label``, ``dataset`` and ``command(resume, placement)`` (a
-:class:`fedsuite.reproduce.tables.RunSpec`, a sweep's ``SweepRun``):
+The queue of ``fedsuite reproduce``, ``fedsuite sweep`` and (its command line, environment and the
+checks before it starts) ``fedsuite sweep --search``. A queued run is anything with ``run_dir``,
+``cfg`` (the config it runs), ``rounds``, ``label``, ``dataset`` and ``command(resume, placement)``
+(a :class:`fedsuite.reproduce.tables.RunSpec`, a sweep's ``SweepRun``):
 
+* before anything starts (:func:`pending`), every run folder that holds a run is checked to hold
+  the run asked for: its recorded ``config.json`` equals the run's config up to the rounds and the
+  fields that do not make another experiment (``fedsuite.rundir.config_mismatch``, the comparison
+  ``--resume`` makes). A run of another config (a base ``--set`` or a target's config changed since
+  it ran) stops the queue in one line naming the run folder and the differing fields, exit code 2,
+  nothing started or written: it is never continued, skipped as done or read into a report as the
+  new setting's. A folder without ``config.json`` (a run killed in its first seconds) records no
+  run and is started anew, as before;
+* then every dataset the runs need is checked (:func:`missing_data`);
 * a run whose ``summary.json`` says ``completed`` with the rounds asked is skipped; a run directory
   that holds a ``config.json`` but no finished summary is continued with ``fedsuite simulate
   --resume`` (the run restarts from its last per-round checkpoint, so a killed queue loses at most
   the rounds that were in flight), and so is a completed run asked for more rounds than it has (a
-  target's rounds raised: it goes on from its last round); a run that ended ``failed``, or that has
-  more rounds than asked, is left as it is and reported (``rundir.state``);
-* before anything starts, every dataset the runs need is checked (:func:`pending`,
-  :func:`missing_data`);
+  target's rounds raised: it goes on from its last round); a run that has more rounds than asked
+  is left as it is and reported (``rundir.state``);
+* a run that ended ``failed`` is named at the start of every later queue, one line each with the
+  round it stopped after and why (:func:`name_failed`), and left as it is, so that a failure that
+  would recur is not run again unasked; the report names it too and the command exits 1. With
+  ``retry_failed`` (``--retry-failed``) it is run again, continued with ``--resume`` from its last
+  checkpoint like a partial run: its completed rounds are kept, and a failure of the run itself
+  (a diverged model) comes back at the same round, while one of its surroundings (a machine out of
+  memory, a lost Ray node, a fixed bug) does not;
 * each run is a ``fedsuite simulate`` child process in this process's group, started with
   ``PR_SET_PDEATHSIG`` (``fedsuite.reaper.die_with_parent``), so a killed queue takes its runs with
   it; Ctrl-C or SIGTERM stops each run's whole process tree (``fedsuite.processes.stop_tree``);
@@ -77,14 +91,70 @@ def missing_data(specs: Sequence[Any]) -> list[str]:
     return problems
 
 
-def pending(specs: Sequence[Any]) -> list[Any]:
-    """The runs still to run (neither completed nor failed), once every dataset they need is on disk;
-    else :class:`ReproduceError` listing what is missing and the expected layout, nothing started."""
-    todo = [s for s in specs if rundir.state(s.run_dir, s.rounds) in ("new", "partial", "debris")]
+def runnable(retry_failed: bool) -> tuple[str, ...]:
+    """The states (``rundir.state``) of the runs a queue runs: new, partial (resumed or extended),
+    debris (started anew), and failed with ``retry_failed``."""
+    return ("new", "partial", "debris", "failed") if retry_failed else ("new", "partial", "debris")
+
+
+def check_recorded(specs: Sequence[Any], remedy: str) -> None:
+    """That every run folder of ``specs`` holding a run holds the run asked for
+    (``rundir.config_mismatch``); else :class:`ReproduceError`, one line: the first such run folder
+    and its differing fields, how many other runs differ, and what to do (``remedy``, the
+    command's). Reads only."""
+    from fedsuite.config import ConfigError
+
+    stale = []
+    for spec in specs:
+        try:
+            changed = rundir.config_mismatch(spec.run_dir, spec.cfg, who=spec.label)
+        except ConfigError as exc:
+            raise ReproduceError(f"{exc}; nothing was started") from None
+        if changed:
+            stale.append((spec, changed))
+    if stale:
+        (spec, changed), more = stale[0], len(stale) - 1
+        raise ReproduceError(
+            f"{spec.run_dir} holds a run of another config ({'; '.join(changed)})"
+            + (f", and {more} more run{'s' if more > 1 else ''} of this queue differ" if more else "")
+            + f"; nothing was started: {remedy}")
+
+
+def other_folder(options: str) -> str:
+    """What a queue's user does about a run of another config in its folder (:func:`check_recorded`);
+    ``options``: the command's options that name another folder."""
+    return f"ask for the recorded config, or give the new runs another folder ({options})"
+
+
+def pending(specs: Sequence[Any], retry_failed: bool = False, remedy: str = other_folder("another --out")) -> list[Any]:
+    """The runs still to run (neither completed nor failed; failed too with ``retry_failed``), once
+    every run on disk is the one asked for (:func:`check_recorded`) and every dataset they need is
+    on disk; else :class:`ReproduceError` naming the run and its fields, or listing what data is
+    missing and the expected layout, nothing started."""
+    check_recorded(specs, remedy)
+    todo = [s for s in specs if rundir.state(s.run_dir, s.rounds) in runnable(retry_failed)]
     problems = missing_data(todo)
     if problems:
         raise ReproduceError("missing data, nothing was started:\n  " + "\n  ".join(problems))
     return todo
+
+
+def name_failed(specs: Sequence[Any], retry_failed: bool, console) -> None:
+    """One line per run that ended ``failed``: the round it stopped after and why (its
+    ``summary.json``, as the report says it: ``rundir.why_incomplete``), and whether this queue runs
+    it again (``retry_failed``) or how to."""
+    for spec in specs:
+        if rundir.state(spec.run_dir, spec.rounds) != "failed":
+            continue
+        then = ("run again (--retry-failed), from its last checkpoint" if retry_failed else
+                "not run again; --retry-failed runs it again from its last checkpoint")
+        console.print(f"{rundir.why_incomplete(spec.run_dir, spec.label, spec.rounds)} ({spec.run_dir}); {then}",
+                      highlight=False, soft_wrap=True)
+
+
+def completed(specs: Sequence[Any]) -> int:
+    """How many of ``specs`` are completed with the rounds asked (a queue's "already done")."""
+    return sum(1 for s in specs if rundir.state(s.run_dir, s.rounds) == "completed")
 
 
 def interrupt(*_: Any) -> None:
@@ -92,11 +162,13 @@ def interrupt(*_: Any) -> None:
 
 
 def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = (),
-              console=None, poll_s: float = 0.5) -> dict[Path, str]:
-    """Run every spec that is not completed or failed, ``jobs`` at a time, each as a ``fedsuite
-    simulate`` child (``--resume`` where a partial run exists); show one progress display. Returns
-    each run directory's final state (``rundir.state``, or ``failed`` for a run whose process
-    exited non-zero). Ctrl-C/SIGTERM stops every running run's process tree, then re-raises."""
+              console=None, poll_s: float = 0.5, retry_failed: bool = False) -> dict[Path, str]:
+    """Run every spec that is not completed or failed (failed too with ``retry_failed``), ``jobs``
+    at a time, each as a ``fedsuite simulate`` child (``--resume`` where a partial or failed run
+    exists); show one progress display. Returns each run directory's final state
+    (``rundir.state``, or ``failed`` for a run whose process exited non-zero). Ctrl-C/SIGTERM stops
+    every running run's process tree, then re-raises. The caller has checked the runs
+    (:func:`pending`)."""
     from rich.live import Live
     from rich.table import Table
     from rich.text import Text
@@ -106,10 +178,13 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
 
     console = console or plain_console()
     slices = core_slices(jobs)  # each running run's own share of the cores (None: one job, unpinned)
-    states = {s.run_dir: rundir.state(s.run_dir, s.rounds) for s in specs}
-    todo = [s for s in specs if states[s.run_dir] in ("new", "partial", "debris")]
-    done_at_start = {s.run_dir: (s.rounds if states[s.run_dir] == "completed" else
-                                 rundir.rounds_done(s.run_dir) if states[s.run_dir] == "partial" else 0) for s in specs}
+    initial = {s.run_dir: rundir.state(s.run_dir, s.rounds) for s in specs}  # what each run starts from
+    todo = [s for s in specs if initial[s.run_dir] in runnable(retry_failed)]
+    states = {s.run_dir: "queued" if initial[s.run_dir] in runnable(retry_failed) else initial[s.run_dir]
+              for s in specs}
+    done_at_start = {s.run_dir: (s.rounds if initial[s.run_dir] == "completed" else
+                                 rundir.rounds_done(s.run_dir) if initial[s.run_dir] in ("partial", "failed") else 0)
+                     for s in specs}
     progress = dict(done_at_start)
     running: dict[subprocess.Popen, tuple[Any, Any, int]] = {}  # spec, log, slot
     started = time.monotonic()
@@ -130,7 +205,7 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
         return table
 
     def start(spec: Any) -> None:
-        state = states[spec.run_dir]
+        state = initial[spec.run_dir]
         spec.run_dir.parent.mkdir(parents=True, exist_ok=True)
         log = (spec.run_dir.parent / f"{spec.run_dir.name}.log").open("ab")
         slot = min(set(range(jobs)) - {s for *_, s in running.values()})
@@ -141,13 +216,14 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
             if slices is not None:
                 os.sched_setaffinity(0, slices[slot])
 
-        proc = subprocess.Popen(spec.command(resume=state == "partial", placement=placement), stdout=log,
+        proc = subprocess.Popen(spec.command(resume=state in ("partial", "failed"), placement=placement), stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=fedsuite_first(os.environ), preexec_fn=preexec)
         states[spec.run_dir] = "running"
         running[proc] = (spec, log, slot)
-        verb = "start " if state != "partial" else "extend" if rundir.summary_status(spec.run_dir) else "resume"
-        console.print(f"{verb} {spec.label} -> {spec.run_dir}", highlight=False)
+        verb = ("retry " if state == "failed" else "start " if state != "partial" else
+                "extend" if rundir.summary_status(spec.run_dir) else "resume")
+        console.print(f"{verb} {spec.label} -> {spec.run_dir}", highlight=False, soft_wrap=True)
 
     try:
         with Live(display(), console=console, refresh_per_second=2, transient=True) as live:
@@ -178,12 +254,13 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
 
 
 def queue_and_report(specs: Sequence[Any], jobs: int, placement: Sequence[str], console,
-                     report: Callable[[], Path]) -> int:
+                     report: Callable[[], Path], retry_failed: bool = False) -> int:
     """:func:`run_queue`, stopped like Ctrl-C by SIGTERM, then ``report()``. Returns the exit code:
-    0 every run completed, 1 a run did not (its log lies beside it), 130 interrupted."""
+    0 every run completed, 1 a run did not (its log lies beside it; a failed run left as it was
+    counts), 130 interrupted."""
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        states = run_queue(specs, jobs, placement, console)
+        states = run_queue(specs, jobs, placement, console, retry_failed=retry_failed)
     except KeyboardInterrupt:
         console.print("interrupted: running runs stopped; the same command continues where it stopped")
         return 130

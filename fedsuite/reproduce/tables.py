@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from fedsuite.config import ConfigError, build_config
+from fedsuite.config import BaseRunConfig, ConfigError, build_config
 from fedsuite.reproduce.queue import ReproduceError, simulate_command
 from fedsuite.reproduce.verdicts import paper_difference
 
@@ -261,6 +261,7 @@ class RunSpec:
     overrides: list[str]  # --set key=value, in order
     rounds: int
     dataset: tuple[str, str, str]  # (name, data_root, dataset_options as JSON)
+    cfg: BaseRunConfig  # the config the run runs: what its recorded config.json must equal
 
     @property
     def label(self) -> str:
@@ -327,5 +328,5 @@ def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = Non
                     raise ReproduceError(f"{target.name}, row {row.name}, method {method}: "
                                          f"{str(exc).splitlines()[0]}") from None
                 dataset = (cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True))
-                specs[run_dir] = RunSpec(row, method, seed, run_dir, row.config, items, cfg.rounds, dataset)
+                specs[run_dir] = RunSpec(row, method, seed, run_dir, row.config, items, cfg.rounds, dataset, cfg)
     return list(specs.values())
