@@ -408,9 +408,10 @@ def partition_indices(
             if num_clients != clients:
                 small = (f" with at least min_partition_size={min_partition_size} samples"
                          if clients < len(counts) else "")
+                fix = f"set num_clients={clients}" if clients else "lower min_partition_size"
                 raise ValueError(
                     f"The 'natural' partition by {partition_by} has {clients} clients (the distinct {partition_by} "
-                    f"values{small}; {len(counts)} in all), but num_clients={num_clients}; set num_clients={clients}.")
+                    f"values{small}; {len(counts)} in all), but num_clients={num_clients}; {fix}.")
 
     cache_file = None
     if cache_dir is not None:
