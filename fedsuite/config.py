@@ -105,7 +105,12 @@ class BaseRunConfig(Params):
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (dirichlet, dirichlet-equal)")
     classes_per_client: int = Field(2, ge=1, description="classes per client (pathological)")
     shards_per_client: int = Field(2, ge=1, description="shards per client (shards)")
-    min_partition_size: int = Field(10, ge=0, description="minimum samples per client (dirichlet)")
+    min_partition_size: int = Field(10, ge=0, description="minimum samples per client (dirichlet; natural drops "
+                                    "smaller groups)")
+    partition_by: str | None = Field(
+        None, min_length=1, description="natural: the dataset column whose distinct values are the clients (dataset "
+        "hf, e.g. writer_id); num_clients must equal their number",
+    )
     num_clients: int = Field(100, ge=1, description="number of clients (virtual SuperNodes)")
     clients_per_round: int | None = Field(None, ge=1, description="cohort size K; default max(1, floor(fraction*N))")
     fraction: float = Field(0.1, gt=0, le=1, description="cohort fraction, used when clients_per_round is unset")
@@ -182,6 +187,9 @@ class BaseRunConfig(Params):
             raise ValueError(f"data_root: {problem}")
         if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise ValueError("tensorboard=true needs the tensorboard package: pip install tensorboard")
+        if self.partition_by is not None and self.partitioner != "natural":
+            raise ValueError(f"partition_by applies to the natural partitioner only (partitioner is "
+                             f"{self.partitioner!r}); use --partitioner natural or drop partition_by")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError("device must be one of: auto, cpu, cuda")
         if self.cohort_size > self.num_clients:

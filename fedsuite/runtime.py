@@ -56,15 +56,16 @@ def client_indices(cfg: BaseRunConfig, bundle, partition_id: int) -> np.ndarray:
     """The training-sample indices of client ``partition_id`` (pure function of the config)."""
     return _partition(cfg.dataset, str(data_root(cfg)), _freeze(cfg.dataset_options), cfg.partitioner,
                       cfg.num_clients, cfg.seed, cfg.alpha, cfg.min_partition_size, cfg.classes_per_client,
-                      cfg.shards_per_client)[partition_id]
+                      cfg.shards_per_client, cfg.partition_by)[partition_id]
 
 
 @functools.cache
-def _partition(name, root, options, scheme, num_clients, seed, alpha, min_size, classes, shards):
+def _partition(name, root, options, scheme, num_clients, seed, alpha, min_size, classes, shards, partition_by):
     bundle = _load_bundle(name, root, options)
     return partition_indices(
         bundle, scheme, num_clients, seed, alpha=alpha, min_partition_size=min_size,
-        classes_per_client=classes, shards_per_client=shards, cache_dir=Path(root) / "partitions",
+        classes_per_client=classes, shards_per_client=shards, partition_by=partition_by,
+        cache_dir=Path(root) / "partitions",
     )
 
 

@@ -24,6 +24,7 @@ cinic10        crop-flip           (0.4789, 0.4723, 0.4305) / (0.2421, 0.2383, 0
 femnist        none                (0.5,) / (0.5,) on inverted pixels = FedMR's (0.5 - x) / 0.5
 npz            none                per-channel statistics of x_train (uint8 images)
 imagefolder    none                per-channel statistics of x_train
+hf             none                per-channel statistics of x_train (Hugging Face datasets, hf.py)
 =============  ==================  ==============================================================
 
 ``crop-flip`` is the recommended resolution of FedInit, FedMRUR and FedNLR (random crop with
@@ -88,6 +89,9 @@ class DatasetBundle:
     std: tuple[float, ...] | None
     augment: str  # one of AUGMENT_KINDS
     groups: np.ndarray | None = None  # natural-partition id per training sample
+    # dataset hf: per training sample, the index of its value among the sorted distinct values of
+    # each column of ids (integers, text, booleans) besides the image, for ``partition_by``
+    columns: dict[str, np.ndarray] | None = None
 
     @property
     def is_image(self) -> bool:
@@ -98,7 +102,8 @@ class DatasetBundle:
             f"DatasetBundle(name={self.name!r}, train={tuple(self.x_train.shape)}, "
             f"test={tuple(self.x_test.shape)}, num_classes={self.num_classes}, "
             f"augment={self.augment!r}, mean={self.mean}, std={self.std}, "
-            f"groups={'None' if self.groups is None else len(np.unique(self.groups))})"
+            f"groups={'None' if self.groups is None else len(np.unique(self.groups))}"
+            + (f", columns={sorted(self.columns)})" if self.columns is not None else ")")
         )
 
 
@@ -740,7 +745,7 @@ def _npz_images(x: np.ndarray, key: str, path: Path) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
-def _declared_classes(y_train: torch.Tensor, path: Path) -> int:
+def _declared_classes(y_train: torch.Tensor, path: Path | str, source: str = "npz") -> int:
     """The class count an npz without ``num_classes`` declares: C = max(y_train) + 1, provided every
     class 0..C-1 occurs in y_train. A gap is refused rather than guessed: one stray label of 10**9
     would otherwise declare a billion classes (and a model head of that size)."""
@@ -752,7 +757,7 @@ def _declared_classes(y_train: torch.Tensor, path: Path) -> int:
         absent = top + 1 - len(present)
         first = next(c for c in range(top + 1) if c >= len(present) or int(present[c]) != c)
         raise DatasetError(
-            f"npz: y_train in {path} has labels up to {top}, but {absent} of the classes 0..{top} never occur "
+            f"{source}: y_train in {path} has labels up to {top}, but {absent} of the classes 0..{top} never occur "
             f"(the first: {first}); labels must be 0..C-1 with every class in y_train, or declare the classes with "
             f"dataset_options={{num_classes=C}}.")
     return top + 1
@@ -811,6 +816,8 @@ def load_npz(root: Path, *, path: str | Path | None = None, num_classes: int | N
 # --------------------------------------------------------------------------------------------
 # registry + cached entry point
 
+from .hf import load_hf  # noqa: E402 - fedsuite/data/hf.py builds on the helpers above
+
 #: name -> loader(root: Path, **options) -> DatasetBundle
 DATASETS: dict[str, Callable[..., DatasetBundle]] = {
     "synthetic": load_synthetic,
@@ -823,6 +830,7 @@ DATASETS: dict[str, Callable[..., DatasetBundle]] = {
     "femnist": load_femnist,
     "npz": load_npz,
     "imagefolder": load_imagefolder,
+    "hf": load_hf,
 }
 
 _VIEW_OPTIONS = ("augment", "normalize", "mean", "std")
@@ -850,7 +858,7 @@ def load_dataset(name: str, root: str | Path = "data", **options: Any) -> Datase
     Options common to every dataset: ``augment`` (one of :data:`AUGMENT_KINDS`), ``normalize``
     (``"default"`` dataset statistics, ``"half"`` = 0.5/0.5 per channel, ``"none"`` = /255 only),
     and explicit ``mean``/``std`` tuples (win over ``normalize``). Other options are passed to the
-    dataset's loader (e.g. ``label_mode`` for cifar100, ``path`` for npz/imagefolder, ``alpha``,
+    dataset's loader (e.g. ``label_mode`` for cifar100, ``path`` for npz/imagefolder/hf, ``alpha``,
     ``beta``, ``num_devices``, ``seed`` for synthetic, ``download`` for downloadable datasets).
     """
     if name not in DATASETS:

@@ -24,6 +24,10 @@ Schemes (``PARTITIONERS``):
 * ``natural``         ``NaturalIdPartitioner`` on the dataset's ``groups`` (FEMNIST writer, synthetic
                       device); groups smaller than ``min_partition_size`` are dropped, and when
                       ``num_clients`` is smaller than the number of groups a seeded subset is used.
+                      ``partition_by=<column>`` groups by a column of the dataset instead (dataset
+                      ``hf``, e.g. ``writer_id``): one client per distinct value (with at least
+                      ``min_partition_size`` samples), so ``num_clients`` must equal their number.
+                      Clients are in the order of the sorted ids.
 """
 
 from __future__ import annotations
@@ -204,7 +208,7 @@ def natural(
     labels: np.ndarray, num_clients: int, seed: int, *, groups: np.ndarray | None = None,
     min_partition_size: int = 10, **_: Any,
 ) -> list[np.ndarray]:
-    """One client per natural group (FEMNIST writer, Synthetic device)."""
+    """One client per natural group (FEMNIST writer, Synthetic device, or a column: partition_by)."""
     from flwr_datasets.partitioner import NaturalIdPartitioner
 
     if groups is None:
@@ -213,7 +217,7 @@ def natural(
             "but this dataset has none; choose iid, dirichlet, dirichlet-equal, pathological or shards."
         )
     ds = _dataset(labels, groups, None)
-    p = NaturalIdPartitioner(partition_by="group")
+    p = NaturalIdPartitioner(partition_by="group")  # partition i is the i-th smallest group id
     p.dataset = ds
     with contextlib.redirect_stderr(io.StringIO()):  # silence flwr's tqdm progress bar
         parts = [_idx(p.load_partition(i)) for i in range(p.num_partitions)]
@@ -253,6 +257,28 @@ _PARAMS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _groups_of_column(data: Any, partition_by: str, name: str) -> np.ndarray:
+    """The per-sample ids of column ``partition_by`` of a bundle (``DatasetBundle.columns``)."""
+    columns = getattr(data, "columns", None)
+    if columns is None:
+        own = " to use its own groups" if getattr(data, "groups", None) is not None else ""
+        raise ValueError(
+            f"partition_by={partition_by!r} names a column of the dataset, but dataset {name!r} has no columns "
+            f"(columns come with dataset hf); leave partition_by unset{own}."
+        )
+    if partition_by not in columns:
+        raise ValueError(
+            f"partition_by={partition_by!r} is not a column of dataset {name!r}; its columns of ids: "
+            f"{', '.join(sorted(columns)) or 'none'} (image columns and columns of floats or lists cannot group samples)."
+        )
+    g = np.asarray(columns[partition_by], dtype=np.int64)
+    missing = int((g < 0).sum())
+    if missing:
+        raise ValueError(f"partition_by={partition_by!r}: {missing} training samples have no value in that column; "
+                         "every sample needs an id to belong to a client.")
+    return g
+
+
 # --------------------------------------------------------------------------------------------
 # public entry point
 
@@ -286,25 +312,34 @@ def partition_indices(
     shards_per_client: int = 2,
     class_assignment: str = "first-deterministic",
     self_balancing: bool = True,
+    partition_by: str | None = None,
     cache_dir: str | Path | None = None,
 ) -> list[np.ndarray]:
     """Split training-sample indices among ``num_clients`` clients with ``scheme``.
 
     ``data`` is a :class:`DatasetBundle` (its ``y_train`` and ``groups`` are used) or the
-    training labels (array/tensor/sequence of ints; pass ``groups`` for ``natural``). Returns one
+    training labels (array/tensor/sequence of ints; pass ``groups`` for ``natural``). With
+    ``partition_by`` (``natural`` only) the groups are the bundle's column of that name
+    (``DatasetBundle.columns``), one client per distinct value, and ``num_clients`` must equal the
+    number of values (those with at least ``min_partition_size`` samples). Returns one
     int64 index array per client (indices into the training set). The result depends only on the
     label (and group) contents, ``scheme``, the parameters that scheme uses, ``num_clients`` and
     ``seed``; with ``cache_dir`` it is stored there as ``.npz`` and re-read on the next call.
     Raises ``ValueError`` with a clear message for bad parameters.
     """
+    name = str(getattr(data, "name", "data")) if hasattr(data, "y_train") else "labels"
+    if partition_by is not None:
+        if scheme != "natural":
+            raise ValueError(f"partition_by applies to the 'natural' partition only, not to {scheme!r}.")
+        if groups is not None:
+            raise ValueError("Pass either groups or partition_by, not both.")
+        groups = _groups_of_column(data, partition_by, name)
     if hasattr(data, "y_train"):
         labels = _to_numpy(data.y_train)
         if groups is None:
             groups = getattr(data, "groups", None)
-        name = str(getattr(data, "name", "data"))
     else:
         labels = _to_numpy(data)
-        name = "labels"
     labels = labels.reshape(-1)
     if labels.size and not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"Labels must be integers, got dtype {labels.dtype}.")
@@ -320,7 +355,7 @@ def partition_indices(
         raise ValueError("Cannot partition an empty training set.")
     if labels.min() < 0:
         raise ValueError("Labels must be non-negative class indices.")
-    if num_clients > n:
+    if num_clients > n and partition_by is None:  # with partition_by the number of ids says it below
         raise ValueError(f"num_clients={num_clients} is larger than the number of training samples ({n}).")
     num_classes = int(labels.max()) + 1
     n_present = len(np.unique(labels))
@@ -359,16 +394,32 @@ def partition_indices(
             )
     if scheme == "natural":
         if g is None:
+            cols = getattr(data, "columns", None)
+            if cols is not None:  # a dataset with columns (hf): the groups are one of them
+                raise ValueError(
+                    f"The 'natural' partition of dataset {name!r} needs the column that names each sample's group: "
+                    f"set partition_by=<column> (its columns of ids: {', '.join(sorted(cols)) or 'none'}).")
             PARTITIONERS["natural"](labels, num_clients, seed, groups=None)  # raises the clear error
         if len(g) != n:
             raise ValueError(f"groups has {len(g)} entries but there are {n} training samples.")
+        if partition_by is not None:  # one client per id: the federation is the column's, not a subset of it
+            counts = np.unique(g, return_counts=True)[1]
+            clients = int((counts >= min_partition_size).sum())
+            if num_clients != clients:
+                small = (f" with at least min_partition_size={min_partition_size} samples"
+                         if clients < len(counts) else "")
+                fix = f"set num_clients={clients}" if clients else "lower min_partition_size"
+                raise ValueError(
+                    f"The 'natural' partition by {partition_by} has {clients} clients (the distinct {partition_by} "
+                    f"values{small}; {len(counts)} in all), but num_clients={num_clients}; {fix}.")
 
     cache_file = None
     if cache_dir is not None:
         h = hashlib.sha256()
         h.update(json.dumps(
             {"v": _CACHE_VERSION, "flwr_datasets": _flwr_datasets_version(),
-             "scheme": scheme, "num_clients": int(num_clients), "seed": int(seed), "params": used},
+             "scheme": scheme, "num_clients": int(num_clients), "seed": int(seed), "params": used,
+             **({"partition_by": partition_by} if partition_by is not None else {})},
             sort_keys=True,
         ).encode())
         h.update(labels.tobytes())
