@@ -1,6 +1,6 @@
 """Cost of relaxed initialisation (RI) at paper scale: 200 clients with ResNet-18-GN-sized state.
 
-What it measures (spec fedinit.md §2.5, Table 8/10: RI should cost ~1.02-1.05x FedAvg's time and
+What it measures (the FedInit paper's Tables 8 and 10: RI should cost ~1.02-1.05x FedAvg's time and
 no extra RAM beyond one model per client, kept on disk):
 
 * a *plain round*: N clients (default 10 of 200, the 5%-200 setting) each doing S local SGD steps of

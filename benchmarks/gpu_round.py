@@ -1,6 +1,6 @@
 """Seconds per round at paper scale on a GPU: fedsuite against the plain PyTorch loop.
 
-FedInit's scale (spec fedinit.md §4, ``experiments/fedinit/resnet18gn_cifar10.toml``): ResNet-18-GN
+FedInit's scale (the FedInit paper's CIFAR-10 setting, ``experiments/fedinit/resnet18gn_cifar10.toml``): ResNet-18-GN
 (11.2 M parameters), 100 clients with 500 samples each, 10 per round, 5 local epochs of batch 50
 (500 SGD steps per round), flip + crop augmentation, central evaluation every round. And FedMR's CNN
 (``experiments/fedmr/cnn_cifar10.toml``) at 5 local epochs, also evaluated every round. The data are
@@ -12,8 +12,8 @@ simulation process running Flower's Simulation Engine, Ray actors sharing the GP
 ``--num-gpus``), and the plain loop
 (``harness.plain_fedavg``: FedAvg, the same cohorts, steps and evaluation, one client after another
 in one process) runs the same model. Printed per method: fedsuite s/round (median of rounds 2..R),
-the plain FedAvg loop's s/round for that model, their ratio, the issue-12 target and whether it is
-met. SAM-type methods do two forward/backward passes per step, so their ratio to plain FedAvg is
+the plain FedAvg loop's s/round for that model, their ratio, the target (benchmarks/README.md) and
+whether it is met. SAM-type methods do two forward/backward passes per step, so their ratio to plain FedAvg is
 about 2 by construction; their target says so.
 
     python benchmarks/gpu_round.py [--rounds 6] [--num-gpus 0.25] [--methods fedavg fedinit ...]
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FEDINIT_SCALE = ROOT / "experiments" / "fedinit" / "resnet18gn_cifar10.toml"
 FEDMR_CNN = ROOT / "experiments" / "fedmr" / "cnn_cifar10.toml"
 
-#: method -> (base config, strategy, target s/round on one H100 from issue 12)
+#: method -> (base config, strategy, target s/round on one H100, as in benchmarks/README.md)
 METHODS: dict[str, tuple[Path, str, float]] = {
     "fedavg": (FEDINIT_SCALE, "fedavg", 1.0),
     "fedinit": (FEDINIT_SCALE, "fedinit", 1.0),

@@ -1,4 +1,4 @@
-"""CCVR's client rule (Luo et al., NeurIPS 2021; spec fednlr.md §5 table, A18).
+"""CCVR's client rule (Luo et al., NeurIPS 2021; a baseline of FedNLR's Table 2).
 
 Training rounds are plain local SGD (FedAvg's ClientUpdate). A *statistics query* (message type
 ``query.statistics``, sent by ``strategies/ccvr.py`` after the rounds it calibrates) trains nothing:

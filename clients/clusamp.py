@@ -1,4 +1,4 @@
-"""CluSamp's client rule: plain local SGD (spec fedmr.md §5 item 4, §3.1: clients are stateless).
+"""CluSamp's client rule: plain local SGD (clients are stateless; the sampling is the server's).
 
 Clustered sampling changes only *which* clients train (``strategies/clusamp.py``); the local update
 is FedAvg's: w ← w − η (∇ℓ(w; b) + λ_wd w) from the received w^t.

@@ -1,5 +1,5 @@
-"""FedASAM's client rule (Caldarola et al. 2022): local Adaptive SAM (Kwon et al. 2021); spec
-fedmr.md §5 item 6 and A28 (ρ = 0.1, η = 0 from the code).
+"""FedASAM's client rule (Caldarola et al. 2022): local Adaptive SAM (Kwon et al. 2021), a
+FedMR baseline (ρ = 0.1, η = 0 from the FedMR authors' code; the paper does not state them).
 
     T = |w| + η on tensors named "*weight*", T = 1 on the others
     e = ρ T² g / (‖T g‖ + 1e-16);   g̃ = ∇ℓ(w + e; b)   (w restored)

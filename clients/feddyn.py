@@ -1,4 +1,4 @@
-"""FedDyn's client rule (Acar et al., ICLR 2021), in the sign convention of spec fedinit.md §5:
+"""FedDyn's client rule (Acar et al., ICLR 2021), in the sign convention of FedInit's code (FL-Simulator):
 
     local step:  w ← w − η ( clip[ ∇ℓ(w; b) + λ (h_i − w_{i,0}) ] + (λ_wd + λ) w )
                  i.e. the gradient of  ℓ(w) + λ⟨h_i, w⟩ + (λ/2)‖w − w_{i,0}‖² + (λ_wd/2)‖w‖²
@@ -6,13 +6,13 @@
 
 h_i = −∇L_i/λ of the paper (its gradient memory); it lives in the client's on-disk state
 (``task.state``, name ``"feddyn-h"``), trainable parameters only. The anchor w_{i,0} is
-``task.start_point`` (the relaxed start with ``--relaxed-init``: spec fedinit.md §2.7). The linear
+``task.start_point`` (the relaxed start with ``--relaxed-init``, as FL-Simulator's FedDyn + RI). The linear
 and anchor terms go through ``adjust_gradient`` (before clipping), λ w through the optimizer's weight
-decay (after clipping), as in spec fedinit.md §5. λ = 0 gives plain SGD steps.
+decay (after clipping), as in FL-Simulator. λ = 0 gives plain SGD steps.
 
 Reply: w_{i,K}. When the start point differs from w^t (relaxed init) the server cannot derive Δ_i
 from the uploaded model alone, so the offset r_i = w_{i,0} − w^t is uploaded as the extra record
-``"start-offset"`` (spec fedinit.md §3.2, FedDyn note: 2× upload only in that case).
+``"start-offset"`` (2× upload, only in that case).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""FedGen's client rule and generator (Zhu et al., ICML 2021; spec fedmr.md §5 item 3).
+"""FedGen's client rule and generator (Zhu et al., ICML 2021; as in the FedMR authors' code).
 
-Generator (spec §5 item 3; noise as the reference code, ε ~ U[0, 1)^{noise_dim}):
+Generator (as the FedMR authors' code; noise as the reference code, ε ~ U[0, 1)^{noise_dim}):
 
     G(ε, y) = W₂ ReLU(BN(W₁ [ε; onehot(y)] + b₁)) + b₂  ∈ R^D      (D = the model's feature dimension)
 
@@ -13,8 +13,8 @@ B the configured batch size, α_t = α·decay^{t−1}, β_t = β·decay^{t−1} 
 reference code's exp_lr_decay with decay 0.98), sent by the server as ``fedgen-alpha``/``fedgen-beta``,
 and the KL target detached (``KLDivLoss(batchmean)`` as the code).
 The generator is frozen on the client and used in eval mode (BN running statistics; our choice, the
-spec does not say). Every round the client also returns its label counts as the extra ArrayRecord
-``label-counts`` {counts [C]}, which the server's teacher loss needs. Clients keep no state (§3.1).
+code does not say). Every round the client also returns its label counts as the extra ArrayRecord
+``label-counts`` {counts [C]}, which the server's teacher loss needs. Clients keep no state.
 """
 
 from __future__ import annotations

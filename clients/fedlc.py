@@ -1,11 +1,11 @@
 """FedLC's client rule: logit calibration by local label counts (Zhang et al., ICML 2022;
-spec fednlr.md §5 table, τ = 1).
+a FedNLR baseline, τ = 1 as in the FedNLR paper).
 
     ℓ(w; x, y) = CE(z(w; x) − τ · n_{i,·}^{−1/4}, y),   n_{i,c} ← max(n_{i,c}, 1e-8)
 
 with n_{i,c} the client's count of class c, recomputed every round from its labels (no state). The
-clamp of absent classes to 1e-8 is the spec's [R] choice (fednlr.md §5, "as common implementations
-do"). With τ = 0 the shift is exactly 0.0 and training is FedAvg's bit for bit; with equal counts
+clamp of absent classes to 1e-8 is our choice, as common implementations do (the paper does not
+say). With τ = 0 the shift is exactly 0.0 and training is FedAvg's bit for bit; with equal counts
 the shift is the same for every class and CE is shift-invariant, so it equals FedAvg up to float
 rounding. Evaluation uses the plain model.
 """

@@ -1,16 +1,16 @@
 """FedMRUR's client rule (An et al., NeurIPS 2023): MoFedSAM with the hyperbolic graph-fusion
-regulariser H (spec fedmrur.md §2.2, §2.3).
+regulariser H (the paper's Eqs. 2-5 and Algorithm 1).
 
 Per mini-batch b, with z_j = Φ(w; x_j) the local model's features (differentiable) and
 ẑ_j = Φ(w^t; x_j) those of the frozen received model (no grad, computed once per batch and reused in
-both SAM passes, A6):
+both SAM passes):
 
-    lift_β(z) = (√(β + ‖z‖²), z)                       (Lorentz / hyperboloid model, A2)
+    lift_β(z) = (√(β + ‖z‖²), z)                       (Lorentz / hyperboloid model, Law et al.'s lift)
     d²_j      = −2β − 2⟨lift_β(z_j), lift_β(ẑ_j)⟩_𝓛     (squared Lorentzian distance, eq. 4)
-    R_b(w)    = (1/|b|) Σ_j exp( min(d²_j/σ, 50) )      (eq. 3, batch mean A4, clamp A5)
+    R_b(w)    = (1/|b|) Σ_j exp( min(d²_j/σ, 50) )      (eq. 3, mean over the batch, exponent clamped)
     F(w; b)   = CE(head(z), y) + γ R_b(w)
 
-and the MoFedSAM step on F (clients.sam): e = ρ∇F/(‖∇F‖+1e-7), g̃ = ∇F(w+e) (R in both passes, A7),
+and the MoFedSAM step on F (clients.sam): e = ρ∇F/(‖∇F‖+1e-7), g̃ = ∇F(w+e) (R in both passes: Alg. 1 perturbs along ∇F),
 u = α g̃ + (1−α) m^t, clip u to C, w ← w − η_l(u + λ_wd w).
 
 Numerics. With a = √(β+‖z‖²), b = √(β+‖ẑ‖²), s = z·ẑ and δ = ẑ − z, the distance is computed as
@@ -22,7 +22,7 @@ Both are algebraically −2β + 2(ab − s) (the first multiplies by (ab + s + �
 (β+‖z‖²)(β+‖ẑ‖²) − (β+s)² = β‖δ‖² + ‖z‖²‖δ‖² − (z·δ)² = β‖δ‖² + ‖z‖²‖δ_⊥‖²). Every term is ≥ 0,
 so d² ≥ 0 without clamping, there is no cancellation of large numbers for any norm, the
 denominator is ≥ 2β > 0, and d² and its gradient are exactly 0 at z = ẑ (so ∇R = 0 at the first
-local step, spec §2.2). ``manifold="euclidean"`` uses d² = ‖z − ẑ‖² instead (Table 8).
+local step). ``manifold="euclidean"`` uses d² = ‖z − ẑ‖² instead (Table 8).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ EXP_CLAMP = 50.0
 
 
 def lift(z: torch.Tensor, beta: float) -> torch.Tensor:
-    """lift_β(z) = (√(β + ‖z‖²), z): a point of the hyperboloid ⟨x, x⟩_𝓛 = −β (spec A2)."""
+    """lift_β(z) = (√(β + ‖z‖²), z): a point of the hyperboloid ⟨x, x⟩_𝓛 = −β (Law et al.)."""
     return torch.cat([torch.sqrt(beta + (z * z).sum(-1, keepdim=True)), z], dim=-1)
 
 
@@ -76,7 +76,7 @@ def manifold_regularizer(
     z: torch.Tensor, z_hat: torch.Tensor, *, beta: float, sigma: float, manifold: str = "lorentz",
     exp_clamp: float = EXP_CLAMP,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """R_b = mean_j exp(min(d²_j/σ, exp_clamp)) and the per-sample d² (spec §2.2, A4, A5)."""
+    """R_b = mean_j exp(min(d²_j/σ, exp_clamp)) and the per-sample d²."""
     d2 = lorentz_sq_dist(z, z_hat, beta) if manifold == "lorentz" else euclidean_sq_dist(z, z_hat)
     return torch.exp(torch.clamp(d2 / sigma, max=exp_clamp)).mean(), d2
 
@@ -109,7 +109,7 @@ class FedMRURClient(SamMomentumClient):
         self.d2_seen, self.r_seen = [], []
 
     def _features(self, model: torch.nn.Module, x: torch.Tensor, task: LocalTask) -> tuple[torch.Tensor, torch.Tensor]:
-        """(z, logits): z is the penultimate feature (A1) or the logits (``feature_layer="logits"``)."""
+        """(z, logits): z is the penultimate feature (the input of the head) or the logits (``feature_layer="logits"``)."""
         if task.method_params.feature_layer == "logits":
             logits = model(x)
             return logits, logits

@@ -4,8 +4,8 @@
 
 so each step is  w ← w − η (∇ℓ(w; b) + μ (w − w_{i,0}) + λ_wd w).  The anchor w_{i,0} is
 ``task.start_point`` (set by the loop after the start hooks): the received w^t, or the relaxed start
-with ``--relaxed-init`` (spec fedinit.md §2.7). The term is part of the loss, so it is clipped
-together with ∇ℓ (spec fedmr.md §5 item 2, fedmrur.md §5, fednlr.md §5). μ = 0 is FedAvg exactly.
+with ``--relaxed-init`` (as FedInit's code anchors its "+RI" methods). The term is part of the loss, so it is clipped
+together with ∇ℓ. μ = 0 is FedAvg exactly.
 """
 
 from __future__ import annotations

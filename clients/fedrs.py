@@ -1,13 +1,13 @@
-"""FedRS's client rule: restricted softmax (Li & Zhan, KDD 2021; spec fednlr.md §5 table, α = 0.5).
+"""FedRS's client rule: restricted softmax (Li & Zhan, KDD 2021; a FedNLR baseline, α = 0.5 as in the FedNLR paper).
 
 Client i with local label counts n_{i,c} trains on restricted logits
 
     z̃_c = s_c · z_c,   s_c = 1 if n_{i,c} > 0 else α          (scaling="hard", the paper's rule)
     s_c = α + (1 − α) · n_{i,c} / max_c' n_{i,c'}               (scaling="proportional", FedRepo code variant)
 
-and minimises CE(z̃, y). z_c = w_cᵀh + b_c is the full logit of the model's ``head``; the spec states the
-rule on logits, so a head bias is scaled with the weight term. The counts are recomputed from the local
-labels every round (spec fednlr.md §5: FedRS keeps no client state). Evaluation uses the plain model.
+and minimises CE(z̃, y). z_c = w_cᵀh + b_c is the full logit of the model's ``head``; the rule is stated
+on logits, so a head bias is scaled with the weight term. The counts are recomputed from the local
+labels every round (FedRS keeps no client state). Evaluation uses the plain model.
 With α = 1 every s_c is exactly 1.0, so training is FedAvg's bit for bit.
 """
 

@@ -1,4 +1,4 @@
-"""FedSAM's client rule (Qu et al. 2022; spec fedmrur.md §5, fedinit.md §5): local SAM, FedAvg server.
+"""FedSAM's client rule (Qu et al. 2022; a baseline of FedMRUR and FedInit): local SAM, FedAvg server.
 
     e = ρ g / (‖g‖ + 1e-7);   g̃ = ∇ℓ(w + e; b)   (w restored);   g̃ ← g̃ · min(1, C/‖g̃‖)
     w ← w − η_l (g̃ + λ_wd w)

@@ -1,5 +1,5 @@
 """MoFedSAM's client rule (Qu et al. 2022): FedCM's momentum mixing on top of SAM gradients
-(spec fedmrur.md §2.3 with γ = 0, §5).
+(FedMRUR's client step with γ = 0).
 
     e = ρ g / (‖g‖ + 1e-7);   g̃ = ∇ℓ(w + e; b);   u = α g̃ + (1 − α) m^t
     u ← u · min(1, C/‖u‖);     w ← w − η_l (u + λ_wd w)

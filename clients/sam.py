@@ -1,19 +1,19 @@
 """Shared local-step pieces of the SAM / client-momentum family (FedSAM, FedASAM, FedCM, MoFedSAM,
-FedMRUR), written once and reused by every rule of the family (spec fedmrur.md §2.3, §5).
+FedMRUR), written once and reused by every rule of the family.
 
 Per mini-batch b, with g = ∇F(w; b) the gradient of the rule's objective (no weight decay):
 
-    SAM  (Foret et al.; spec fedmrur.md §2.3 line 6):  e = ρ · g / (‖g‖₂ + 1e-7)
-    ASAM (Kwon et al.; spec fedmr.md §5 item 6):       e = ρ · T² g / (‖T g‖₂ + 1e-16),
+    SAM  (Foret et al.):   e = ρ · g / (‖g‖₂ + 1e-7)
+    ASAM (Kwon et al.):    e = ρ · T² g / (‖T g‖₂ + 1e-16),
          T = |w| + η on tensors whose name contains "weight", T = 1 on the others (ASAM's code)
     g̃ = ∇F(w + e; b)                 (same batch; parameters restored to w bit for bit afterwards)
-    u  = α · g̃ + (1 − α) · m^t       (FedCM / MoFedSAM mixing, spec fedmrur.md §2.3 line 8;
+    u  = α · g̃ + (1 − α) · m^t       (FedCM / MoFedSAM mixing, FedMRUR's Alg. 1 line 10;
                                       m^t absent ⇔ m^t = 0, which gives u = α · g̃)
-    u  ← u · min(1, C / ‖u‖)          (optional, spec A10; C = 0 switches it off)
+    u  ← u · min(1, C / ‖u‖)          (optional, FL-Simulator's; C = 0 switches it off)
     w  ← w − η_l (u + λ_wd w)         (torch SGD: weight decay added in the step, not scaled by α)
 
-‖·‖ is one L2 norm over all trainable tensors jointly (spec A22). ρ = 0 gives e = 0 exactly, so the
-second pass evaluates the gradient at w itself; α = 1 gives u = 1.0·g̃ + 0.0·m = g̃ exactly in IEEE
+‖·‖ is one L2 norm over all trainable tensors jointly (FedMRUR treats Δ as one vector). ρ = 0 gives
+e = 0 exactly, so the second pass evaluates the gradient at w itself; α = 1 gives u = 1.0·g̃ + 0.0·m = g̃ exactly in IEEE
 arithmetic. Those are what make MoFedSAM(ρ=0) = FedCM and FedCM(α=1) = FedAvg bit for bit.
 """
 
@@ -35,7 +35,7 @@ from fedsuite.wire import MOMENTUM
 
 
 def sam_perturbation(grads: list[torch.Tensor], rho: float, eps: float = 1e-7) -> list[torch.Tensor]:
-    """SAM's ascent step e = ρ g / (‖g‖ + eps), ‖·‖ over all tensors jointly (spec fedmrur.md §2.3)."""
+    """SAM's ascent step e = ρ g / (‖g‖ + eps), ‖·‖ over all tensors jointly."""
     scale = rho / (tensor_norm(grads) + eps)
     return [g * scale for g in grads]
 
@@ -45,7 +45,7 @@ def asam_perturbation(
     eps: float = 1e-16,
 ) -> list[torch.Tensor]:
     """Adaptive SAM's ascent step e = ρ T² g / (‖T g‖ + eps) with T = |w| + η on "weight" tensors and
-    T = 1 elsewhere (Kwon et al. 2021, as in their code; spec fedmr.md §5 item 6, A28)."""
+    T = 1 elsewhere (Kwon et al. 2021, as in their code)."""
     scaled = [(p.detach().abs() + eta) * g if "weight" in n else g for n, p, g in zip(names, params, grads)]
     scale = rho / (tensor_norm(scaled) + eps)
     return [
@@ -56,7 +56,7 @@ def asam_perturbation(
 
 @torch.no_grad()
 def mix_momentum(grads: list[torch.Tensor], momentum: list[torch.Tensor | None] | None, alpha: float) -> None:
-    """In place: g ← α g + (1 − α) m (m = 0 where absent), FedCM's client step (spec §2.3 line 8)."""
+    """In place: g ← α g + (1 − α) m (m = 0 where absent), FedCM's client step."""
     for i, g in enumerate(grads):
         g.mul_(alpha)
         m = None if momentum is None else momentum[i]

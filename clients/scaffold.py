@@ -1,15 +1,16 @@
-"""SCAFFOLD's client rule, option II (Karimireddy et al., ICML 2020; spec fedinit.md §5, fedmrur.md §5).
+"""SCAFFOLD's client rule, option II (Karimireddy et al., ICML 2020; a baseline of FedInit and FedMRUR).
 
     local step:   w ← w − η (∇ℓ(w; b) − c_i + c + λ_wd w)     (correction added to the gradient
-                  before clipping, via ``adjust_gradient``: "clipped with g", spec fedinit.md §5)
+                  before clipping, via ``adjust_gradient``: clipped with g, as FedInit's code)
     after K steps: c_i⁺ = c_i − c − Δ_i / (K η),   Δ_i = w_{i,K} − w_{i,0}
     reply:        w_{i,K} and Δc_i = c_i⁺ − c_i  (extra ArrayRecord ``"delta-cv"``)
 
 c arrives as the extra ArrayRecord ``"server-cv"``; c_i lives in the client's on-disk state
 (``task.state``, name ``"scaffold-ci"``), zero before the first visit. Both cover the trainable
 parameters only. With ``--neuron-lr`` the correction is scaled with the gradient by the per-neuron
-rates η̂ and the update divides by K η̂ element-wise (spec fednlr.md §2.10 item 4). K is the number of steps taken this round, η this round's local lr (spec fedinit.md
-§8 item 10). w_{i,0} = ``task.start_point`` (the relaxed start with ``--relaxed-init``, §2.7).
+rates η̂ and the update divides by K η̂ element-wise (our composition; with η̂ ≡ η it is option II). K is the number of steps taken this round, η this
+round's local lr. w_{i,0} = ``task.start_point`` (the relaxed start with ``--relaxed-init``, as
+FedInit's code).
 With c = c_i = 0 (round 1) the steps are plain SGD bit for bit (adding zeros).
 """
 
@@ -24,7 +25,7 @@ STATE_NAME = "scaffold-ci"
 
 def control_variate_update(c_i: dict, c: dict, delta: dict, steps: int, lr: float, scales: dict | None = None) -> dict:
     """c_i⁺ = c_i − c − Δ_i ⊘ (K η̂) (option II), η̂ = η · s with per-neuron scales s from the
-    neuron-wise-lr plug-in (spec fednlr.md §2.10 item 4), η̂ = η without it; unchanged when no step
+    neuron-wise-lr plug-in, η̂ = η without it; unchanged when no step
     was taken (K η = 0)."""
     if steps <= 0 or lr <= 0:
         return {n: v.clone() for n, v in c_i.items()}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The four papers' claims targets, and their committed reports, at one of two scales:
-#   cpu      issue 32: `<paper>-claims --scale cpu` (Fashion-MNIST, FedMR's CNN; about 30 run-hours)
-#   cifar10  issue 39: `<paper>-claims-cifar10` (the papers' CIFAR-10 cells, the JPEG copy of
-#            ../shared/data: `python make_cifar10.py DATA_ROOT` writes DATA_ROOT/cifar-10-batches-py)
+#   cpu      `<paper>-claims --scale cpu`: the headline orderings on Fashion-MNIST, FedMR's CNN (~30 run-hours)
+#   cifar10  `<paper>-claims-cifar10`: the papers' CIFAR-10 cells, on CIFAR-10 in torchvision's
+#            layout (DATA_ROOT/cifar-10-batches-py; the committed results used a lossy JPEG copy)
 #
 #   experiments/claims.sh SCALE run OUT DATA_ROOT      # the queue, unit by unit (a stop leaves whole
 #                                                      # runs' checkpoints); run it again to go on
@@ -50,11 +50,11 @@ cpu)  # the targets `<paper>-claims` at reproduce's cpu scale (Fashion-MNIST)
 cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their own
     PAPERS=(fedmr)
     SUFFIX=claims-cifar10 REPRODUCE_SCALE=paper FROZEN=1
-    # Issue 39's order is a, d, b, c, seed by seed; a unit is one row or one run where runs are long
-    # (500 rounds of FedMR's CNN: about 50-95 min on one core, depending on what else runs). FedMR:
-    # Table 1's CNN at α = 0.1, then α = 0.5 as the budget allows. FedNLR's (d) and FedInit's (b)
-    # targets join once the summaries record how much each method's own component acted (issue 39,
-    # item 2), since their pinned commit must be one that does.
+    # The order is FedMR's target, then FedNLR's, then FedInit's, seed by seed; a unit is one row or
+    # one run where runs are long (500 rounds of FedMR's CNN: about 50-95 min on one core, depending
+    # on what else runs). FedMR: Table 1's CNN at α = 0.1, then α = 0.5 as the budget allows. FedNLR's
+    # and FedInit's targets join once the summaries record how much each method's own component
+    # acted, since their pinned commit must be one that does.
     UNITS=(fedmr:1:rows=cnn-c10-0.1 fedmr:2:rows=cnn-c10-0.1 fedmr:3:rows=cnn-c10-0.1
            fedmr:1:rows=cnn-c10-0.5 fedmr:2:rows=cnn-c10-0.5 fedmr:3:rows=cnn-c10-0.5) ;;
 *)

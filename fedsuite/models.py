@@ -31,15 +31,15 @@ name                       canonical input     notes
 ``vgg9``                   3x32x32             FedNLR's VGG-9 (NIID-Bench ModerateCNN), no norm layers
 ``vgg11``                  3x32x32             FedInit's VGG-11, no norm layers, 512-512 classifier
 ``vgg16``                  3x32x32             FedMR's VGG-16-BN, 4096-4096 classifier with dropout
-``vgg16_femnist_authors``  1x28x28             FedMR code's ``VGG16_mnist`` (5 convs, not a VGG-16), spec A12
+``vgg16_femnist_authors``  1x28x28             FedMR code's ``VGG16_mnist`` (5 convs, not a VGG-16)
 =========================  ==================  ==============================================================
 
 Inputs other than the canonical ones:
 
 * The first conv always takes ``C`` input channels (1-channel 28x28 images work everywhere).
 * ``vgg9``, ``vgg11`` and ``vgg16`` zero-pad inputs smaller than 32x32 up to 32x32 (centred) inside
-  ``features`` (FedMR spec A12: "true VGG-16-BN on 28x28 input (pad to 32)"), so a 1x28x28 input
-  gives the same classifier sizes as CIFAR. Larger inputs (e.g. 64x64) widen the first FC layer.
+  ``features`` (so a true VGG-16-BN also runs on FEMNIST's 28x28, next to the authors' 5-conv
+  network), so a 1x28x28 input gives the same classifier sizes as CIFAR. Larger inputs (e.g. 64x64) widen the first FC layer.
 * ``cnn`` and ``lenet5`` size their first FC layer from the input (e.g. 1x28x28 ``lenet5``: 1024).
 * ``resnet18-gn``, ``resnet20`` and ``vgg16_femnist_authors`` end in a global / adaptive average
   pool and take any image size. ``resnet20`` uses ``AdaptiveAvgPool2d(1)``, identical to the
@@ -248,7 +248,8 @@ def cnn(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
     """McMahan-style 2-conv CNN as in FedMR's code.
 
     1-channel input (FEMNIST, 1x28x28): ``CNNFashionMnist`` (2 conv + 2 FC, flatten 512).
-    Multi-channel input (CIFAR, 3x32x32): ``CNNCifar`` (2 conv + 3 FC, flatten 400; spec A10).
+    Multi-channel input (CIFAR, 3x32x32): ``CNNCifar`` (2 conv + 3 FC, flatten 400; the paper says
+    2 conv + 2 FC, but its CIFAR numbers come from this LeNet-5-like network).
     """
     shape = _image_shape("cnn", input_shape)
     num_classes = _check_classes(num_classes)
@@ -321,7 +322,7 @@ class BasicBlockGN(nn.Module):
 class ResNet18GN(FeatureModel):
     """torchvision ``resnet18`` topology, every BatchNorm replaced by GroupNorm(2 groups).
 
-    ``cifar_stem=False`` (default, FedInit A13 / FL-Simulator / FedMRUR rec.): 7x7 stride-2 conv +
+    ``cifar_stem=False`` (default, as FL-Simulator, the code FedInit's and FedMRUR's settings come from): 7x7 stride-2 conv +
     3x3 stride-2 max-pool; on 32x32 input stage 4 is 1x1. ``cifar_stem=True``: 3x3 stride-1 conv, no
     max-pool (changes the paper numbers; not registered). No buffers: the whole state is trainable.
     """
@@ -492,7 +493,7 @@ class VGG9(_PaddedVGG):
     """FedNLR's VGG-9 (NIID-Bench / FedMA ModerateCNN): 6 conv + 3 FC, no normalisation.
 
     3,491,530 params for 10 classes, 3,537,700 for 100. Init: Kaiming-uniform (ReLU) conv weights,
-    Xavier-normal linear weights, PyTorch-default biases (FedNLR spec §4).
+    Xavier-normal linear weights, PyTorch-default biases (the init the FedNLR paper states; biases not stated).
     """
 
     CFG = (32, 64, "M", 128, 128, "M", "D", 256, 256, "M")
@@ -519,7 +520,7 @@ class VGG9(_PaddedVGG):
 
 
 class VGG11(_PaddedVGG):
-    """FedInit's VGG-11 (spec §4, A12): [64,M,128,M,256,256,M,512,512,M,512,512,M], no norm layers,
+    """FedInit's VGG-11 (no details in the paper: the standard one): [64,M,128,M,256,256,M,512,512,M,512,512,M], no norm layers,
     classifier Linear(512,512)-ReLU-Linear(512,512)-ReLU-head, no dropout. torchvision VGG init
     (Kaiming-normal fan_out convs, N(0, 0.01) linears, zero biases)."""
 
@@ -581,7 +582,7 @@ def vgg16(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
 
 
 class VGG16FemnistAuthors(FeatureModel):
-    """FedMR code's ``VGG16_mnist`` (spec §4.3, A12), reproduced as is: 5 convs without BN, each
+    """FedMR code's ``VGG16_mnist`` (the paper's "VGG-16" on FEMNIST), reproduced as is: 5 convs without BN, each
     followed by ReLU: 1x1 conv(C->64, pad 1), 3x3 64->64, maxpool(2, s1), 3x3 64->128, maxpool(2, s1),
     3x3 128->256, 3x3 256->512, maxpool(2, s2), AdaptiveAvgPool(7x7), flatten 25088, Linear(25088,
     256) (no activation), head Linear(256, C). PyTorch-default init. Not comparable with a VGG-16.

@@ -118,7 +118,7 @@ def process_env() -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         # numpy's OpenBLAS single-threaded in Flower's processes: the simulation process runs the
         # ServerApp thread while Ray forks its daemons, and OpenBLAS's at-fork handler can then leave a
-        # threaded BLAS call in another thread spinning forever (issue 16, item 1)
+        # threaded BLAS call in another thread spinning forever
         "OPENBLAS_NUM_THREADS": "1",
     })
     # deterministic cuBLAS (torch.use_deterministic_algorithms needs it on CUDA); no effect on CPU

@@ -1,5 +1,5 @@
 """What produced a run: the code (fedsuite's version, the git commit it ran from and whether its
-work tree was dirty), the packages and the hardware (issue 41, item 3).
+work tree was dirty), the packages and the hardware.
 
 * :func:`code_version`: fedsuite's version and commit (``fedsuite --version`` prints
   :func:`version_line` of it). The commit is read with one ``git status`` call (a timeout of

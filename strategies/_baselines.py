@@ -1,7 +1,7 @@
 """Small pieces shared by the part-A baselines (not a method: modules named ``_*`` are not registered).
 
 * :func:`reply_weights`: data-size weights (FedAvg, FedNova, FedExP) or uniform 1/|S| (SCAFFOLD and
-  FedDyn papers; spec fedinit.md §7 A9).
+  FedDyn papers, and FedInit's).
 * :class:`FlowerOptAdapter`: lets a Flower server optimiser (``FedAdam``, ``FedAvgM``, ``FedYogi``)
   sit in front of :class:`FedSuiteStrategy` in the MRO, so Flower's ``__init__`` runs unchanged and
   its ``aggregate_train`` updates our validated, sorted, data-size-weighted mean;

@@ -1,9 +1,9 @@
 """CCVR: classifier calibration with virtual representations (Luo et al., NeurIPS 2021;
-spec fednlr.md §5 table and A18). Training is FedAvg; calibration changes only the *evaluated* model.
+a baseline of FedNLR's Table 2). Training is FedAvg; calibration changes only the *evaluated* model.
 
 After each round t that is calibrated (the last round; also every ``calibrate_every`` rounds if > 0),
-the server runs one statistics round (spec fednlr.md §5: "one extra statistics-gathering round after
-training") on w^{t+1}, a statistics query (``FedSuiteStrategy.query_statistics``; no training, no
+the server runs one statistics round (CCVR's extra round after training, in which clients upload
+per-class feature statistics) on w^{t+1}, a statistics query (``FedSuiteStrategy.query_statistics``; no training, no
 plug-in): clients return per-class (N_{i,c}, μ_{i,c}, Σ_{i,c}) of their features
 (``clients/ccvr.py``). The server merges them exactly (CCVR eq. 3-4):
 
@@ -16,8 +16,8 @@ ServerApp evaluates w^{t+1} with the calibrated head (``evaluation_arrays``); th
 starts from the uncalibrated w^{t+1}, as calibration is post-hoc in CCVR.
 
 Config ``[ccvr]``: virtual_per_class=2000, epochs=10, lr=0.01, momentum=0.9, batch_size=64,
-calibrate_every=0, stats_clients="all". Spec A18 defers to CCVR's published defaults without
-transcribing them; these values are our choice (configurable).
+calibrate_every=0, stats_clients="all". The FedNLR paper does not give CCVR's settings; these values
+are our choice (configurable).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Clustered sampling by model similarity (Fraboni et al., ICML 2021, Algorithm 2;
-spec fedmr.md §5 item 4 and A28).
+a FedMR baseline).
 
 State: the representative gradient g_i of every client (zero until it is first sampled), the N×N
 distance matrix D and the client sizes n_i (from the run's partition, corrected by reported
 ``num-examples``). After a round, for each sampled client i:
 
     g_i ← w_{i,K} − w^t                    (trainable parameters, flattened)
-    D_ij = D_ji = ‖g_i − g_j‖_1  for all j  (A28 [rec]: whole rows/columns, as Fraboni et al.)
+    D_ij = D_ji = ‖g_i − g_j‖_1  for all j  (whole rows/columns, as Fraboni et al.; the FedMR code's
+                                            update touches one column, an indentation bug)
 
 Sampling round t with m = K:
   1. Ward linkage of D (Lance–Williams; ``ward_linkage``);
@@ -18,9 +19,9 @@ Sampling round t with m = K:
   4. one client is drawn from each r_k (rng seeded by (seed, round)); a client drawn twice trains
      once and counts twice in aggregation.
 
-Aggregation (``aggregation``): "data-size" (default, spec §5 item 4 [code]) w = Σ c_i n_i w_i / Σ c_i n_i,
+Aggregation (``aggregation``): "data-size" (default, the FedMR authors' code) w = Σ c_i n_i w_i / Σ c_i n_i,
 or "uniform" (Fraboni's unbiased weights) w = Σ c_i w_i / m, with c_i the multiplicity.
-Distance (``distance``): "L1" (default, A28), "L2" or "cosine" (the reference code's other options).
+Distance (``distance``): "L1" (default, the FedMR authors' code), "L2" or "cosine" (the reference code's other options).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ DRAW_TAG = 0xC1A5
 
 class CluSampParams(Params):
     distance: Literal["L1", "L2", "cosine"] = Field("L1", description="distance between representative gradients")
-    aggregation: Literal["data-size", "uniform"] = Field("data-size", description="data-size: spec [code]; uniform: Fraboni")
+    aggregation: Literal["data-size", "uniform"] = Field("data-size", description="data-size: the FedMR code; uniform: Fraboni")
 
 
 def pairwise_distance(a: np.ndarray, b: np.ndarray, kind: str, chunk: int = 16) -> np.ndarray:

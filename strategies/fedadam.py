@@ -8,12 +8,13 @@
 remembers w^t and hands over to our cohort/payload code; Flower's ``FedAdam.aggregate_train`` runs on
 top of ``FedSuiteStrategy.aggregate_train`` (validated replies, weighted mean).
 
-Where Flower differs from the spec: Flower multiplies η by the bias correction
-√(1 − β₂^(r+1)) / (1 − β₁^(r+1)) (r = Flower's round counter). Spec fedinit.md §5 and §7 A19 (the
-FedInit reference code): **no bias correction**, η_t = η. Default ``bias_correction=False``: for that
+Where Flower differs from FedInit's code: Flower multiplies η by the bias correction
+√(1 − β₂^(r+1)) / (1 − β₁^(r+1)) (r = Flower's round counter). FedInit's reference code
+(FL-Simulator; the paper does not say): **no bias correction**, η_t = η. Default ``bias_correction=False``: for that
 round η is rescaled so that Flower's product equals η (the only override). ``bias_correction=True``
 gives Adam's η √(1 − β₂^t) / (1 − β₁^t) with t the global round (also right after a resume).
-Defaults: η_g = 0.1 (fedinit Table 7, A6), β₁ = 0.9, β₂ = 0.99, τ = ε = 0.01 (A19).
+Defaults: η_g = 0.1 (the FedInit paper's Table 7 and main text), β₁ = 0.9, β₂ = 0.99, τ = ε = 0.01
+(FL-Simulator's; not in the paper).
 State: m_t, v_t (``state_dict``).
 """
 
@@ -33,7 +34,7 @@ class FedAdamParams(Params):
     beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay β₁")
     beta2: float = Field(0.99, ge=0, lt=1, description="second-moment decay β₂")
     tau: float = Field(0.01, gt=0, description="adaptivity ε (tau in Reddi et al.)")
-    bias_correction: bool = Field(False, description="Adam bias correction (off in FedInit's code, spec A19)")
+    bias_correction: bool = Field(False, description="Adam bias correction (off in FedInit's code)")
 
 
 class FedAdamStrategy(FlowerOptResult, FlowerFedAdam, FlowerOptAdapter):

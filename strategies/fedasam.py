@@ -1,5 +1,5 @@
 """FedASAM (Caldarola et al., ECCV 2022): local Adaptive SAM, data-size-weighted averaging
-(spec fedmr.md §5 item 6, A28: ρ = 0.1, η = 0; no SWA).
+(a FedMR baseline; ρ = 0.1, η = 0 from the FedMR authors' code, which the paper does not state; no SWA).
 
     client:  T = |w| + η ("weight" tensors), e = ρ T² g/(‖T g‖+1e-16), g̃ = ∇ℓ(w+e);
              SGD(momentum, wd) step with g̃                          (clients/fedasam.py)

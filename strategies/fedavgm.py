@@ -5,7 +5,7 @@
     w^{t+1} = w^t − η v_t
 
 ``class FedAvgMStrategy(flwr FedAvgM, FlowerOptAdapter)``: Flower's ``FedAvgM`` runs on top of
-``FedSuiteStrategy``'s validated mean, unchanged. η = 1 and β = 0 are FedAvg. None of the four specs
+``FedSuiteStrategy``'s validated mean, unchanged. η = 1 and β = 0 are FedAvg. None of the four papers
 evaluates FedAvgM; defaults follow Hsu et al. (η = 1, β = 0.9). State: v_t (``state_dict``).
 """
 

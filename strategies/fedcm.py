@@ -1,4 +1,4 @@
-"""FedCM (Xu et al. 2021): client-level momentum (spec fedmrur.md §5, fedinit.md §5).
+"""FedCM (Xu et al. 2021): client-level momentum (a baseline of FedMRUR and FedInit).
 
     client:  w ← w − η_l (α g + (1−α) m^t + λ_wd w)               (clients/fedcm.py)
     server:  w^{t+1} = w^t + η_g Δ̄,  m^{t+1} = −Δ̄ / (K̄ η_l^t)    (strategies/momentum.py)
@@ -13,7 +13,7 @@ from strategies.momentum import MomentumParams, MomentumStrategy
 
 
 class FedCMParams(MomentumParams):
-    """[fedcm]: alpha (0.1, spec §5), momentum_source, server_lr, normalize, weighting, clip_norm."""
+    """[fedcm]: alpha (0.1, both papers), momentum_source, server_lr, normalize, weighting, clip_norm."""
 
 
 class FedCMStrategy(MomentumStrategy):

@@ -1,4 +1,5 @@
-"""FedDyn (Acar et al., ICLR 2021) as implemented in FedInit's reference code (spec fedinit.md §5, §2.7).
+"""FedDyn (Acar et al., ICLR 2021) as implemented in FedInit's reference code (FL-Simulator, by the
+FedInit paper's first author).
 
     client   FedDyn local objective, h_i ← h_i + Δ_i           (clients/feddyn.py)
     server   h̄ ← h̄ + (1/C) Σ_{i∈S} Δ_i                        (h̄ = (1/C) Σ_{j=1..C} h_j, incremental)
@@ -8,10 +9,10 @@ This is the paper's  h ← h − (λ/C) Σ_S (θ_i − θ^{t−1}),  θ^t = mean
 Δ_i = w_{i,K} − w_{i,0}: without relaxed init w_{i,0} = w^t, so Δ_i = upload − w^t; with it the client
 sends r_i = w_{i,0} − w^t ("start-offset") and, per the relaxed_init aggregation mode, the upload is
 w^t + Δ_i (delta: w_{i,K} = upload + r_i) or w_{i,K} (model: Δ_i = upload − w^t − r_i), so the RI offset
-enters the model average as §2.7 requires. h̄ and the step act on trainable parameters; buffers are
-averaged. Weights a_i: uniform (the paper; spec fedinit.md §7 A9, default) or n_i. λ ("alpha") default
+enters the model average, as in FL-Simulator's FedDyn + RI. h̄ and the step act on trainable parameters; buffers are
+averaged. Weights a_i: uniform (the FedInit paper's 1/|S|, default) or n_i. λ ("alpha") default
 0.1 = FedInit Table 7 (CIFAR-10; 0.01/0.001 on CIFAR-100; FedNLR 0.1; FedMRUR suggests 0.01).
-FedInit decays the local lr by 0.999 for FedDyn (§7 A7): set ``lr_decay`` in the experiment config.
+The FedInit paper decays the local lr by 0.999 for FedDyn: set ``lr_decay`` in the experiment config.
 State: h̄ (``state_dict``).
 """
 

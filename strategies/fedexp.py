@@ -1,14 +1,14 @@
-"""FedExP (Jhunjhunwala et al., ICLR 2023): adaptive server extrapolation (spec fedmr.md §5 item 5,
-fedmrur.md §5 and A19).
+"""FedExP (Jhunjhunwala et al., ICLR 2023): adaptive server extrapolation (a baseline
+of the FedMR and FedMRUR papers).
 
     Δ_i = w_{i,K} − w^t,   p_i = n_i / Σ_{j∈S} n_j,   Δ̄ = Σ_{i∈S} p_i Δ_i
     η_g^t = max(1, Σ_{i∈S} p_i ‖Δ_i‖² / (2 (‖Δ̄‖² + ε_t))),   ε_t = ε · ε_decay^(t−1)
     w^{t+1} = w^t + η_g^t Δ̄          (norms and step over trainable parameters; buffers averaged)
     evaluated model: (w^{t+1} + w^t) / 2 when ``eval_average`` (the last two iterates, as in FedExP)
 
-η_g^t ≥ 1 always; η_g^t = 1 gives FedAvg's aggregate bit for bit. ε: the specs disagree. FedMRUR (A19)
-recommends FedExP's CIFAR value 1e-3 (default here); FedExP's code also decays ε by 0.998² per round
-(``epsilon_decay = 0.996004``); FedMR's code uses ε = 0.1·K with K clients per round (A28): set
+η_g^t ≥ 1 always; η_g^t = 1 gives FedAvg's aggregate bit for bit. ε: neither paper states it. For
+FedMRUR we use FedExP's CIFAR value 1e-3 (default here); FedExP's code also decays ε by 0.998² per round
+(``epsilon_decay = 0.996004``); FedMR's code uses ε = 0.1·K with K clients per round: set
 ``epsilon = 0.1 * clients_per_round``. η_g^t is logged per round as ``fedexp_eta_g`` in metrics.jsonl.
 """
 

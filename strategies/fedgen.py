@@ -1,5 +1,5 @@
 """FedGen: data-free knowledge distillation with a server-trained generator (Zhu et al., ICML 2021;
-spec fedmr.md §5 item 3, §3.5). Clients: ``clients/fedgen.py``.
+a FedMR baseline, set up as in the FedMR authors' code). Clients: ``clients/fedgen.py``.
 
 Round t: the server sends w^t, and from round 2 on the generator G as the extra ArrayRecord
 ``generator`` plus ``fedgen-alpha`` = α·decay^{t−1}, ``fedgen-beta`` = β·decay^{t−1}, ``fedgen-gen-batch``.
@@ -14,8 +14,8 @@ and G is trained for ``ensemble_epochs`` Adam steps (lr ``gen_lr``, weight decay
     ω_{c,i} = n_{i,c} / Σ_j n_{j,c},   qualified labels: max_i n_{i,c} > 1
     L_div = exp(−mean_{a,b} ‖ε_a − ε_b‖²_mean · |G_a − G_b|_mean)          (the code's DiversityLoss)
 
-with h_i the head of client i's uploaded model (teachers). ensemble_β = 0 in the spec, so the
-student-distillation term is omitted. Defaults are the CIFAR-10 code config (spec §5 item 3):
+with h_i the head of client i's uploaded model (teachers). ensemble_β = 0 in the FedMR authors' code, so
+the student-distillation term is omitted. Defaults are that code's CIFAR-10 config:
 gen_lr 3e-4, α = β = 0.2; CIFAR-100 uses gen_lr 1e-4, α = 10, β = 1; FEMNIST gen_lr 3e-4, α = β = 10.
 Server state (``state_dict``): the generator's weights and buffers, Adam's state, rounds trained.
 """

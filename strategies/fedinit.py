@@ -4,12 +4,12 @@
     server (delta, default, η_g = 1):  w^{t+1} = w^t + Σ_i n_i (w_{i,K} − w_{i,0}) / Σ_i n_i
     server (model, Alg. 1 line 12):    w^{t+1} = Σ_i n_i w_{i,K} / Σ_i n_i
 
-(spec fedinit.md §2.2.) The server rule is FedAvg's unchanged: in delta mode the clients upload
-w^t + Δ_i, so FedAvg's model mean *is* w^t + mean Δ_i. FedAvg weights by n_i where the paper writes
-1/|S|; the paper's partition gives every client the same n_i, so the two coincide (spec §7 A9).
-FedInit is a registration, not code: FedAvg's two rules with the ``relaxed_init`` plug-in
-(``fedsuite/plugins/relaxed_init.py``) switched on. β defaults to 0.1 (spec §2.1, §7 A5); set it, and the storage / aggregation / first-visit /
-staleness options, in ``[relaxed_init]`` (``--relaxed-init β``). Sends: the global model and ``lr``;
+The server rule is FedAvg's unchanged: in delta mode the clients upload w^t + Δ_i, so FedAvg's
+model mean *is* w^t + mean Δ_i. FedAvg weights by n_i where the paper writes 1/|S|; the paper's
+partition gives every client the same n_i, so the two coincide. FedInit is a registration, not
+code: FedAvg's two rules with the ``relaxed_init`` plug-in (``fedsuite/plugins/relaxed_init.py``)
+switched on. β defaults to 0.1 (the paper's best on CIFAR-10, Table 6); set it, and the storage /
+aggregation / first-visit / staleness options, in ``[relaxed_init]`` (``--relaxed-init β``). Sends: the global model and ``lr``;
 in ``relaxed_init.storage = "server-state"`` mode also each client's own ``"start"`` = w_{i,0}.
 """
 

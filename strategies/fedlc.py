@@ -3,7 +3,7 @@
     client:  min_w CE(z(w; x) − τ n_{i,·}^{−1/4}, y)
     server:  w^{t+1} = Σ_{i∈S_t} n_i w_i / Σ_{i∈S_t} n_i
 
-Config ``[fedlc]``: ``tau`` (τ, default 1.0, spec fednlr.md §5 table). See ``clients/fedlc.py``.
+Config ``[fedlc]``: ``tau`` (τ, default 1.0, the FedNLR paper's value). See ``clients/fedlc.py``.
 """
 
 from pydantic import Field

@@ -1,35 +1,37 @@
-"""FedMR: federated learning via layer-wise model recombination (Hu et al., KDD 2024; spec fedmr.md).
+"""FedMR: federated learning via layer-wise model recombination (Hu et al., KDD 2024).
 
 The server keeps a pool of K models (``strategies.pool``); client i of round r trains pool slot
-i's model, and its upload v_i replaces that slot. Then (spec §2.4, Algorithm 1 + two-stage scheme)
+i's model, and its upload v_i replaces that slot. Then (the paper's Algorithm 1 + two-stage scheme)
 
-    w^glb_r = (1/K) Σ_i v_i                                   (reported and evaluated; A5, A22)
-    r ≤ R1 (stage 1):  L_m ← [w^glb_r] * K                      (aggregation, uniform weights, A5)
-    r > R1 (stage 2):  L_m ← ModelRecombine(L_m)                (§2.3)
+    w^glb_r = (1/K) Σ_i v_i                                   (reported and evaluated; int buffers rounded)
+    r ≤ R1 (stage 1):  L_m ← [w^glb_r] * K                      (aggregation, uniform weights: Alg. 1 line 11)
+    r > R1 (stage 2):  L_m ← ModelRecombine(L_m)                (§4.2.2, Fig. 4)
 
     ModelRecombine: for every unit j, an independent uniform permutation π_j of {0..K-1};
-                    new_i[j] = u_{π_j(i)}[j]                    (no arithmetic, A2)
+                    new_i[j] = u_{π_j(i)}[j]                    (no arithmetic)
 
-Round arithmetic (A4): rounds 1..R1 aggregate; round R1+1 still starts from the last stage-1 global
-(all slots equal); the first recombination is applied after round R1+1's training, so recombined
-models are first trained in round R1+2. With R1 = 0 round 1 trains K copies of w^0 (A3).
+Round arithmetic (the authors' code's; the paper says only that stage 1 lasts R1 rounds): rounds
+1..R1 aggregate; round R1+1 still starts from the last stage-1 global (all slots equal); the first
+recombination is applied after round R1+1's training, so recombined models are first trained in
+round R1+2. With R1 = 0 round 1 trains K copies of w^0 (the authors'
+code's pool start; Alg. 1 does not say whether the K initial models differ).
 
 Options (section ``[fedmr]``):
 
 * ``first_stage_rounds`` R1 (default 0 = Algorithm 1 without stage 1; Table 1 uses 100 for
   ResNet-20/VGG-16 and 0 for the CNN, see experiments/fedmr/);
-* ``granularity``: ``"tensor"`` (default; one unit per state_dict entry, the authors' code, A1) or
-  ``"module"`` (all entries with the same module prefix share one permutation, the literal "layer");
-* ``segment_fraction`` x (FedMR-px, §2.8.1, A24): 0 = unit-wise (default); x ∈ (0, 1] groups the n
-  units into segments, unit j (1-based) in segment ⌈j / (x·n)⌉, one permutation per segment
+* ``granularity``: ``"tensor"`` (default; one unit per state_dict entry, as the authors' code, which
+  gave the paper's numbers) or ``"module"`` (all entries with the same module prefix share one permutation, the literal "layer");
+* ``segment_fraction`` x (FedMR-px, the paper's Fig. 11): 0 = unit-wise (default); x ∈ (0, 1]
+  groups the n units into segments, unit j (1-based) in segment ⌈j / (x·n)⌉, one permutation per segment
   (⌈1/x⌉ segments; x = 1.0 is Indep, whole models are shuffled);
-* ``stage1_weighting``: ``"uniform"`` (default, A5) or ``"num_examples"`` (stage 1 and its global
-  are FedAvg's data-size-weighted mean of the received models; with R1 ≥ rounds this is FedAvg bit
-  for bit).
+* ``stage1_weighting``: ``"uniform"`` (default; Alg. 1 line 11 and the authors' code) or
+  ``"num_examples"`` (stage 1 and its global are FedAvg's data-size-weighted mean of the received
+  models; with R1 ≥ rounds this is FedAvg bit for bit).
 
-Failures (A21): a slot whose client did not reply keeps the model it was sent. Permutations come
-from a generator seeded by (seed, round), so a resumed run recombines exactly as an uninterrupted
-one; the pool is the checkpointed state.
+Failures (the paper does not discuss them): a slot whose client did not reply keeps the model it
+was sent. Permutations come from a generator seeded by (seed, round), so a resumed run recombines
+exactly as an uninterrupted one; the pool is the checkpointed state.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from strategies.pool import PERM_TAG, PoolParams, PoolStrategy
 
 
 def make_units(keys: list[str], granularity: str = "tensor") -> list[list[str]]:
-    """Recombination units in state_dict order (spec §2.2, A1).
+    """Recombination units in state_dict order (the authors' code shuffles each entry on its own).
 
     ``tensor``: one unit per key. ``module``: keys grouped by ``key.rsplit('.', 1)[0]`` (e.g. all of
     ``bn1.{weight,bias,running_mean,running_var,num_batches_tracked}``), ordered by first appearance.
@@ -68,7 +70,7 @@ def make_units(keys: list[str], granularity: str = "tensor") -> list[list[str]]:
 
 
 def segment_ids(n_units: int, fraction: float) -> np.ndarray:
-    """Segment of each unit for FedMR-px (spec §2.8.1, A24), as 0-based labels.
+    """Segment of each unit for FedMR-px (the paper's Fig. 11), as 0-based labels.
 
     fraction x = 0 (or x·n ≤ 1): every unit is its own segment (layer-wise FedMR). Otherwise unit j
     (1-based) is in segment ⌈j / (x·n)⌉, which gives ⌈1/x⌉ contiguous segments.
@@ -84,7 +86,8 @@ def segment_ids(n_units: int, fraction: float) -> np.ndarray:
 
 def draw_permutations(rng: np.random.Generator, n_units: int, k: int, segments: np.ndarray | None = None) -> np.ndarray:
     """[n_units, K] array: row j is π_j, an independent uniform permutation of {0..K-1} per unit
-    (A2), or per segment when ``segments`` (from :func:`segment_ids`) is given."""
+    (no derangement constraint, as the authors' code), or per segment when ``segments`` (from
+    :func:`segment_ids`) is given."""
     labels = np.arange(n_units) if segments is None else np.asarray(segments)
     n_draws = int(labels.max()) + 1 if labels.size else 0
     perms = rng.permuted(np.tile(np.arange(k), (n_draws, 1)), axis=1)
@@ -92,7 +95,7 @@ def draw_permutations(rng: np.random.Generator, n_units: int, k: int, segments: 
 
 
 def recombine(pool: list[NDArrays], units: list[list[str]], perms: np.ndarray) -> list[NDArrays]:
-    """ModelRecombine (spec §2.3): new_i[key] = pool[perms[j, i]][key] for every key of unit j.
+    """ModelRecombine (the paper's §4.2.2): new_i[key] = pool[perms[j, i]][key] for every key of unit j.
 
     Tensors are moved, not copied or changed (bit-identical, dtypes kept); each source unit lands in
     exactly one new model, so Σ_i new_i = Σ_i pool_i (Lemma 4.4). Cost: n·K dict assignments.
@@ -153,14 +156,14 @@ class FedMRStrategy(PoolStrategy):
 
 
 def fedmr_warnings(cfg) -> list[str]:
-    """FedMR's measured failure setting (docs/methods/fedmr.md, "When FedMR works"; issue 14's study,
+    """FedMR's measured failure setting (docs/methods/fedmr.md, "When FedMR works"; the study in
     experiments/fedmr/README.md): recombination with the paper's momentum 0.9 on a label-skewed
     partition. Momentum 0.5 (the authors' code's default) trained level with FedAvg there; IID is
     not affected."""
     if cfg.partitioner == "iid" or cfg.momentum <= 0.5:
         return []
     return [
-        f"fedmr on a non-IID partition ({cfg.partitioner}) with momentum {cfg.momentum:g}: in issue 14's study "
+        f"fedmr on a non-IID partition ({cfg.partitioner}) with momentum {cfg.momentum:g}: in fedsuite's FedMR study "
         "(Fashion-MNIST, Dirichlet 0.1, 200 rounds; experiments/fedmr/README.md) FedMR at the paper's momentum 0.9 "
         "failed: with recombination from round 1 the pool models drifted apart until a client's model became "
         "non-finite (tensor units round 47, module units round 96), and after 40 rounds of aggregation "

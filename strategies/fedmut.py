@@ -1,5 +1,5 @@
 """FedMut: mutation-based federated learning (Hu et al., AAAI 2024), as defined by the FedMR
-authors' ``Training_FedMut.py`` (spec fedmr.md §5 item 7, A27).
+authors' ``Training_FedMut.py`` (the FedMR paper compares with FedMut without defining it).
 
 Pool of K models (``strategies.pool``), initially K copies of w^0; w_old = w^0. Round r (1-based
 server round; the code's 0-based index is r-1):
@@ -20,7 +20,8 @@ Integer buffers (BatchNorm's ``num_batches_tracked``) are not mutated: every slo
 Floating entries are mutated in float64 and cast back to their dtype.
 
 Options (section ``[fedmut]``): ``radius`` α = 5.0, ``mut_acc_rate`` β0 = 0.3, ``mut_bound``
-T_mut = 100 (FedMR repo defaults; the stand-alone FedMut repo uses α = 4.0, T_mut = 50, A27).
+T_mut = 100 (FedMR repo defaults, since the FedMR paper does not state them; the stand-alone FedMut repo uses
+α = 4.0, T_mut = 50).
 """
 
 from __future__ import annotations
@@ -119,5 +120,5 @@ register_method(
     client=FedAvgClient,
     params=FedMutParams,
     summary="Model mutation: each client trains the global model moved ±α·Δ along the last global step",
-    paper="Hu et al., AAAI 2024 (as in the FedMR code; spec fedmr.md §5.7)",
+    paper="Hu et al., AAAI 2024 (as in the FedMR authors' code)",
 )

@@ -1,16 +1,16 @@
 """FedNLR (Wang et al., KDD 2024): FedAvg's server with neuron-wise local learning rates.
 
-Server (spec fednlr.md §2.7, Eq. 19), unchanged FedAvg over the participating clients:
+Server (the paper's Eq. 19), unchanged FedAvg over the participating clients:
 
     w^{t+1} = Σ_{k∈K_t} D_k w^k / Σ_{k∈K_t} D_k
 
 Client: FedAvg's local SGD with η̂_{l,m} = η·s_{l,m} (Eq. 14-18), i.e. the ``neuron_lr`` plug-in
 (``fedsuite/plugins/neuron_lr.py``), which this registration switches on. Sends:
-the global model and ``lr``, exactly like FedAvg (spec §2.9: communication identical to FedAvg).
+the global model and ``lr``, exactly like FedAvg: FedNLR communicates exactly what FedAvg does.
 The ``neuron_lr`` plug-in is on even when ``[neuron_lr] preset`` is unset (then with
 ``[fednlr] preset``, default ``paper_main``); its server side writes the cohort means of the
 per-layer ``nlr-mu-l{l}``, ``nlr-T-l{l}``, ``nlr-smin-l{l}``, ``nlr-smax-l{l}`` into each round's
-``metrics.jsonl`` line (spec §8 "Diagnostics"; Fig. 3 plots T_l per layer).
+``metrics.jsonl`` line (Fig. 3 of the paper plots T_l per layer).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class FedNLRParams(Params):
 
 
     preset: Literal["paper_main", "paper", "paper_final", "uniform"] = Field(
-        "paper_main", description="neuron_lr preset used when [neuron_lr] preset is unset (spec §2.4)"
+        "paper_main", description="neuron_lr preset used when [neuron_lr] preset is unset"
     )
 
 

@@ -1,4 +1,5 @@
-"""FedNova (Wang et al., NeurIPS 2020): normalised averaging (spec fednlr.md §5, [R] vanilla SGD a_i = τ_i).
+"""FedNova (Wang et al., NeurIPS 2020): normalised averaging (a FedNLR baseline; vanilla SGD,
+so a_i = τ_i: the FedNLR paper gives no settings).
 
     Δ_i = w_{i,K} − w^t,   p_i = n_i / Σ_{j∈S} n_j,   τ_i = local steps (metric "num-steps")
     a_i = τ_i                                                  (plain local SGD)
@@ -10,7 +11,8 @@ Computed as a weighted mean with weights n_i/a_i followed by the scale s = τ_ef
 w^{t+1} = m + (s − 1)(m − w^t),  m = Σ (n_i/a_i) w_{i,K} / Σ (n_i/a_i). With equal step counts s = 1 and
 the result is FedAvg's aggregate bit for bit. Normalisation and scale act on trainable parameters;
 buffers get the weighted mean. Clients are plain SGD (clients/fedavg.py); with --neuron-lr the
-per-neuron rates are part of the local solver and a_i stays τ_i (spec fednlr.md §2.10 item 4).
+per-neuron rates are part of the local solver and a_i stays τ_i (our choice: the FedNLR paper names FedNova as a
+partner but reports no such combination).
 """
 
 

@@ -3,7 +3,7 @@
     client:  min_w CE(s ⊙ z(w; x), y),  s_c = 1 for locally present classes, α for absent ones
     server:  w^{t+1} = Σ_{i∈S_t} n_i w_i / Σ_{i∈S_t} n_i
 
-Config ``[fedrs]``: ``alpha`` (α, default 0.5, spec fednlr.md §5 table), ``scaling`` ("hard" = the
+Config ``[fedrs]``: ``alpha`` (α, default 0.5, the FedNLR paper's value), ``scaling`` ("hard" = the
 paper's rule, default; "proportional" = s_c = α + (1−α) n_c / max n). See ``clients/fedrs.py``.
 """
 

@@ -1,9 +1,9 @@
-"""FedSAM (Qu et al., ICML 2022): local SAM, FedAvg-style server (spec fedmrur.md §5, fedinit.md §5).
+"""FedSAM (Qu et al., ICML 2022): local SAM, FedAvg-style server (a baseline of FedMRUR and FedInit).
 
     client:  e = ρ g/(‖g‖+1e-7), g̃ = ∇ℓ(w+e) (clipped to C);  w ← w − η_l (g̃ + λ_wd w)
-    server:  w^{t+1} = w^t + η_g Δ̄  (uniform mean, spec A26; ``weighting="examples"`` for FedAvg's)
+    server:  w^{t+1} = w^t + η_g Δ̄  (uniform mean, FedMRUR's 1/|S_t|; ``weighting="examples"`` for FedAvg's)
 
-ρ = 0.5 is the FedMRUR paper's shared value (spec §4); FedInit's paper uses 0.1 (fedinit.md §5).
+ρ = 0.5 is the FedMRUR paper's shared value (§5.1); FedInit's paper uses 0.1 (Table 7).
 """
 
 from pydantic import Field

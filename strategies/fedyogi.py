@@ -7,7 +7,7 @@
 
 ``class FedYogiStrategy(flwr FedYogi, FlowerOptAdapter)``: Flower's update on top of
 ``FedSuiteStrategy``'s validated mean; Flower's rule is the paper's (no bias correction), unchanged.
-None of the four specs evaluates FedYogi, so the defaults are Flower's (η = 0.01, β₁ = 0.9, β₂ = 0.99,
+None of the four papers evaluates FedYogi, so the defaults are Flower's (η = 0.01, β₁ = 0.9, β₂ = 0.99,
 τ = 1e-3), which are within Reddi et al.'s grids. State: m_t, v_t (``state_dict``).
 """
 

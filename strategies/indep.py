@@ -1,4 +1,4 @@
-"""Indep and IndepAggr: the intuition experiment of FedMR's §3.1 / Fig. 5 (spec fedmr.md §2.8.3).
+"""Indep and IndepAggr: the intuition experiment of FedMR's §3.1 / Fig. 5.
 
 Indep: no aggregation and no recombination. The pool of K models (``strategies.pool``) is kept
 slot-wise; each round the K slots are dealt to a freshly sampled cohort in random order, so every

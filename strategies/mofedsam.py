@@ -1,4 +1,4 @@
-"""MoFedSAM (Qu et al., ICML 2022): FedCM with local SAM gradients (spec fedmrur.md §5, Table 4).
+"""MoFedSAM (Qu et al., ICML 2022): FedCM with local SAM gradients (FedMRUR's base, Table 4).
 
     client:  e = ρ g/(‖g‖+1e-7), g̃ = ∇ℓ(w+e);  w ← w − η_l (α g̃ + (1−α) m^t + λ_wd w)
     server:  as FedCM (strategies/momentum.py): w^{t+1} = w^t + η_g Δ̄,  m^{t+1} = −Δ̄/(K̄ η_l^t)
@@ -12,7 +12,7 @@ from strategies.momentum import MomentumParams, MomentumStrategy
 
 
 class MoFedSAMParams(MomentumParams):
-    """[mofedsam]: rho (0.5, spec §2.1) plus FedCM's keys."""
+    """[mofedsam]: rho (0.5, the FedMRUR paper's §5.1) plus FedCM's keys."""
 
     rho: float = Field(0.5, ge=0, description="SAM perturbation radius ρ")
 

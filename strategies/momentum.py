@@ -1,22 +1,23 @@
 """Server side shared by the SAM / client-momentum family (FedSAM, FedASAM, FedCM, MoFedSAM, FedMRUR):
 (optionally normalised) update aggregation with a global learning rate, and the client-momentum
-direction broadcast as the extra ArrayRecord ``"momentum"`` (spec fedmrur.md §2.4, §2.5, §5).
+direction broadcast as the extra ArrayRecord ``"momentum"`` (the FedMRUR paper's Algorithm 1 and
+its baselines).
 
-With Δ_i = w_i − w^t (trainable parameters), p_i = 1/S (``weighting="uniform"``, the paper's rule,
-spec A26) or n_i/Σn (``"examples"``, FedAvg's), and S = number of usable replies (spec §8.5 item 27):
+With Δ_i = w_i − w^t (trainable parameters), p_i = 1/S (``weighting="uniform"``, the FedMRUR paper's
+1/|S_t|) or n_i/Σn (``"examples"``, FedAvg's), and S = number of usable replies:
 
-    Δ̄       = Σ_i p_i Δ_i                      ν = Σ_i p_i ‖Δ_i‖        (‖·‖: one L2 norm, A22)
-    d_t      = ν / max(‖Δ̄‖, ε₀) if ``normalize`` (N, spec §2.4; ε₀ = 1e-12, A21) else 1
+    Δ̄       = Σ_i p_i Δ_i                      ν = Σ_i p_i ‖Δ_i‖        (‖·‖: one L2 norm over all)
+    d_t      = ν / max(‖Δ̄‖, ε₀) if ``normalize`` (N; ε₀ = 1e-12 guards cancelling updates) else 1
     Δ^{t+1}  = d_t · Δ̄
-    w^{t+1}  = w^t + η_g Δ^{t+1}                (η_g = ``server_lr``; buffers: plain mean, A22)
-    m^{t+1}  = − Δ^{t+1} / (K̄ η_l^t)           (``momentum_source="normalized"``, A9; ``"mean"``
-                                                  uses Δ̄; K̄ = mean_i K_i, A23; η_l^t = this
-                                                  round's local lr, A8/§2.5)
+    w^{t+1}  = w^t + η_g Δ^{t+1}                (η_g = ``server_lr``; buffers: plain mean)
+    m^{t+1}  = − Δ^{t+1} / (K̄ η_l^t)           (``momentum_source="normalized"``, the Δ Alg. 1
+                                                  steps with; ``"mean"`` uses Δ̄; K̄ = mean_i K_i;
+                                                  η_l^t = this round's local lr)
 
 w^{t+1} is evaluated in float64 as  w̄ + (η_g d_t − 1)(w̄ − w^t)  with w̄ = Σ_i p_i w_i accumulated
 exactly like FedAvg's ``weighted_mean``; this is the same number as w^t + η_g d_t Δ̄, and when
 η_g d_t = 1 it is w̄ itself, so e.g. FedCM(α=1, weighting=examples) reproduces FedAvg bit for bit.
-m^0 = 0 is not sent (spec §2.8): clients then mix in nothing, which equals mixing in zeros.
+m^0 = 0 is not sent: clients then mix in nothing, which equals mixing in zeros.
 """
 
 from __future__ import annotations
@@ -39,20 +40,20 @@ class FamilyParams(Params):
     """Keys every method of the family has (server aggregation + client clipping)."""
 
 
-    server_lr: float = Field(1.0, gt=0, description="global lr η_g (displacement units, spec §2.5)")
-    normalize: bool = Field(False, description="N: normalised update reaggregation (spec §2.4)")
+    server_lr: float = Field(1.0, gt=0, description="global lr η_g (displacement units: 1 = average of the client models)")
+    normalize: bool = Field(False, description="N: normalised update reaggregation")
     weighting: Literal["uniform", "examples"] = Field(
-        "uniform", description="client weights p_i: uniform 1/S (paper, A26) or n_i/Σn (FedAvg)"
+        "uniform", description="client weights p_i: uniform 1/S (FedMRUR's paper) or n_i/Σn (FedAvg)"
     )
-    clip_norm: float = Field(10.0, ge=0, description="clip the local update direction u to this L2 norm; 0 = off (A10)")
+    clip_norm: float = Field(10.0, ge=0, description="clip the local update direction u to this L2 norm; 0 = off")
 
 
 class MomentumParams(FamilyParams):
     """FedCM-type methods: client momentum α and where m^{t+1} comes from."""
 
-    alpha: float = Field(0.1, ge=0, le=1, description="weight of the fresh local gradient; 1−α on m^t (spec §2.1)")
+    alpha: float = Field(0.1, ge=0, le=1, description="weight of the fresh local gradient; 1−α on m^t")
     momentum_source: Literal["normalized", "mean"] = Field(
-        "normalized", description="m^{t+1} from Δ^{t+1} (normalised, Alg. 1) or from the plain mean Δ̄ (A9)"
+        "normalized", description="m^{t+1} from Δ^{t+1} (normalised, Alg. 1) or from the plain mean Δ̄"
     )
 
 
@@ -66,7 +67,7 @@ class MomentumStrategy(FedSuiteStrategy):
 
     def __init__(self, setup: ServerSetup, **flower_kwargs: Any) -> None:
         super().__init__(setup, **flower_kwargs)
-        self.momentum: NDArrays | None = None  # m^t, gradient units (spec §2.5)
+        self.momentum: NDArrays | None = None  # m^t, gradient units (the FedCM/MoFedSAM convention)
         self._momentum_record: ArrayRecord | None = None
         self.trainable = setup.trainable_keys()
 

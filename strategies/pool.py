@@ -1,17 +1,17 @@
 """The "a different model for each client" machinery shared by FedMR, FedMut, Indep and IndepAggr.
 
-The server keeps a **pool** of K full models (K = clients per round; spec fedmr.md §2.4, §3.3):
+The server keeps a **pool** of K full models (K = clients per round; the FedMR paper's Algorithm 1):
 
-    L_m = [u_0, …, u_{K-1}]          initially K identical copies of w^0          (spec A3)
+    L_m = [u_0, …, u_{K-1}]          initially K identical copies of w^0          (as the FedMR authors' code)
 
 One round r (1-based, Flower's ``server_round``):
 
 1. sample the cohort S_r (``FedSuiteStrategy.sample_cohort``) and deal the K slots to it in a
-   random order drawn from a generator seeded by (seed, r) (spec §3.2: "shuffle the returned order
-   so slot assignment is random"); client S_r[i] receives u_{slot(i)} and ``slot`` in its config;
+   random order drawn from a generator seeded by (seed, r), so which client trains which slot is
+   random, as in the paper's random dispatch; client S_r[i] receives u_{slot(i)} and ``slot`` in its config;
 2. every reply v is written back into the slot of the client that sent it (mapped by the reply's
    partition id, so the order of replies is irrelevant):  u_{slot(c)} ← v_c.
-   A slot whose client failed keeps the model that was dispatched (spec §7 A21); it is logged;
+   A slot whose client failed keeps the model that was dispatched (so the pool keeps K models); it is logged;
 3. the subclass computes the model the round reports (``round_model``: FedMR's uniform mean
    w^glb = (1/K) Σ_i u_i, Indep's single slot, ...) and the next pool (``next_pool``:
    FedMR recombines, FedMut mutates, Indep keeps it).
@@ -169,7 +169,7 @@ class PoolStrategy(FedSuiteStrategy):
             filled.add(slot)
         failed = sorted(set(self.slot_of_pid.values()) - filled)
         if failed:
-            log.warning("round %s: slots %s got no reply and keep the model they were sent (spec A21)", server_round, failed)
+            log.warning("round %s: slots %s got no reply and keep the model they were sent", server_round, failed)
         trained = list(self.pool)
         model = self.round_model(server_round, replies)
         self.pool = self.next_pool(server_round, replies, model)

@@ -1,13 +1,14 @@
-"""SCAFFOLD, option II (Karimireddy et al., ICML 2020; spec fedinit.md §5, fedmrur.md §5, fednlr.md §5).
+"""SCAFFOLD, option II (Karimireddy et al., ICML 2020; a baseline of FedInit, FedMRUR and FedNLR).
 
     server sends  w^t and c (extra ArrayRecord "server-cv"; 2× download)
     client        corrected SGD, returns w_{i,K} and Δc_i ("delta-cv")      (clients/scaffold.py)
     server        w^{t+1} = w^t + η_g Δ̄,   Δ̄ = Σ_{i∈S} a_i (w_{i,K} − w^t) / Σ_{i∈S} a_i
                   c ← c + (1/C) Σ_{i∈S} Δc_i,   C = num_clients,   c = 0 at start
 
-Weights a_i: ``weighting="uniform"`` (1/|S|, the SCAFFOLD paper and spec fedinit.md §7 A9, default) or
-``"examples"`` (n_i, FedAvg's). η_g = 1 (spec fedinit.md §7 A6). With --relaxed-init in delta mode the
-uploaded model is w^t + Δ_i with Δ_i measured from the relaxed start, so Δ̄ is §2.7's mean Δ_i.
+Weights a_i: ``weighting="uniform"`` (1/|S|, the SCAFFOLD and FedInit papers, default) or
+``"examples"`` (n_i, FedAvg's). η_g = 1 (the FedInit paper's global lr). With --relaxed-init in
+delta mode the uploaded model is w^t + Δ_i with Δ_i measured from the relaxed start, so Δ̄ is the
+mean Δ_i from the relaxed starts, as in FedInit's code.
 State: c (checkpointed through ``state_dict``).
 """
 

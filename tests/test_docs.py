@@ -2,7 +2,9 @@
 is parsed by the CLI's own parser (an unknown command or option, a value of the wrong type or a
 missing argument fails here, naming the file and the line), and every relative link points at a
 file of the repository. The examples are not run (many take minutes); the parser is what would
-refuse them first."""
+refuse them first. And what a reader sees (the pages, the experiment READMEs, the strings of the
+tables files, ``fedsuite list``) points at nothing outside the repository: no spec file or item,
+no issue number, no remark about which session had a GPU."""
 
 from __future__ import annotations
 
@@ -76,3 +78,91 @@ def test_every_relative_link_points_at_a_file(page):
         if not (page.parent / target).exists():
             missing.append(target)
     assert not missing, f"{page.relative_to(ROOT)} links to missing files: {missing}"
+
+
+# ------------------------------------------------------------------------------------------------
+# no pointer to material the reader does not have
+# ------------------------------------------------------------------------------------------------
+#
+# The engineering specs that transcribe each paper, the project's issue tracker and the notes of
+# the sessions that wrote the code live outside the repository. What a reader sees (the pages, the
+# experiment READMEs, the strings of the tables files that reports print, and what `fedsuite list`
+# prints) names the paper's own section, table or equation instead, or states a resolution in place.
+
+#: (pattern, what it points at)
+FOREIGN_REFERENCES = [
+    (r"\bspecs?/|\bspec \w+\.md|shared/(?:specs|notes)", "a spec or notes file"),
+    (r"\bspec A\d|\bspec §|\bspec's\b|\(A\d{1,2}\b|\bA\d{1,2}\)", "a spec item"),
+    (r"\[rec\]|\[R\]|\(R\)", "a spec's provenance tag"),
+    (r"(?i)\bissues? #?\d", "an issue number"),
+    (r"(?i)lent to this task|no GPU (?:was )?lent", "a remark about a session's machines"),
+]
+
+TABLES = sorted((ROOT / "experiments").glob("*/tables.toml"))
+READ_PAGES = [*PAGES, *sorted((ROOT / "experiments").rglob("README.md")), ROOT / "benchmarks" / "README.md",
+              ROOT / "docker" / "README.md"]
+
+
+def foreign_references(text: str) -> list[str]:
+    """``"what: 'the matched text'"`` for each reference in ``text`` to material outside the repository."""
+    return [f"{what}: {m.group(0)!r} in {text[max(0, m.start() - 40):m.end() + 40]!r}"
+            for pattern, what in FOREIGN_REFERENCES for m in re.finditer(pattern, text)]
+
+
+def toml_strings(value) -> list[str]:
+    """Every string of a parsed TOML document (titles, sources, notes, labels, paper_differences)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in toml_strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in toml_strings(v)]
+    return []
+
+
+@pytest.mark.parametrize("text, found", [
+    ("see `specs/fedmr.md` §6", 1), ("the spec's Table 3 reading", 1), ("(spec A8)", 1), ("spec §7.13", 1),
+    ("(A27: seeds 0..7)", 1), ("issue 14's study", 1), ("Issue 39 (a)", 1), ("[rec]", 1),
+    ("no GPU lent to this task", 1), ("(R)'s partition", 1),
+    ("the paper's Table 1 (§5.3.1)", 0), ("FedMR's Algorithm 1, line 11", 0), ("an A100 GPU", 0),
+    ("one GPU (NVIDIA A100)", 0), ("(A100, 80 GB)", 0),
+    ("re-issue the certificate", 0), ("the paper's §7.3", 0),
+])
+def test_the_reference_patterns(text, found):
+    assert len(foreign_references(text)) == found, foreign_references(text)
+
+
+@pytest.mark.parametrize("page", READ_PAGES, ids=[str(p.relative_to(ROOT)) for p in READ_PAGES])
+def test_pages_point_at_nothing_outside_the_repository(page):
+    found = foreign_references(page.read_text())
+    assert not found, f"{page.relative_to(ROOT)}: " + "; ".join(found)
+
+
+@pytest.mark.parametrize("path", TABLES, ids=[str(p.relative_to(ROOT)) for p in TABLES])
+def test_tables_strings_point_at_nothing_outside_the_repository(path):
+    """What reports print from a tables file (title, source, note, labels, the paper differences'
+    sources) cites the paper itself; its top-level keys name no spec file."""
+    import tomllib
+
+    data = tomllib.loads(path.read_text())
+    found = [f for s in toml_strings(data) for f in foreign_references(s)]
+    assert "spec" not in data and not found, f"{path.relative_to(ROOT)}: " + "; ".join(found)
+
+
+def test_fedsuite_list_points_at_nothing_outside_the_repository():
+    """What ``fedsuite list`` prints (methods' summaries, the first docstring line of each dataset,
+    partitioner and model), and each method's paper and hyperparameter descriptions."""
+    from fedsuite import registry
+    from fedsuite.cli import first_line
+
+    texts = {}
+    for name, method in registry.methods().items():
+        texts[f"method {name}"] = " ".join([method.summary, method.paper, *(
+            field.description or "" for field in method.params.model_fields.values())])
+    for kind in ("datasets", "partitioners", "models"):
+        for name, fn in getattr(registry, kind)().items():
+            texts[f"{kind} {name}"] = first_line(fn.__doc__)
+    for name, params in registry.plugins().items():
+        texts[f"plug-in {name}"] = " ".join(field.description or "" for field in params.model_fields.values())
+    found = [f"{where}: {f}" for where, text in texts.items() for f in foreign_references(text)]
+    assert not found, "; ".join(found)

@@ -7,8 +7,8 @@ deterministic given the ``torch.Generator`` it is handed. Kinds:
 * ``crop-flip``      random crop back to HxW from the image zero-padded by ``padding`` pixels
                      (default ``max(1, H // 8)``: 4 for 32x32, 8 for 64x64) and a horizontal flip
                      with p=0.5: torchvision's ``RandomCrop(H, padding) + RandomHorizontalFlip``
-                     (FedNLR's [R]; FedInit/FedMRUR's recommended default).
-* ``crop-flip-p50``  the FedDyn/FL-Simulator code lineage (FedInit (R), FedMRUR rec.): flip with
+                     (our choice for FedNLR, whose paper names no augmentation).
+* ``crop-flip-p50``  the FedDyn/FL-Simulator code lineage (FedInit's code; our choice for FedMRUR): flip with
                      p=0.5, then, with p=0.5, the padded random crop.
 * ``crop``           padded random crop only (the FedInit paper's wording).
 * ``flip``           horizontal flip only.

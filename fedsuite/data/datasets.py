@@ -17,8 +17,8 @@ dataset        augment             normalisation (mean / std)
 synthetic      none                none (float vectors)
 mnist          none                (0.1307,) / (0.3081,)
 fmnist         none                (0.2860,) / (0.3530,)
-cifar10        crop-flip           (0.491, 0.482, 0.447) / (0.247, 0.243, 0.262)   [FedInit (R)]
-cifar100       crop-flip           (0.5071, 0.4867, 0.4408) / (0.2675, 0.2565, 0.2761) [FedInit (R)]
+cifar10        crop-flip           (0.491, 0.482, 0.447) / (0.247, 0.243, 0.262)   [FedInit's code]
+cifar100       crop-flip           (0.5071, 0.4867, 0.4408) / (0.2675, 0.2565, 0.2761) [FedInit's code]
 tinyimagenet   crop-flip (pad 8)   (0.4802, 0.4481, 0.3975) / (0.2302, 0.2265, 0.2262)
 cinic10        crop-flip           (0.4789, 0.4723, 0.4305) / (0.2421, 0.2383, 0.2587)
 femnist        none                (0.5,) / (0.5,) on inverted pixels = FedMR's (0.5 - x) / 0.5

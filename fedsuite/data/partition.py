@@ -14,7 +14,7 @@ Schemes (``PARTITIONERS``):
 * ``dirichlet-equal`` ``InnerDirichletPartitioner``: equal client sizes ``N // num_clients`` with a
                       per-client Dir(alpha) class prior, without replacement (FedDyn/FL-Simulator
                       style; FedMRUR's recommended partition).
-* ``dirichlet-refill`` FedInit (R) / FedSpeed: equal sizes, per-client Dir(alpha) prior, an
+* ``dirichlet-refill`` FedInit's code (FL-Simulator) / FedSpeed: equal sizes, per-client Dir(alpha) prior, an
                       exhausted class pool is refilled, so samples may repeat across clients. Not in
                       Flower Datasets, written here (see fedinit.md section 4).
 * ``pathological``    ``PathologicalPartitioner(classes_per_client)``: each client holds exactly that
@@ -142,7 +142,7 @@ def dirichlet_equal(
 def dirichlet_refill(
     labels: np.ndarray, num_clients: int, seed: int, *, alpha: float = 0.5, **_: Any
 ) -> list[np.ndarray]:
-    """FedInit (R)/FedSpeed: equal sizes, Dir(alpha) class priors, exhausted classes are refilled."""
+    """FedInit's code (FL-Simulator) / FedSpeed: equal sizes, Dir(alpha) class priors, exhausted classes are refilled."""
     rng = np.random.default_rng(seed)
     num_classes = int(labels.max()) + 1
     size = len(labels) // num_clients

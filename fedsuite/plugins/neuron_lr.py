@@ -1,10 +1,10 @@
-"""FedNLR's neuron-wise learning rates as a plug-in for any client rule (spec fednlr.md §2).
+"""FedNLR's neuron-wise learning rates as a plug-in for any client rule.
 
 Wang et al., "FedNLR: Federated Learning with Neuron-wise Learning Rates", KDD 2024. Each round,
 before the first local step, the client measures every neuron's mean activation on its own data
 under the *received* model and gives neurons that are weak locally (likely serving absent classes)
 small learning rates and strong ones large rates. Per weighted layer l (every Conv/Linear, the
-classifier included, in forward order l = 1..L; spec §2.2):
+classifier included, in forward order l = 1..L):
 
     h̄_{l,m} = (1/D_k) Σ_{x∈𝔻_k} h_{l,m}(x)                                                (14)
     μ_l     = μ_0 + a_1 · l/L + a_2 · log_10(M_l)                                       (17)
@@ -15,27 +15,31 @@ classifier included, in forward order l = 1..L; spec §2.2):
 
 and the rule's optimizer steps neuron m's weight row/filter and bias with η̂_{l,m}
 (:class:`NeuronLROptimizer` below; Eq. 18 and its meaning under momentum/weight decay are documented
-there). Choices the paper leaves open, with the spec's resolutions:
+there). Choices the paper leaves open, and how they are made here:
 
-* Eq. 15's printed denominator Σ_i q_{l,m} is a typo for Σ_i q_{l,i}: scales have mean 1 (§7.1, §7.2).
-* A conv neuron is an output channel; its activation is averaged over (N, H, W) (§2.2, §7.6).
+* Eq. 15's printed denominator Σ_i q_{l,m} (which would make every rate η) is read as Σ_i q_{l,i}:
+  scales have mean 1, as the paper's §7.3 says; the proof of Lemma 4, which normalises the rates to
+  sum η, is not followed.
+* A conv neuron is an output channel; its activation is averaged over (N, H, W) (shared
+  filters allow no finer rate).
 * Hidden layers: h = ReLU(layer output), read with a forward hook on the Conv/Linear and ReLU'd
   here (pre-pooling, independent of how the model applies its activation); the classifier (the
-  last weighted layer in forward order) uses raw logits by default (§2.3, §7.7).
+  last weighted layer in forward order) uses raw logits by default (it has no ReLU).
 * Stats pass: a copy of the received model in eval mode, no_grad, the client's full local data in
-  order, no augmentation, no use of the training RNG (§2.3, §7.8), sample-weighted means.
-* A bias shares its neuron's rate (§7.9). Normalisation layers' per-channel γ, β inherit the scale
+  order, no augmentation, no use of the training RNG (the paper does not say), sample-weighted means.
+* A bias shares its neuron's rate. Normalisation layers' per-channel γ, β inherit the scale
   of the conv channel feeding them (the most recent weighted layer in forward order with the same
-  channel count), or 1 with ``norm_params_scale = "one"`` (§2.2). Other parameters: scale 1.
-* Degenerate layers (max h̄ − min h̄ ≤ max(1e-12, 1e-8·max|h̄|), M_l = 1, or μ_l ≤ 1) get s ≡ 1 (§2.5, §7.10).
+  channel count), or 1 with ``norm_params_scale = "one"`` (the paper's VGG-9 has none). Other parameters: scale 1.
+* Degenerate layers (max h̄ − min h̄ ≤ max(1e-12, 1e-8·max|h̄|), M_l = 1, or μ_l ≤ 1) get s ≡ 1
+  (Eq. 16 would divide by zero).
 * Depth term l/L by default; ``depth_mode = "one_over_L"`` reproduces the paper's literal final
-  formula 1 + 1/L + log10 M_l (§7.4).
+  formula 1 + 1/L + log10 M_l, whose constant depth term contradicts Eq. 17's a_1·l/L.
 
-Presets (spec §2.4, §7.5): ``paper_main`` (alias ``paper``) = (μ_0, a_1, a_2) = (1, 0.45, 0.3), the
-main tables' setting; ``paper_final`` = (1, 1, 1), the paper's final recommendation; ``uniform`` =
-(1, 0, 0), i.e. μ_l = 1 and every scale exactly 1 (FedAvg bit for bit, with the stats pass still
-run). ``mu0``/``a1``/``a2`` override the preset's values; ``mu_override`` sets μ_l per layer;
-``layers`` restricts NLR to some layers (Fig. 4 ablation). The plug-in keeps no client state (§2.9).
+Presets (the paper's §7.3; μ_0 is given only as the 1 of its final formula): ``paper_main`` (alias
+``paper``) = (μ_0, a_1, a_2) = (1, 0.45, 0.3), the main tables' setting; ``paper_final`` = (1, 1, 1),
+the paper's final recommendation; ``uniform`` = (1, 0, 0), i.e. μ_l = 1 and every scale exactly 1
+(FedAvg bit for bit, with the stats pass still run). ``mu0``/``a1``/``a2`` override the preset's values; ``mu_override`` sets μ_l per layer;
+``layers`` restricts NLR to some layers (Fig. 4 ablation). The plug-in keeps no client state.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from fedsuite.rounds import RoundLog, ServerSetup
 from fedsuite.training import LocalTask
 from fedsuite.wire import ClientReply
 
-#: (μ_0, a_1, a_2) of Eq. 17 per preset (spec §2.4)
+#: (μ_0, a_1, a_2) of Eq. 17 per preset
 PRESETS: dict[str, tuple[float, float, float]] = {
     "paper_main": (1.0, 0.45, 0.3),
     "paper": (1.0, 0.45, 0.3),
@@ -98,13 +102,13 @@ class NeuronLRParams(Params):
 
 
 # ------------------------------------------------------------------------------------------------
-# pure maths (spec §2.4, §2.5)
+# pure maths (Eqs. 15-17)
 # ------------------------------------------------------------------------------------------------
 
 
 def layer_mus(sizes: list[int], mu0: float, a1: float, a2: float, log_base: float = 10.0,
               depth_mode: str = "l_over_L") -> list[float]:
-    """μ_l = μ_0 + a_1·d_l + a_2·log_base(M_l), d_l = l/L (or 1/L), l = 1..L (Eq. 17, spec §7.4)."""
+    """μ_l = μ_0 + a_1·d_l + a_2·log_base(M_l), d_l = l/L (or 1/L), l = 1..L (Eq. 17; 1/L as printed in the paper's final formula)."""
     L = len(sizes)
     out = []
     for l, m in enumerate(sizes, start=1):
@@ -129,10 +133,10 @@ def temperature(hbar: torch.Tensor, mu: float) -> float:
 
 
 def scale_factors(hbar: torch.Tensor, mu: float) -> torch.Tensor:
-    """s = M·μ^u / Σ μ^u with u = (h̄ − min)/(max − min) (Eq. 15 in the stable closed form of §2.5).
+    """s = M·μ^u / Σ μ^u with u = (h̄ − min)/(max − min) (Eq. 15 in a numerically stable closed form).
 
     float64; mean 1, max/min = μ, monotone in h̄, invariant to h̄ → a·h̄ + b (a > 0). Degenerate
-    layers (constant or non-finite h̄, M = 1, μ ≤ 1) give s ≡ 1 exactly (§7.10).
+    layers (constant or non-finite h̄, M = 1, μ ≤ 1) give s ≡ 1 exactly.
     """
     h = torch.as_tensor(hbar, dtype=torch.float64).flatten()
     if _degenerate(h, mu):
@@ -143,7 +147,7 @@ def scale_factors(hbar: torch.Tensor, mu: float) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------
-# neuron layers and activation statistics (spec §2.2, §2.3, §3 "Model/layer registry")
+# neuron layers and activation statistics (Eq. 14)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -208,7 +212,7 @@ def activation_stats(model: nn.Module, layers: list[NeuronLayer], batches: Itera
                      classifier_activation: str = "logits") -> list[torch.Tensor]:
     """h̄_l (float64, length M_l) per layer: Σ over samples of the per-sample mean activation / #samples.
 
-    Hidden layers: ReLU(output); classifier: logits, ReLU(logits) or softmax (spec §2.3). The model
+    Hidden layers: ReLU(output); classifier: logits, ReLU(logits) or softmax. The model
     is put in eval mode for the pass and restored afterwards.
     """
     modules = dict(model.named_modules())
@@ -246,30 +250,30 @@ def activation_stats(model: nn.Module, layers: list[NeuronLayer], batches: Itera
 # the optimizer wrapper (Eq. 18)
 # ------------------------------------------------------------------------------------------------
 #
-# Neuron-wise learning rates for any SGD-type optimizer (FedNLR Eq. 18; spec fednlr.md §2.6).
+# Neuron-wise learning rates for any SGD-type optimizer (FedNLR Eq. 18).
 #
 # FedNLR's local step gives every output neuron m of layer l its own learning rate
-# η̂_{l,m} = η · s_{l,m} (spec §2.5, Eq. 15):
+# η̂_{l,m} = η · s_{l,m} (Eq. 15):
 #
 #     w_{l,m} ← w_{l,m} − η̂_{l,m} · ∇_{w_{l,m}} f_k(w)                                    (18)
 #
-# ``w_{l,m}`` is row/filter m of the weight plus bias b_m (spec §2.2, §7.9), so a scale tensor
+# ``w_{l,m}`` is row/filter m of the weight plus bias b_m (a bias shares its neuron's rate), so a scale tensor
 # ``s`` of shape ``[M, 1, ..., 1]`` (weights) or ``[M]`` (biases) broadcasts over the output
-# dimension. The paper used plain SGD; with momentum μ, dampening τ and weight decay λ the spec
-# (§2.6 [R]) scales the *whole* update direction:
+# dimension. The paper used plain SGD; with momentum μ, dampening τ and weight decay λ the
+# plug-in scales the *whole* update direction (our extension):
 #
 #     d_t = g_t + λ w_t                     (weight decay, proximal and correction terms included)
 #     b_t = μ b_{t−1} + (1 − τ) d_t         (b_1 = d_1; torch.optim.SGD's momentum buffer)
 #     w_{t+1} = w_t − η · s ⊙ b_t           (nesterov: s ⊙ (d_t + μ b_t))
 #
-# Because the scales are fixed for the whole round (computed once from the received model, §2.3)
+# Because the scales are fixed for the whole round (computed once from the received model)
 # and the buffer recursion is linear, this is exactly what the inner SGD does when it is fed the
 # pre-scaled direction s ⊙ (g_t + λ w_t) with its own weight decay switched off for that step:
 # the buffer then holds s ⊙ b_t. :class:`NeuronLROptimizer` does precisely that, so it is an SGD
 # whose learning rate is the tensor η·s per parameter, while momentum state, parameter groups and
 # ``zero_grad`` stay the inner optimizer's own.
 #
-# Composition (spec §2.10 item 4): whatever the client rule put into ``p.grad`` before
+# Composition (the paper reports FedNLR inside FedDyn's local solver; the rest follows): whatever the client rule put into ``p.grad`` before
 # ``opt.step()`` — a proximal/FedDyn term, SCAFFOLD's ``− c_i + c`` correction, a SAM/ASAM
 # gradient taken at a perturbed point by the rule's own two-pass ``step`` — is multiplied by s,
 # and weight decay with it. Gradient clipping (done by the rule before ``step``) acts on the
@@ -402,7 +406,7 @@ class NeuronLRPlan:
     param_scales: dict[str, torch.Tensor] = field(default_factory=dict)  # param name -> broadcastable scale
 
     def metrics(self) -> dict[str, float]:
-        """Diagnostics per layer l (spec §8): μ_l, T_l (0 marks a uniform layer), min/max s."""
+        """Diagnostics per layer l: μ_l, T_l (0 marks a uniform layer), min/max s."""
         out: dict[str, float] = {}
         for l, (mu, t, s) in enumerate(zip(self.mus, self.temperatures, self.scales), start=1):
             out[f"nlr-mu-l{l}"] = float(mu)
@@ -459,7 +463,7 @@ class NeuronLRPlugin(ClientPlugin):
         return params.preset is not None
 
     def before_start(self, task: LocalTask) -> None:
-        """Eq. 14-17 on a copy of the received model w^t, before any local step (spec §2.3, §2.8)."""
+        """Eq. 14-17 on a copy of the received model w^t, before any local step (Algorithm 1)."""
         model = copy.deepcopy(task.model)
         model.load_state_dict(task.received)
         data, bs = task.data, self.p.stats_batch_size
@@ -480,13 +484,13 @@ class NeuronLRPlugin(ClientPlugin):
         return self.plan.param_scales if self.plan is not None else {}
 
     def server_hooks(self, setup: ServerSetup) -> "NeuronLRDiagnostics | None":
-        """Server side: only diagnostics (the method's own aggregation is unchanged, spec §2.7)."""
+        """Server side: only diagnostics (the method's own aggregation is unchanged)."""
         return NeuronLRDiagnostics() if self.p.diagnostics else None
 
 
 class NeuronLRDiagnostics(ServerHooks):
     """The server half: writes the example-weighted cohort means of the clients' ``nlr-*`` metrics
-    (per-layer μ_l, T_l, min/max s; spec §8 "Diagnostics", Fig. 3) into the round's metrics row."""
+    (per-layer μ_l, T_l, min/max s; the paper's Fig. 3 plots T_l) into the round's metrics row."""
 
     name = "neuron_lr"
 

@@ -1,35 +1,37 @@
 """Relaxed initialisation (RI), FedInit's start point, as a plug-in for every method.
 
-Spec: ``shared/specs/fedinit.md`` (§2.1-§2.4, §2.7, §3.1, §7 A1/A2/A18). Paper: Sun, Shen & Tao,
-*Understanding How Consistency Works in Federated Learning via Stage-wise Relaxed Initialization*,
-NeurIPS 2023, Algorithm 1.
+Paper: Sun, Shen & Tao, *Understanding How Consistency Works in Federated Learning via Stage-wise Relaxed Initialization*,
+NeurIPS 2023, Algorithm 1. Where the paper is silent, FedInit's reference code (FL-Simulator, by
+the first author) decides.
 
-Client i, sampled in round t, starts local training at (spec §2.1, Alg. 1 line 6)
+Client i, sampled in round t, starts local training at (Alg. 1 line 6)
 
     w_{i,0} = s + β (s − ŵ_i)          s = the host rule's start point (w^t for every host but FedMR-type)
 
 where ŵ_i = w_{i,K} of the last round client i trained in, kept (stale) while it is not sampled, and
-ŵ_i = w^0 before its first round (spec §2.4, A2). Only trainable parameters are relaxed; buffers
-stay as the host set them (spec A18). After training, ŵ_i := w_{i,K} (spec §2.3 C6). The host's
+ŵ_i = w^0 before its first round (Alg. 1 line 1; the paper's w^{t−1}_{i,K} is undefined for
+clients that did not train in round t−1, and this is what FL-Simulator does). Only trainable parameters are relaxed; buffers
+stay as the host set them (the paper's models have none). After training, ŵ_i := w_{i,K}. The host's
 loop then sees ``task.start_point == w_{i,0}``, so every anchor and every Δ_i of the host (FedProx /
-FedDyn prox anchor, SCAFFOLD's Δ_i, FedCM's momentum) refers to the relaxed start (spec §2.7).
+FedDyn prox anchor, SCAFFOLD's Δ_i, FedCM's momentum) refers to the relaxed start, as in FL-Simulator's "+RI" methods.
 
-What goes back (spec §2.2 S5-S6, §7 A1):
+What goes back:
 
-* ``aggregation="delta"`` (default; produced the paper's numbers): arrays = w_{i,K} − r_i with
+* ``aggregation="delta"`` (default; what produced the paper's numbers: its Table 6 and FL-Simulator
+  apply η_g = 1 to the mean delta): arrays = w_{i,K} − r_i with
   r_i = β (s − ŵ_i) = w_{i,0} − s, i.e. s + Δ_i with Δ_i = w_{i,K} − w_{i,0}. Any server rule that aggregates
-  models therefore aggregates w^t + mean Δ_i, measured from the relaxed starts (spec §2.3 C7).
+  models therefore aggregates w^t + mean Δ_i, measured from the relaxed starts.
   Computed as w_{i,K} − r_i, not s + (w_{i,K} − w_{i,0}): the two agree up to one float32 rounding,
   and the subtraction form leaves w_{i,K} bitwise unchanged when r_i = 0.
 * ``aggregation="model"`` (Algorithm 1 line 12, the proofs): arrays = w_{i,K}. For FedDyn + RI this
-  is what (R) does (FedDyn averages models, spec §2.7).
+  is what FL-Simulator does (its FedDyn averages models).
 
 β = 0 is FedAvg bit for bit, by construction rather than by luck of rounding: with β = 0, and
 whenever the offset is zero by rule (first visit with ``zero_offset``, ŵ_i older than
 ``max_staleness``), the relaxation is not computed at all, the start point *is* s, and no
 translation is applied, so the reply is the host's w_{i,K} unchanged.
 
-Storage (spec §3.1):
+Storage:
 
 * ``"client-state"`` (canonical, no extra communication): ŵ_i lives on the client's disk
   (``task.state.save_arrays``; one model per client, not in RAM), with the round it was made.
@@ -37,8 +39,8 @@ Storage (spec §3.1):
   ``fedsuite.models.initial_arrays`` (the very function the ServerApp builds w^0 with; inside
   ``torch.random.fork_rng`` so the local RNG stream is untouched). Chosen over the server sending
   w^0 on a first visit because it needs no server bookkeeping, no extra bytes, and still works after a
-  SuperNode restart that lost its state (spec §3.2): the client then falls back to ``first_visit``.
-* ``"server-state"`` ((R)'s simulation): the strategy keeps every ŵ_i on disk under the run
+  SuperNode restart that lost its state: the client then falls back to ``first_visit``.
+* ``"server-state"`` (how FL-Simulator simulates it): the strategy keeps every ŵ_i on disk under the run
   directory (``fedsuite.state.ArrayStore``) and sends each sampled client its own w_{i,0} as the
   extra ArrayRecord ``"start"``. The client trains from it and replies w_{i,K}; the server stores it as
   ŵ_i and applies the same delta translation. The maths (and the float operations) are those of
@@ -49,7 +51,7 @@ Storage (spec §3.1):
 Options (section ``[relaxed_init]``, CLI ``--relaxed-init β``): ``beta`` (None = off),
 ``storage``, ``aggregation``, ``first_visit`` ("w0": ŵ_i = w^0, Alg. 1 line 1; "zero_offset": a
 first-time client starts at s), ``max_staleness`` (None = ∞; else a ŵ_i made more than that many
-rounds ago gives a zero offset; it does not apply to w^0, which ``first_visit`` governs; spec §2.4).
+rounds ago gives a zero offset; it does not apply to w^0, which ``first_visit`` governs; an ablation).
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ class RelaxedInitParams(Params):
 
 
 def relaxation_offset(start: Tensors, last_local: Tensors, beta: float, keys: list[str]) -> Tensors:
-    """r_i = β (s − ŵ_i) for every key in ``keys``, so that w_{i,0} = s + r_i (spec §2.1). Client-state
+    """r_i = β (s − ŵ_i) for every key in ``keys``, so that w_{i,0} = s + r_i. Client-state
     and server-state mode both compute r_i (and w_{i,0} = s + r_i) with exactly these float ops."""
     out = {}
     for k in keys:
@@ -110,7 +112,7 @@ def relaxation_offset(start: Tensors, last_local: Tensors, beta: float, keys: li
 
 
 def relaxed_start(start: Tensors, last_local: Tensors, beta: float, keys: list[str]) -> Tensors:
-    """w_{i,0} = s + β (s − ŵ_i) for every key in ``keys`` (spec §2.1). β = 0 returns ``start``'s
+    """w_{i,0} = s + β (s − ŵ_i) for every key in ``keys``. β = 0 returns ``start``'s
     tensors themselves (no arithmetic), so the start point is s bit for bit."""
     if beta == 0:
         return {k: start[k] for k in keys}
@@ -238,7 +240,7 @@ class RelaxedInit(ClientPlugin):
 
 
 class RelaxedInitServer(ServerHooks):
-    """Server-state RI (spec §3.1 b): keeps ŵ_i of every client on disk, sends w_{i,0} as ``"start"``,
+    """Server-state RI (as FL-Simulator): keeps ŵ_i of every client on disk, sends w_{i,0} as ``"start"``,
     stores the replied w_{i,K} as ŵ_i and applies the delta translation before the host aggregates.
 
     Files: ``<run_dir>/relaxed-init-server/client-<pid>/last-local-r<round>.pt`` (ŵ_i made in that
@@ -251,7 +253,7 @@ class RelaxedInitServer(ServerHooks):
 
     def __init__(self, params: RelaxedInitParams, setup: ServerSetup) -> None:
         self.p = params
-        self.keys = setup.trainable_keys()  # buffers are not relaxed (spec A18)
+        self.keys = setup.trainable_keys()  # buffers are not relaxed
         # no run folder (a strategy built outside a run): a scratch folder, removed with this object
         self._scratch = None if setup.run_dir is not None else tempfile.TemporaryDirectory(prefix="fedsuite-ri-")
         root = Path(setup.run_dir) if self._scratch is None else Path(self._scratch.name)
