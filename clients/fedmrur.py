@@ -23,6 +23,19 @@ Both are algebraically −2β + 2(ab − s) (the first multiplies by (ab + s + �
 so d² ≥ 0 without clamping, there is no cancellation of large numbers for any norm, the
 denominator is ≥ 2β > 0, and d² and its gradient are exactly 0 at z = ẑ (so ∇R = 0 at the first
 local step). ``manifold="euclidean"`` uses d² = ‖z − ẑ‖² instead (Table 8).
+
+Activity (``fedsuite.activity``, component :data:`HYPERBOLIC`). How much the regulariser acted in
+a round is its share of the step, on the round's last local step k = K − 1 (first SAM pass, at w):
+
+    share = ‖∇_w (γ R_b)(w)‖ / ‖∇_w CE(head(Φ(w; x)), y)‖     (joint L2 norms over all parameters)
+
+reported as ``fedmrur-hyperbolic-share`` (0 with the regulariser off, and exactly 0 at γ = 0). The
+last step, not the first: at the first step w = w^t, so z = ẑ and ∇R = 0 exactly (above), and the
+share would read 0 whatever γ and σ. The features drift from ẑ as the round goes on, so the last
+step is where the term pulls hardest in the usual case; a share below the threshold there means it
+was below it all round. Two ``torch.autograd.grad`` calls on the step's own graph
+(``retain_graph``): they return the gradients without writing ``p.grad``, draw nothing from an RNG
+and do not run the model again, so the step's numbers are those of an unmeasured run.
 """
 
 from __future__ import annotations
@@ -33,9 +46,18 @@ import torch
 import torch.nn.functional as F
 
 from clients.sam import SamMomentumClient
+from fedsuite.activity import Component, joint_norm, ratio
 from fedsuite.training import LocalResult, LocalTask
 
 EXP_CLAMP = 50.0
+
+#: FedMRUR's hyperbolic regulariser as a distinguishing component (``fedsuite.activity``): its share
+#: of the step, measured on each round's last local step (module docstring). Inert below 1e-3: the
+#: term moves the step by less than a thousandth of the cross-entropy's own gradient.
+HYPERBOLIC = Component(
+    name="fedmrur.hyperbolic", measure="fedmrur-hyperbolic-share", threshold=1e-3,
+    meaning="‖∇(γ·R)‖ / ‖∇L_CE‖ on the round's last local step; inert below 1e-3 (the regulariser moves "
+            "the step by less than a thousandth of the cross-entropy's gradient)")
 
 
 def lift(z: torch.Tensor, beta: float) -> torch.Tensor:
@@ -72,6 +94,16 @@ def euclidean_sq_dist(z: torch.Tensor, z_hat: torch.Tensor) -> torch.Tensor:
     return (d * d).sum(-1)
 
 
+def gradient_share(term: torch.Tensor, base: torch.Tensor, params: list[torch.nn.Parameter]) -> float:
+    """‖∇_w term‖ / ‖∇_w base‖ over ``params`` jointly (``fedsuite.activity.ratio``: 0/0 = 0), from
+    the graph both scalars hang on, which stays usable (``retain_graph``): the caller still
+    backpropagates their sum. ``p.grad`` is not touched (``torch.autograd.grad`` returns gradients);
+    a parameter neither depends on counts as a zero gradient."""
+    g_term = torch.autograd.grad(term, params, retain_graph=True, allow_unused=True)
+    g_base = torch.autograd.grad(base, params, retain_graph=True, allow_unused=True)
+    return ratio(joint_norm(g for g in g_term if g is not None), joint_norm(g for g in g_base if g is not None))
+
+
 def manifold_regularizer(
     z: torch.Tensor, z_hat: torch.Tensor, *, beta: float, sigma: float, manifold: str = "lorentz",
     exp_clamp: float = EXP_CLAMP,
@@ -83,7 +115,8 @@ def manifold_regularizer(
 
 class FedMRURClient(SamMomentumClient):
     """MoFedSAM on CE + γ·R (see module). Logs ``fedmrur-d2-mean``, ``fedmrur-d2-max``,
-    ``fedmrur-R-mean`` (first SAM pass, over all local steps of the round)."""
+    ``fedmrur-R-mean`` (first SAM pass, over all local steps of the round) and the regulariser's
+    activity ``fedmrur-hyperbolic-share`` (:data:`HYPERBOLIC`, on the round's last local step)."""
 
     sam = True
     uses_momentum = True
@@ -96,6 +129,10 @@ class FedMRURClient(SamMomentumClient):
     #: d²_j and R_b of every first-pass loss this round (the logged diagnostics)
     d2_seen: list[torch.Tensor]
     r_seen: list[torch.Tensor]
+    #: the local step (0-based) whose first SAM pass measures the regulariser's share: the last
+    measured_step: int = -1
+    #: ‖∇(γR)‖ / ‖∇CE‖ of that step; 0.0 with the regulariser off; None until measured
+    hyperbolic_share: float | None = None
 
     def start(self, task: LocalTask) -> None:
         super().start(task)
@@ -107,6 +144,8 @@ class FedMRURClient(SamMomentumClient):
             frozen.train(task.model.training)  # same mode as the local model, so ẑ = z at w = w^t
             self.global_model = frozen
         self.d2_seen, self.r_seen = [], []
+        self.measured_step = task.planned_steps - 1
+        self.hyperbolic_share = None if self.global_model is not None else 0.0  # off: the term is absent
 
     def _features(self, model: torch.nn.Module, x: torch.Tensor, task: LocalTask) -> tuple[torch.Tensor, torch.Tensor]:
         """(z, logits): z is the penultimate feature (the input of the head) or the logits (``feature_layer="logits"``)."""
@@ -131,10 +170,13 @@ class FedMRURClient(SamMomentumClient):
             sigma=task.method_params.sigma, manifold=task.method_params.manifold,
             exp_clamp=task.method_params.exp_clamp,
         )
+        weighted = task.method_params.gamma * reg
         if self.sam_pass == 1:
             self.d2_seen.append(d2.detach())
             self.r_seen.append(reg.detach())
-        return ce + task.method_params.gamma * reg
+            if task.num_steps == self.measured_step:
+                self.hyperbolic_share = gradient_share(weighted, ce, task.params)
+        return ce + weighted
 
     def finish(self, task: LocalTask) -> LocalResult:
         result = super().finish(task)
@@ -143,5 +185,7 @@ class FedMRURClient(SamMomentumClient):
             result.metrics["fedmrur-d2-mean"] = float(d2.mean())
             result.metrics["fedmrur-d2-max"] = float(d2.max())
             result.metrics["fedmrur-R-mean"] = float(torch.stack(self.r_seen).mean())
+        if self.hyperbolic_share is not None:
+            result.metrics[HYPERBOLIC.measure] = self.hyperbolic_share
         self.global_model = self.z_global = None  # the frozen copy is not kept past the round
         return result

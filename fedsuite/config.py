@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from fedsuite import registry
+from fedsuite.activity import Component
 from fedsuite.params import Params
 
 
@@ -228,6 +229,12 @@ class BaseRunConfig(Params):
     def plugin_settings(self) -> dict[str, BaseModel]:
         """The plug-ins this run uses and their settings (its sections plus what its method enables)."""
         return registry.plugin_params(self)
+
+    @property
+    def components(self) -> list[Component]:
+        """The distinguishing components this run uses, each with its activity measure
+        (``fedsuite.activity``): its method's own, then its plug-ins'."""
+        return registry.run_components(self)
 
     @property
     def method_params(self) -> BaseModel:

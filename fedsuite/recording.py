@@ -1,6 +1,7 @@
 """A run's record as the ServerApp writes it (:class:`RunRecorder`): ``metrics.jsonl`` row by row,
 the TensorBoard event files beside it, and at the end ``accuracy.png``, ``diagnostics.png`` and
-``summary.json`` (the run directory's layout: ``fedsuite.results``)."""
+``summary.json`` (the run directory's layout: ``fedsuite.results``; its ``activity``: how much each
+of the run's distinguishing components acted, ``fedsuite.activity``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
+from fedsuite.activity import Component, summarize_activity
 from fedsuite.config import flat_config
 from fedsuite.plots import has_pool_diagnostics, plot_accuracy, plot_pool_diagnostics
 from fedsuite.results import read_metrics, write_json
@@ -63,13 +65,16 @@ class TensorBoardLog:
 class RunRecorder:
     """Appends per-round metrics and keeps summary and plot up to date (called by the ServerApp);
     with ``tensorboard``, the same rows go to a :class:`TensorBoardLog` (after metrics.jsonl, which
-    is the record)."""
+    is the record). ``components``: the run's distinguishing components (``cfg.components``), whose
+    measures' columns ``summary.json``'s ``activity`` summarises."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any] | None = None, tensorboard: bool = False) -> None:
+    def __init__(self, run_dir: Path, config: dict[str, Any] | None = None, tensorboard: bool = False,
+                 components: Sequence[Component] = ()) -> None:
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         self.config = config or {}
         self.tensorboard = tensorboard
+        self.components = list(components)
         self.board: TensorBoardLog | None = None
 
     def _board(self, purge_from: int | None = None) -> TensorBoardLog | None:
@@ -126,7 +131,7 @@ class RunRecorder:
 
     def finish(self, status: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         rows = read_metrics(self.run_dir)
-        summary = summarize(rows)
+        summary = summarize(rows, self.components)
         summary.update({"status": status, **(extra or {})})
         if "failure" in summary:  # the failed round has no metrics row: count its failures too
             summary["failed_replies"] += len(summary["failure"]["partition_ids"])
@@ -141,7 +146,10 @@ class RunRecorder:
         return summary
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], components: Sequence[Component] = ()) -> dict[str, Any]:
+    """``summary.json`` from a run's ``metrics.jsonl`` rows: rounds, final and best accuracy, failed
+    replies, time per round and, for a run with distinguishing ``components``, their ``activity``
+    (``fedsuite.activity.summarize_activity``; left out when no round recorded a measure)."""
     evals = [(r["round"], r["test_accuracy"]) for r in rows if r.get("test_accuracy") is not None]
     out: dict[str, Any] = {"rounds_completed": max((r["round"] for r in rows), default=0)}
     if evals:
@@ -157,6 +165,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if walls:
         out["seconds_per_round"] = float(np.median(walls))
         out["total_seconds"] = float(np.sum(walls))
+    activity = summarize_activity(rows, components)
+    if activity:
+        out["activity"] = activity
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel
 
+from fedsuite.activity import Component
 from fedsuite.params import Params
 from fedsuite.plugins import PLUGINS
 
@@ -38,6 +39,9 @@ class MethodSpec:
     leaves it off (a run that switches it on itself wins); ``refuses`` maps a plug-in the method
     cannot take to the reason. Config validation enforces both on every path (CLI, TOML files,
     ``flwr run``), see :func:`plugin_params`.
+
+    ``components``: the method's own distinguishing components (``fedsuite.activity.Component``:
+    FedMRUR's hyperbolic regulariser), whose activity measure its client rule reports every round.
     """
 
     name: str
@@ -51,6 +55,7 @@ class MethodSpec:
     #: ``cfg -> [warning, ...]``: settings under which the method is known to fail, each naming the
     #: risk and a setting that works; printed by ``fedsuite simulate`` and logged by the ServerApp
     warnings: Callable[[Any], list[str]] | None = None
+    components: tuple[Component, ...] = ()
 
     def risks(self, cfg: Any) -> list[str]:
         """The method's warnings for this run's config (none if it declares no ``warnings``)."""
@@ -72,6 +77,7 @@ def register_method(
     enables: dict[str, Callable[[Any], dict[str, Any]]] | None = None,
     refuses: dict[str, str] | None = None,
     warnings: Callable[[Any], list[str]] | None = None,
+    components: tuple[Component, ...] = (),
 ) -> MethodSpec:
     """Register a method under ``name`` (called at import time of ``strategies/<name>.py``)."""
     if name in _METHODS and _METHODS[name].strategy is not strategy:
@@ -82,7 +88,7 @@ def register_method(
         raise ValueError(f"method {name!r} names unknown plug-ins {unknown}; known: {sorted(PLUGINS)}")
     if set(enables) & set(refuses) or any(not str(why).strip() for why in refuses.values()):
         raise ValueError(f"method {name!r}: a plug-in is both enabled and refused, or refused without a reason")
-    spec = MethodSpec(name, strategy, client, params, summary, paper, enables, refuses, warnings)
+    spec = MethodSpec(name, strategy, client, params, summary, paper, enables, refuses, warnings, tuple(components))
     _METHODS[name] = spec
     return spec
 
@@ -121,6 +127,22 @@ def models() -> dict[str, Callable[..., Any]]:
 def plugins() -> dict[str, type[BaseModel]]:
     """Client-rule plug-ins that combine with any method: section name -> params model."""
     return {name: plugin.params for name, plugin in PLUGINS.items()}
+
+
+def components() -> dict[str, Component]:
+    """Every distinguishing component by name (``fedsuite.activity``): the plug-ins' and the
+    registered methods' (a component two methods share is listed once)."""
+    found = [plugin.component for plugin in PLUGINS.values() if plugin.component is not None]
+    found += [c for spec in methods().values() for c in spec.components]
+    return {c.name: c for c in sorted(found, key=lambda c: c.name)}
+
+
+def run_components(cfg: Any) -> list[Component]:
+    """The components a run uses, whose measures its clients report: its method's own, then those
+    of the plug-ins it switches on (:func:`plugin_params`), in ``PLUGINS`` order."""
+    found = list(methods()[cfg.strategy].components)
+    found += [PLUGINS[name].component for name in plugin_params(cfg) if PLUGINS[name].component is not None]
+    return found
 
 
 def plugin_params(cfg: Any) -> dict[str, BaseModel]:

@@ -6,12 +6,16 @@ A run directory holds::
     config.json      the resolved config
     metrics.jsonl    one line per round: round, test_accuracy, test_loss, train_loss, wall_seconds,
                      bytes_sent, bytes_received, cohort, dropped (partition ids), failed (their
-                     count), failure_reasons ({partition id: reason}) (+ method metrics)
+                     count), failure_reasons ({partition id: reason}) (+ method metrics, and
+                     the cohort mean of each activity measure of the run's components:
+                     ``fedsuite.activity``)
     summary.json     final/best accuracy, rounds, total time, status, failed_replies and
                      rounds_with_failures (totals), failure (round, partition ids, first error)
                      when the run stopped on too many failed replies, provenance (what produced
                      the run, one entry per start: code, commit, packages, hardware; see
-                     ``fedsuite.provenance``; not in config.json, which is the run's settings)
+                     ``fedsuite.provenance``; not in config.json, which is the run's settings),
+                     activity (per distinguishing component the run uses: its measure's name,
+                     mean over rounds, last value and inert threshold; ``fedsuite.activity``)
     checkpoint.pt    global arrays + strategy state + round (rewritten atomically every round)
     events.out.tfevents.*  the same metrics for TensorBoard (``tensorboard=true``, the default where
                      the package is installed; ``fedsuite.recording.TensorBoardLog``)

@@ -72,7 +72,8 @@ def main(grid: Grid, context: Context) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "config.json", cfg.active_dump())
     recorder = RunRecorder(run_dir, cfg.active_dump(),
-                           tensorboard=tensorboard_installed() if cfg.tensorboard is None else cfg.tensorboard)
+                           tensorboard=tensorboard_installed() if cfg.tensorboard is None else cfg.tensorboard,
+                           components=cfg.components)
     torch.set_num_threads(max(1, cfg.num_cpus))
     status, extra = None, {"timing": {"serverapp_start": time.time(), "cores": available_cores()}}
     extra["provenance"] = starts = [this_start(cfg)]

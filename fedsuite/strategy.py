@@ -28,6 +28,9 @@ What it adds to Flower's ``FedAvg``, and why:
       w^{t+1} = Σ_{i∈S_t} n_i w_i / Σ_{i∈S_t} n_i
 
   accumulated in float64 and cast back to each array's dtype;
+* the cohort's example-weighted mean of each activity measure of the run's components
+  (``fedsuite.activity``: how much FedMRUR's regulariser, relaxed initialisation, neuron-wise
+  learning rates acted) goes into the round's ``metrics.jsonl`` line under the measure's name;
 * :meth:`state_dict` / :meth:`load_state_dict` hold all server state for checkpoints.
 
 :class:`ServerSetup`, :class:`RoundLog` and :class:`RoundFailure` are defined in ``fedsuite.rounds``
@@ -110,6 +113,8 @@ class FedSuiteStrategy(FedAvg):
         self.server_hooks: list[ServerHooks] = [
             h for h in (p.server_hooks(setup) for p in active_plugins(cfg)) if h is not None
         ]
+        #: the activity measures of the run's components (``fedsuite.activity``), logged each round
+        self.activity_measures: tuple[str, ...] = tuple(c.measure for c in cfg.components)
 
     @property
     def pid_to_node(self) -> dict[int, int]:
@@ -240,6 +245,8 @@ class FedSuiteStrategy(FedAvg):
         self.global_arrays = new_arrays
         metrics = self.aggregate_metrics(good)
         self.round_log.train_loss = metrics.get("train-loss")
+        # the cohort's example-weighted mean of each component's activity measure (fedsuite.activity)
+        self.round_log.add({m: metrics[m] for m in self.activity_measures if m in metrics})
         self.after_aggregate(server_round)
         return to_record(new_arrays), MetricRecord(metrics)
 

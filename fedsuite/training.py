@@ -90,6 +90,13 @@ class LocalTask:
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
 
     @property
+    def planned_steps(self) -> int:
+        """K = local_epochs · ⌈n_i / B⌉: the local steps :func:`run_local_training` takes this round
+        (:meth:`LocalData.batches` keeps the last partial batch). A rule that acts on one given
+        step of the round (FedMRUR measures its regulariser on the last) counts with this."""
+        return self.cfg.local_epochs * math.ceil(len(self.data) / self.cfg.batch_size)
+
+    @property
     def method_params(self) -> Any:
         """The run's section of the active method (``[<strategy>]``, a validated pydantic model): the one
         place a client rule reads its hyperparameters from. Values that change per round (``lr``,

@@ -10,14 +10,15 @@
 Ablations (Table 4): ``normalize=false`` → FedMRUR-H; ``hyperbolic=false`` (or ``gamma=0``) →
 FedMRUR-N; both → MoFedSAM. ``manifold="euclidean"`` is Table 8's Euclidean variant;
 ``momentum_source="mean"`` builds m from Δ̄ instead of Δ^{t+1}. Logged per round: d_t
-(``norm_factor``), ν, ‖Δ^{t+1}‖, ‖m‖ and the clients' mean d², max d², mean R.
+(``norm_factor``), ν, ‖Δ^{t+1}‖, ‖m‖, the clients' mean d², max d², mean R, and the regulariser's
+activity ``fedmrur-hyperbolic-share`` (component ``fedmrur.hyperbolic``, ``fedsuite.activity``).
 """
 
 from typing import Literal
 
 from pydantic import Field
 
-from clients.fedmrur import EXP_CLAMP, FedMRURClient
+from clients.fedmrur import EXP_CLAMP, HYPERBOLIC, FedMRURClient
 from fedsuite.registry import register_method
 from strategies.mofedsam import MoFedSAMParams
 from strategies.momentum import MomentumStrategy
@@ -50,4 +51,5 @@ register_method(
     params=FedMRURParams,
     summary="MoFedSAM + hyperbolic (Lorentz) feature regulariser + normalised update reaggregation",
     paper="An et al., NeurIPS 2023",
+    components=(HYPERBOLIC,),
 )

@@ -17,7 +17,10 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from clients.fedavg import FedAvgClient
 from fedsuite.training import ClientRule
+import fedsuite.plugins.relaxed_init
+from fedsuite.activity import joint_norm
 from fedsuite.plugins.relaxed_init import (
+    RELAXATION,
     STATE_NAME,
     RelaxedInit,
     RelaxedInitServer,
@@ -179,6 +182,78 @@ def test_client_state_first_visit_stale_and_staleness(tmp_path):
     t, r, wk = client_round({**values, "relaxed_init.first_visit": "zero_offset"}, 2, g3, 3, tmp_path / "fresh0")
     assert all(torch.equal(t.start_point[k], g3[k]) for k in keys)
     assert all(torch.equal(r.arrays[k], wk[k]) for k in keys)
+
+
+# --------------------------------------------------------------------------------------------
+# activity (issue 39, item 2): offset_i = ‖w_{i,0} − w^t‖ / ‖w^t‖, reported by every client
+# --------------------------------------------------------------------------------------------
+
+
+def _offset(a: dict, b: dict, keys) -> float:
+    """‖a − b‖ / ‖b‖ over ``keys``, computed here as the definition reads."""
+    return joint_norm(a[k] - b[k] for k in keys) / joint_norm(b[k] for k in keys)
+
+
+def test_relaxed_init_offset_known_answers(tmp_path):
+    """0 where relaxation does not move the start (round 1: ŵ_i = w^0 is the model sent; β = 0;
+    a first visit with ``zero_offset``; ŵ_i past ``max_staleness``); otherwise ‖w_{i,0} − w^t‖ /
+    ‖w^t‖ = β ‖w^t − ŵ_i‖ / ‖w^t‖, well above the 1e-4 threshold here; server-state mode, sent the
+    same w_{i,0}, reports the same number."""
+    values = {"relaxed_init.beta": 0.1, "batch_size": 100_000, "local_epochs": 2, "lr": 0.5}
+    w0 = w0_state(values)
+    keys = [n for n, _ in make_task(values)[0].model.named_parameters()]
+    _, res1, w_k1 = client_round(values, 0, w0, 1, tmp_path / "s")
+    assert res1.metrics[RELAXATION.measure] == 0.0
+    g4 = _perturbed(w0, 0.05, seed=4)
+    task4, res4, _ = client_round(values, 0, g4, 4, tmp_path / "s")
+    offset = res4.metrics[RELAXATION.measure]
+    assert offset == _offset(task4.start_point, g4, keys)  # the same float32 w_{i,0} − w^t, then float64 norms
+    assert offset == pytest.approx(0.1 * _offset(w_k1, g4, keys), rel=1e-5)  # β ‖w^t − ŵ_i‖ / ‖w^t‖
+    assert offset > 10 * RELAXATION.threshold and RELAXATION.threshold == 1e-4
+    # no relaxation: exactly 0
+    assert client_round({**values, "relaxed_init.beta": 0.0}, 1, g4, 4, tmp_path / "b0")[1].metrics[
+        RELAXATION.measure] == 0.0
+    g3 = _perturbed(w0, 0.05, seed=3)
+    assert client_round({**values, "relaxed_init.first_visit": "zero_offset"}, 2, g3, 3, tmp_path / "z")[1].metrics[
+        RELAXATION.measure] == 0.0
+    stale = {**values, "relaxed_init.max_staleness": 2}
+    client_round(stale, 1, w0, 1, tmp_path / "st")
+    assert client_round(stale, 1, g4, 4, tmp_path / "st")[1].metrics[RELAXATION.measure] == 0.0
+    # server-state mode: the client trains from the w_{i,0} the server sent and measures the same
+    task, cfg = make_task({**values, "relaxed_init.storage": "server-state"}, pid=0, server_round=4,
+                          extras={"start": {k: task4.start_point[k].clone() for k in keys}})
+    task.model.load_state_dict(g4)
+    task.received = {k: v.clone() for k, v in g4.items()}
+    result = run_local_training(FedAvgClient(plugins=active_plugins(cfg)), task)
+    assert result.metrics[RELAXATION.measure] == offset
+
+
+def test_measuring_the_offset_does_not_change_training(tmp_path, monkeypatch):
+    """Rounds 1 and 4 of one client with the offset measured and with the measurement switched off
+    (a ``start_offset`` that computes nothing): the start point, the reply, the stored ŵ_i, every
+    metric but the offset, the round's generator and torch's global RNG state are identical bit
+    for bit."""
+    values = {"relaxed_init.beta": 0.1, "batch_size": 32, "local_epochs": 1, "lr": 0.5}
+    w0 = w0_state(values)
+    g4 = _perturbed(w0, 0.05, seed=4)
+
+    def two_rounds(folder):
+        torch.manual_seed(3)
+        client_round(values, 0, w0, 1, folder)
+        task, result, w_k = client_round(values, 0, g4, 4, folder)
+        stored = task.state.load_arrays(STATE_NAME)
+        return task, result, stored, torch.get_rng_state(), task.generator.get_state()
+
+    measured = two_rounds(tmp_path / "measured")
+    monkeypatch.setattr(fedsuite.plugins.relaxed_init, "start_offset", lambda relaxed, start: -1.0)
+    unmeasured = two_rounds(tmp_path / "unmeasured")
+    (task_m, res_m, stored_m, rng_m, gen_m), (task_u, res_u, stored_u, rng_u, gen_u) = measured, unmeasured
+    assert res_m.metrics[RELAXATION.measure] > 0 and res_u.metrics[RELAXATION.measure] == -1.0
+    for a, b in [(task_m.start_point, task_u.start_point), (res_m.arrays, res_u.arrays), (stored_m, stored_u)]:
+        assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert {k: v for k, v in res_m.metrics.items() if k != RELAXATION.measure} == \
+        {k: v for k, v in res_u.metrics.items() if k != RELAXATION.measure}
+    assert torch.equal(rng_m, rng_u) and torch.equal(gen_m, gen_u)
 
 
 def test_beta_zero_is_fedavg_at_hook_level(tmp_path):
@@ -416,7 +491,12 @@ def test_beta_zero_equals_fedavg_bit_for_bit(simulate):
     plain = simulate(strategy="fedavg")
     ri0 = simulate(strategy="fedavg", **{"relaxed_init.beta": 0.0})
     assert_same_arrays(plain.arrays, ri0.arrays)
-    assert _rows(plain) == _rows(ri0)
+    # the same rows, but for the offset every round of RI reports: 0, so the summary calls it inert
+    assert _rows(plain) == _rows(ri0, ("wall_seconds", RELAXATION.measure))
+    assert [r[RELAXATION.measure] for r in ri0.rows[1:]] == [0.0, 0.0]
+    assert ri0.summary["activity"] == {"relaxed_init": {"measure": RELAXATION.measure, "mean": 0.0, "last": 0.0,
+                                                        "threshold": 1e-4, "rounds": 2, "inert": True}}
+    assert "activity" not in plain.summary  # FedAvg has no component to measure
 
 
 RI3 = {"rounds": 3}
@@ -442,5 +522,13 @@ def test_storage_modes_identical_and_fedinit_is_fedavg_plus_ri(simulate):
     assert _rows(client) == _rows(ri)
     # round 1 everyone starts at w^0 (FedAvg's round 1); from round 2 RI changes the run
     plain = simulate(strategy="fedavg")
-    assert _rows(client)[1] == _rows(plain)[1]
+    assert _rows(client, ("wall_seconds", RELAXATION.measure))[1] == _rows(plain)[1]
     assert _rows(client)[2]["test_loss"] != _rows(plain)[2]["test_loss"]
+    # the offset each round (the cohort mean; identical in both storage modes, compared above): 0 in
+    # round 1, then the relaxation moves the starts; the summary records its mean, last value, threshold
+    offsets = [r[RELAXATION.measure] for r in client.rows[1:]]
+    assert offsets[0] == 0.0 and min(offsets[1:]) > RELAXATION.threshold
+    for sim in (client, server):
+        assert sim.summary["activity"] == {"relaxed_init": {
+            "measure": RELAXATION.measure, "mean": pytest.approx(sum(offsets) / 3, rel=1e-12), "last": offsets[-1],
+            "threshold": 1e-4, "rounds": 3, "inert": False}}

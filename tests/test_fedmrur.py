@@ -15,7 +15,9 @@ import torch
 
 from clients.fedasam import FedASAMClient
 from clients.fedcm import FedCMClient
-from clients.fedmrur import FedMRURClient, euclidean_sq_dist, lift, lorentz_inner, lorentz_sq_dist, manifold_regularizer
+import clients.fedmrur
+from clients.fedmrur import (HYPERBOLIC, FedMRURClient, euclidean_sq_dist, gradient_share, lift, lorentz_inner,
+                             lorentz_sq_dist, manifold_regularizer)
 from clients.fedsam import FedSAMClient
 from clients.mofedsam import MoFedSAMClient
 from clients.sam import asam_perturbation, mix_momentum, sam_perturbation
@@ -264,6 +266,92 @@ def test_fedmrur_logs_distances_and_is_finite():
     assert rule.global_model is None  # the frozen w^t is released with the round
 
 
+# --- the regulariser's activity: its share of the step (issue 39, item 2) ---------------------
+
+
+def test_gradient_share_closed_form():
+    """‖∇ term‖ / ‖∇ base‖ over all parameters jointly: base = a·w + ‖v‖², term = c (b·w) gives
+    ‖c b‖ / ‖(a, 2v)‖; a zero term gives 0, and the graph stays usable for the step's backward."""
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5]))
+    v = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+    a, b, c = torch.tensor([2.0, 0.0, 1.0]), torch.tensor([1.0, 2.0, 2.0]), 0.25
+    base = (a * w).sum() + (v * v).sum()
+    term = c * (b * w).sum()
+    expected = c * 3.0 / math.sqrt(5.0 + 4 * 25.0)  # ‖b‖ = 3, ‖(a, 2v)‖² = 5 + 100
+    assert gradient_share(term, base, [w, v]) == pytest.approx(expected, rel=1e-12)
+    assert w.grad is None and v.grad is None  # no gradient written
+    (base + term).backward()  # the graph was retained
+    torch.testing.assert_close(w.grad, a + c * b)
+    assert gradient_share(0.0 * (w * w).sum(), (w * v[:1]).sum(), [w, v]) == 0.0
+
+
+def test_hyperbolic_share_zero_when_off_inert_by_default_and_active_when_strong():
+    """γ = 0 and the regulariser off both report a share of exactly 0 (below any threshold); FAST's
+    client at the paper's γ = 0.005, σ = 10^4 gives a share far below 1e-3 (exp(d²/σ) is flat for
+    d² ≪ σ); γ = 0.5, σ = 1 pulls with a share far above it. Measured once, on the last local step."""
+    shares = {}
+    for name, values in {"gamma0": {"fedmrur.gamma": 0.0}, "off": {"fedmrur.hyperbolic": False}, "paper": {},
+                         "strong": {"fedmrur.gamma": 0.5, "fedmrur.sigma": 1.0}}.items():
+        rule = FedMRURClient()
+        result, task = _round(rule, {"strategy": "fedmrur", **values})
+        shares[name] = result.metrics[HYPERBOLIC.measure]
+        assert task.num_steps == task.planned_steps == 3
+        if name != "off":
+            assert rule.measured_step == task.num_steps - 1
+    assert shares["gamma0"] == 0.0 and shares["off"] == 0.0
+    assert 0 < shares["paper"] < HYPERBOLIC.threshold / 100
+    assert shares["strong"] > 100 * HYPERBOLIC.threshold
+    assert HYPERBOLIC.threshold == 1e-3 and HYPERBOLIC.name == "fedmrur.hyperbolic"
+
+
+def test_hyperbolic_share_is_measured_at_the_last_step_where_the_gradient_is_not_zero(monkeypatch):
+    """The first local step has z = ẑ, so ∇R = 0 there whatever γ: a share measured there would
+    always read 0. The rule measures once a round (on its last step), and what it reports is that
+    measurement."""
+    calls = []
+    real = clients.fedmrur.gradient_share
+
+    def recorded(term, base, params):
+        calls.append(real(term, base, params))
+        return calls[-1]
+
+    monkeypatch.setattr(clients.fedmrur, "gradient_share", recorded)
+    rule = FedMRURClient()
+    result, task = _round(rule, {"strategy": "fedmrur", "fedmrur.gamma": 0.5, "fedmrur.sigma": 1.0})
+    assert len(calls) == 1 and result.metrics[HYPERBOLIC.measure] == calls[0] > 0
+    # at the first step (w = w^t) the same measure is exactly 0
+    task, _ = _small_task({"strategy": "fedmrur", "fedmrur.gamma": 0.5, "fedmrur.sigma": 1.0})
+    rule = FedMRURClient()
+    rule.run_start(task)
+    x, y = next(task.data.batches(32, task.generator))
+    rule.prepare_batch(task, x, y)
+    z, logits = rule._features(task.model, x, task)
+    reg, _ = manifold_regularizer(z, rule.z_global, beta=1.0, sigma=1.0)
+    assert real(0.5 * reg, torch.nn.functional.cross_entropy(logits, y), task.params) == 0.0
+
+
+def test_measuring_the_share_does_not_change_training(monkeypatch):
+    """The same round with the share measured and with the measurement switched off (a
+    ``gradient_share`` that computes nothing): the trained model, the extras, every metric but the
+    share, the round's generator and torch's global RNG state are identical bit for bit, at a γ
+    where the regulariser acts and with SAM's second pass."""
+    values = {"strategy": "fedmrur", "fedmrur.gamma": 0.5, "fedmrur.sigma": 1.0}
+
+    def one_round():
+        torch.manual_seed(11)
+        result, task = _round(FedMRURClient(), values)
+        return result, task, torch.get_rng_state(), task.generator.get_state()
+
+    measured, task_m, rng_m, gen_m = one_round()
+    monkeypatch.setattr(clients.fedmrur, "gradient_share", lambda term, base, params: -1.0)
+    unmeasured, task_u, rng_u, gen_u = one_round()
+    assert measured.metrics[HYPERBOLIC.measure] > 0 and unmeasured.metrics[HYPERBOLIC.measure] == -1.0
+    _assert_same_round((measured, task_m), (unmeasured, task_u))
+    assert {k: v for k, v in measured.metrics.items() if k != HYPERBOLIC.measure} == \
+        {k: v for k, v in unmeasured.metrics.items() if k != HYPERBOLIC.measure}
+    assert torch.equal(rng_m, rng_u) and torch.equal(gen_m, gen_u)
+
+
 # --- equivalences at hook level (same LocalTask, compared with torch.equal) --------------------
 
 
@@ -471,6 +559,14 @@ def test_sim_fedmrur_runs_and_logs(simulate):
         assert r["global_update_norm"] == pytest.approx(r["mean_client_update_norm"], rel=1e-9)
         assert r["fedmrur-R-mean"] >= 1.0 and r["fedmrur-d2-mean"] >= 0
         assert math.isfinite(r["test_loss"])
+        assert 0 < r[HYPERBOLIC.measure] < HYPERBOLIC.threshold  # the paper's γ, σ: the term barely pulls
+    # the summary says how much the regulariser acted: inert at the paper's γ = 0.005, σ = 10^4 here
+    activity = sim.summary["activity"]
+    assert list(activity) == ["fedmrur.hyperbolic"]
+    shares = [r[HYPERBOLIC.measure] for r in rows]
+    assert activity["fedmrur.hyperbolic"] == {
+        "measure": HYPERBOLIC.measure, "mean": pytest.approx(sum(shares) / 2, rel=1e-12), "last": shares[-1],
+        "threshold": 1e-3, "rounds": 2, "inert": True}
     momentum = sim.checkpoint["strategy"]["method"]["momentum"]
     assert set(momentum) <= set(sim.arrays) and all(np.isfinite(v).all() for v in momentum.values())
     assert all(np.isfinite(v).all() for v in sim.arrays.values())

@@ -18,8 +18,10 @@ from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 
 from clients.fedavg import FedAvgClient
+import fedsuite.plugins.neuron_lr
 from fedsuite.plugins.neuron_lr import (
     PRESETS,
+    SPREAD,
     NeuronLROptimizer,
     NeuronLRParams,
     NeuronLRPlan,
@@ -29,6 +31,7 @@ from fedsuite.plugins.neuron_lr import (
     layer_mus,
     make_plan,
     scale_factors,
+    scale_spread,
     temperature,
 )
 from fedsuite import models, registry, runtime
@@ -438,6 +441,59 @@ def test_layers_and_mu_override_options():
         _train({"strategy": "fednlr", "neuron_lr.layers": [4]})
 
 
+# ------------------------------------------------------------------------------------------------
+# activity (issue 39, item 2): the spread std(s) / mean(s) of the scales over all neurons
+# ------------------------------------------------------------------------------------------------
+
+
+def test_scale_spread_known_answers():
+    """0 exactly for equal scales (any common value: a common factor is the overall lr, not the
+    neuron-wise part); the population coefficient of variation over all neurons pooled otherwise."""
+    ones = torch.ones(7, dtype=torch.float64)
+    assert scale_spread([ones, torch.ones(3, dtype=torch.float64)]) == 0.0
+    assert scale_spread([2.5 * ones]) == 0.0 and scale_spread([]) == 0.0
+    # [0.5, 1.5] and [1, 1, 1, 1] pooled: mean 1, variance (0.25 + 0.25) / 6
+    two = [torch.tensor([0.5, 1.5], dtype=torch.float64), torch.ones(4, dtype=torch.float64)]
+    assert scale_spread(two) == pytest.approx(math.sqrt(1 / 12), rel=1e-12)
+    assert scale_spread([3.0 * t for t in two]) == pytest.approx(math.sqrt(1 / 12), rel=1e-12)
+    # the spec's worked example, s = [0.567527, 0.746907, 0.982985, 1.702581] (mean 1)
+    s = scale_factors(torch.tensor([0.0, 1.0, 2.0, 4.0]), 3.0)
+    assert scale_spread([s]) == pytest.approx(float(s.std(unbiased=False)), rel=1e-12)
+    # by hand from those: deviations −0.432473, −0.253093, −0.017015, +0.702581; √(mean of squares)
+    assert scale_spread([s]) == pytest.approx(math.sqrt((0.432473**2 + 0.253093**2 + 0.017015**2 + 0.702581**2) / 4),
+                                              abs=1e-6)
+    assert SPREAD.threshold == 1e-3 and SPREAD.name == "neuron_lr"
+
+
+def test_the_plugin_reports_its_spread_zero_for_uniform_rates():
+    """Every client reports the spread of its round's scales: 0 exactly where every neuron keeps
+    one rate (preset uniform; μ_l = 1 on every layer), well above 1e-3 with paper_main."""
+    _, nlr, plan = _train({"strategy": "fednlr"})
+    assert nlr.metrics[SPREAD.measure] == scale_spread(plan.scales) > 100 * SPREAD.threshold
+    for values in ({"strategy": "fedavg", "neuron_lr.preset": "uniform"},
+                   {"strategy": "fednlr", "neuron_lr.mu_override": [1.0, 1.0, 1.0]}):
+        _, result, _ = _train(values)
+        assert result.metrics[SPREAD.measure] == 0.0, values
+
+
+def test_measuring_the_spread_does_not_change_training(monkeypatch):
+    """A round with the spread measured and one with the measurement switched off: the same model
+    and metrics (but the spread) bit for bit, and the same RNG states."""
+
+    def one_round():
+        task, result, _ = _train({"strategy": "fednlr"})
+        return result, torch.get_rng_state(), task.generator.get_state()
+
+    measured, rng_m, gen_m = one_round()
+    monkeypatch.setattr(fedsuite.plugins.neuron_lr, "scale_spread", lambda scales: -1.0)
+    unmeasured, rng_u, gen_u = one_round()
+    assert unmeasured.metrics[SPREAD.measure] == -1.0 < measured.metrics[SPREAD.measure]
+    assert all(torch.equal(measured.arrays[k], unmeasured.arrays[k]) for k in measured.arrays)
+    assert {k: v for k, v in measured.metrics.items() if k != SPREAD.measure} == \
+        {k: v for k, v in unmeasured.metrics.items() if k != SPREAD.measure}
+    assert torch.equal(rng_m, rng_u) and torch.equal(gen_m, gen_u)
+
+
 def test_norm_layer_parameters_inherit_their_channel_scale():
     """§2.2 [R]: GroupNorm γ, β get the scale of the conv channel feeding them ("inherit"), or none ("one")."""
     torch.manual_seed(0)
@@ -528,6 +584,9 @@ def test_simulation_uniform_neuron_lr_equals_fedavg(simulate):
     assert [r.get("train_loss") for r in plain.rows] == [r.get("train_loss") for r in uniform.rows]
     last = uniform.rows[-1]  # the plug-in's server side logs its diagnostics for any method
     assert last["nlr-mu-l1"] == 1.0 and last["nlr-smin-l1"] == 1.0 == last["nlr-smax-l1"]
+    # ... and the summary records that the neuron-wise rates did nothing: spread 0, inert
+    assert uniform.summary["activity"] == {"neuron_lr": {"measure": SPREAD.measure, "mean": 0.0, "last": 0.0,
+                                                         "threshold": 1e-3, "rounds": 2, "inert": True}}
 
 
 @SIM_GROUP
@@ -544,3 +603,8 @@ def test_simulation_fednlr(simulate):
             assert row[f"nlr-smin-l{l}"] < 1.0 < row[f"nlr-smax-l{l}"]
             assert row[f"nlr-T-l{l}"] > 0
     assert any(not np.array_equal(plain.arrays[k], nlr.arrays[k]) for k in plain.arrays)
+    spreads = [row[SPREAD.measure] for row in nlr.rows[1:]]
+    assert min(spreads) > 100 * SPREAD.threshold
+    assert nlr.summary["activity"] == {"neuron_lr": {
+        "measure": SPREAD.measure, "mean": pytest.approx(sum(spreads) / 2, rel=1e-12), "last": spreads[-1],
+        "threshold": 1e-3, "rounds": 2, "inert": False}}

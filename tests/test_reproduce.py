@@ -5,10 +5,11 @@
 * Every cell of every target builds a valid config at both scales (no run).
 * The report's maths (run value, mean ± std over seeds or pooled, ordering claims and their verdict
   from seed-paired differences weighed against the paper's difference: holds, reversed, could not
-  tell, smaller than the paper's, not judged) on hand-made inputs; a row's ``paper_differences``
-  (the nearest published cell) parsed and refused when malformed; the report and claims.csv show
-  the paper's difference; the claims targets (issue 32) parse into the papers' headline orderings
-  and plan seed by seed.
+  tell, smaller than the paper's, inert here, not judged) on hand-made inputs; a row's
+  ``paper_differences`` (the nearest published cell) and ``components`` (the component that
+  distinguishes an ordering) parsed and refused when malformed; the report and claims.csv show the
+  paper's difference and the component's recorded activity (or that none was recorded); the claims
+  targets (issue 32) parse into the papers' headline orderings and plan seed by seed.
 * Bad input: one line, exit code 2, nothing started (unknown target/row/method, missing data).
 * The claims targets at paper scale (the papers' models and datasets), shrunk to 4 clients and one
   round, on generated CIFAR-10/100 in torchvision's format: the data check, the queue (two at a
@@ -49,8 +50,10 @@ from fedsuite.reproduce.queue import (ReproduceError, check_recorded, missing_da
                                       run_queue)
 from fedsuite.reproduce.report import aggregate, write_report
 from fedsuite.reproduce.tables import SCALES, Target, load_targets, parse_tables, plan
-from fedsuite.reproduce.verdicts import (COULD_NOT_TELL, HOLDS, NOT_JUDGED, REVERSED, SMALLER_THAN_PAPERS, VERDICT_RULE,
-                                         VERDICTS, Claim, claims, paired_verdict, verdict)
+from fedsuite.activity import Component
+from fedsuite.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, HOLDS, INERT_HERE, NOT_JUDGED, REVERSED,
+                                         SMALLER_THAN_PAPERS, VERDICT_RULE, VERDICTS, Activity, Claim, claims,
+                                         paired_verdict, verdict)
 from fedsuite.results import read_metrics, run_value, write_atomically, write_json
 from tests.conftest import FAST, assert_same_arrays, tree_snapshot
 from tests.test_data import make_cifar10, make_cifar100
@@ -331,8 +334,58 @@ def test_paired_verdict_rule():
     for bad in (0.0, -1.0, math.nan):
         with pytest.raises(ValueError, match="must be > 0"):
             paired_verdict([1.0, 2.0], paper_difference=bad)
-    assert VERDICTS == (HOLDS, REVERSED, COULD_NOT_TELL, SMALLER_THAN_PAPERS, NOT_JUDGED)
+    assert VERDICTS == (HOLDS, REVERSED, COULD_NOT_TELL, SMALLER_THAN_PAPERS, INERT_HERE, NOT_JUDGED)
     assert "D ≤ d̄ + 2·SE" in VERDICT_RULE and "D > d̄ + 2·SE" in VERDICT_RULE
+    assert "**inert here**" in VERDICT_RULE and "**activity not recorded**" in VERDICT_RULE
+
+
+def test_inert_here_replaces_the_judgement_where_the_component_did_not_act():
+    """activity = (a, θ): a < θ gives **inert here** whatever the differences (d̄ and SE still
+    given), also with one paired seed; a ≥ θ, or no activity, gives the judgement as before."""
+    se = math.sqrt(1 / 3)
+    assert paired_verdict([1.0, 2.0, 3.0], 0.01, activity=(5e-7, 1e-3)) == (2.0, pytest.approx(se), INERT_HERE)
+    assert paired_verdict([1.0, 2.0, 3.0], 0.01, activity=(1e-3, 1e-3))[2] == HOLDS  # not below: judged
+    assert paired_verdict([1.0, 2.0, 3.0], 0.01, activity=(0.2, 1e-3))[2] == HOLDS
+    assert paired_verdict([-1.0, -2.0, -3.0], 10.0, activity=(0.0, 1e-4))[2] == INERT_HERE
+    assert paired_verdict([3.0], 1.0, activity=(0.0, 1e-3)) == (3.0, None, INERT_HERE)
+    assert paired_verdict([], 1.0, activity=(0.0, 1e-3)) == (None, None, NOT_JUDGED)  # nothing ran
+
+
+SHARE = Component("fedmrur.hyperbolic", "fedmrur-hyperbolic-share", 1e-3, "‖∇(γR)‖ / ‖∇CE‖")
+
+
+def test_a_claims_activity_is_the_better_methods_mean_over_the_paired_seeds():
+    """The better method's recorded activity (each run's mean over rounds) is averaged over the
+    seeds paired for the ordering; a paired seed whose run recorded none makes it "activity not
+    recorded", and the ordering is judged as before; an unnamed ordering has no activity."""
+    obtained = {"ours": {0: 60.0, 1: 61.0, 2: 62.0}, "ablated": {0: 59.0, 1: 60.0, 2: 61.0}, "other": {0: 50.0, 1: 50.5}}
+    published = {"ours": 55.0, "ablated": 54.0, "other": 40.0}
+    recorded = {"ours": {0: {"fedmrur.hyperbolic": 4e-7}, 1: {"fedmrur.hyperbolic": 6e-7}, 2: {"fedmrur.hyperbolic": 2e-6}}}
+    stated = [("ours", "ablated"), ("ours", "other")]
+    named = {("ours", "ablated"): SHARE}
+    inert, other = claims(published, obtained, [], stated=stated, components=named, activity=recorded)
+    assert inert.activity.per_seed == {0: 4e-7, 1: 6e-7, 2: 2e-6}
+    assert inert.activity.value == pytest.approx(1e-6) and inert.activity.inert
+    assert inert.verdict == INERT_HERE and inert.result[:2] == (pytest.approx(1.0), 0.0)
+    assert inert.activity.describe() == "fedmrur-hyperbolic-share 1e-06 < 0.001 (inert)"
+    assert other.activity is None and other.verdict == HOLDS
+    assert verdict([inert, other]) == "1 holds, 1 inert here"
+    # acting: judged (d̄ = 1, SE = 0: holds), the value shown
+    acting = {"ours": {s: {"fedmrur.hyperbolic": 0.05} for s in (0, 1, 2)}}
+    (c,) = claims(published, obtained, [], stated=stated[:1], components=named, activity=acting)
+    assert c.verdict == HOLDS and not c.activity.inert and c.activity.describe() == "fedmrur-hyperbolic-share 0.05 ≥ 0.001"
+    # runs recorded before activity was measured: not recorded, judged as before
+    (c,) = claims(published, obtained, [], stated=stated[:1], components=named, activity={})
+    assert c.verdict == HOLDS and c.activity.value is None and c.activity.describe() == ACTIVITY_NOT_RECORDED
+    partly = {"ours": {0: {"fedmrur.hyperbolic": 0.0}, 2: {"fedmrur.hyperbolic": 0.0}}}
+    (c,) = claims(published, obtained, [], stated=stated[:1], components=named, activity=partly)
+    assert c.verdict == HOLDS and c.activity.unrecorded == [1]
+    assert c.activity.describe() == "activity not recorded (seed 1)"
+    # a run that records other components only has not recorded this one
+    (c,) = claims(published, obtained, [], stated=stated[:1], components=named,
+                  activity={"ours": {s: {"neuron_lr": 0.0} for s in (0, 1, 2)}})
+    assert c.verdict == HOLDS and c.activity.describe() == ACTIVITY_NOT_RECORDED
+    assert Activity(SHARE).describe() == "-" and Activity(SHARE).value is None
 
 
 def test_claims_pair_runs_by_seed_and_leave_out_failed_runs():
@@ -557,6 +610,75 @@ def test_a_bad_paper_differences_row_is_refused_naming_it(tmp_path, line, words)
         parse_tables(bad)
     message = str(err.value)
     assert words in message and f"{bad}: targets.t" in message and "\n" not in message, message
+
+
+def test_a_rows_components_name_the_component_of_an_ordering(tmp_path):
+    """``components`` maps a claimed ordering to the component that distinguishes it, in either TOML
+    spelling; the claims targets name FedMRUR's regulariser, relaxed initialisation and neuron-wise
+    rates where the ordering is about one of them, and each better method's runs use it."""
+    good = tmp_path / "tables.toml"
+    good.write_text(PAPER_DIFFERENCES_ROW.format(
+        line='paper_differences = { "c>b" = { value = 2.5, source = "T4" } }\n'
+             'components = { "a>b" = "relaxed_init", "c > b" = "neuron_lr" }'))
+    (row,) = parse_tables(good)["t"].rows
+    assert row.components == {("a", "b"): "relaxed_init", ("c", "b"): "neuron_lr"}
+    good.write_text(PAPER_DIFFERENCES_ROW.format(
+        line='paper_differences = { "c>b" = { value = 2.5, source = "T4" } }\n'
+             '[targets.t.rows.components]\n"a>b" = "fedmrur.hyperbolic"'))
+    assert parse_tables(good)["t"].rows[0].components == {("a", "b"): "fedmrur.hyperbolic"}
+    targets = load_targets()
+    expected = {
+        "fedmrur-claims": {("fedmrur", "fedmrur-n"): "fedmrur.hyperbolic"},
+        "fedinit-claims": {("fedinit", "fedavg"): "relaxed_init", ("scaffold-ri", "scaffold"): "relaxed_init"},
+        "fedinit-claims-cifar10": {("fedinit", "fedavg"): "relaxed_init", ("scaffold-ri", "scaffold"): "relaxed_init"},
+        "fednlr-claims": {("fednlr", "fedavg"): "neuron_lr", ("feddyn-nlr", "feddyn"): "neuron_lr"},
+        "fednlr-claims-cifar10": {("fednlr", "fedavg"): "neuron_lr", ("feddyn-nlr", "feddyn"): "neuron_lr",
+                                  ("feddyn-nlr-wd1e-3", "feddyn-wd1e-3"): "neuron_lr"},
+        "fedmr-claims": {}, "fedmr-claims-cifar10": {},  # recombination and FedMut have no "off" switch
+    }
+    for name, components in expected.items():
+        assert {p: c for r in targets[name].rows for p, c in r.components.items()} == components, name
+        for scale in ("cpu", "paper") if targets[name].has_cpu_scale else ("paper",):
+            for spec in plan(targets[name], scale, tmp_path / "out", seeds=[0]):  # the better methods use them
+                used = {c.name for c in build_config(spec.config, spec.overrides).components}
+                assert {c for (better, _), c in spec.row.components.items() if better == spec.method} <= used
+
+
+@pytest.mark.parametrize("line, words", [
+    ('components = ["a>b", "relaxed_init"]', 'rows[0].components: expected a table of "better>worse" = "component"'),
+    ('components = { "a-b" = "relaxed_init" }', "key 'a-b' is not \"better>worse\""),
+    ('components = { "a>a" = "relaxed_init" }', "key 'a>a' is not \"better>worse\""),
+    ('components = { "a>b" = "hyperbolic" }', "rows[0].components.\"a>b\": 'hyperbolic' is not a component; allowed: "
+                                              "fedmrur.hyperbolic, neuron_lr, relaxed_init"),
+    ('components = { "a>b" = 1 }', "rows[0].components.\"a>b\": 1 is not a component"),
+    ('components = { "a>nope" = "neuron_lr" }', "methods nope are not in its [methods]"),
+    ('components = { "b>a" = "neuron_lr" }', 'rows[0].components."b>a": not one of the row\'s claims'),
+])
+def test_a_bad_components_row_is_refused_naming_it(tmp_path, line, words):
+    bad = tmp_path / "tables.toml"
+    bad.write_text(PAPER_DIFFERENCES_ROW.format(line='paper_differences = { "c>b" = { value = 2.5, source = "T4" } }\n'
+                                                + line))
+    with pytest.raises(ReproduceError) as err:
+        parse_tables(bad)
+    message = str(err.value)
+    assert words in message and f"{bad}: targets.t" in message and "\n" not in message, message
+
+
+def test_a_component_the_better_methods_runs_do_not_use_is_refused_when_planned(tmp_path):
+    """A row may name only a component the better method's runs use: else no run would record its
+    activity and the ordering could never be found inert. Checked on each planned cell's config."""
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(TINY.format(dataset="synthetic") + 'claims = [["fedprox", "fedavg"]]\n'
+                                                         'components = { "fedprox>fedavg" = "relaxed_init" }\n')
+    target = parse_tables(tables)["tiny"]
+    with pytest.raises(ReproduceError) as err:
+        plan(target, "paper", tmp_path / "out")
+    assert str(err.value) == ('tiny, row dir0.5: components."fedprox>fedavg" = \'relaxed_init\', but fedprox\'s runs do '
+                              "not use it (they use: no component)")
+    # the same ordering where FedProx runs with relaxed initialisation plans
+    tables.write_text(tables.read_text().replace('"fedprox.mu=0.01"]', '"fedprox.mu=0.01", "relaxed_init.beta=0.1"]'))
+    assert len(plan(parse_tables(tables)["tiny"], "paper", tmp_path / "out")) == 4
 
 
 def test_a_claim_against_its_published_numbers_is_refused(tmp_path):
@@ -852,8 +974,8 @@ def test_the_report_shows_the_papers_difference_beside_each_ordering(tmp_path):
                         ("fedprox-big", 0): 0.50, ("fedprox-big", 1): 0.605, ("fedprox-big", 2): 0.545})
     md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
     assert VERDICT_RULE in md
-    assert "| row | holds | reversed | could not tell | smaller than the paper's | not judged |" in md
-    assert "| Synthetic, Dir 0.5 | 0 | 0 | 1 | 1 | 0 |" in md
+    assert "| row | holds | reversed | could not tell | smaller than the paper's | inert here | not judged |" in md
+    assert "| Synthetic, Dir 0.5 | 0 | 0 | 1 | 1 | 0 | 0 |" in md
     assert "| ordering | seeds paired | mean difference | standard error | paper's difference | verdict |" in md
     assert "| FedProx > FedAvg | 3 | +0.00 | 0.58 | +1.00 | **could not tell** |" in md
     assert "| FedProx μ=0.1 > FedAvg | 3 | +0.00 | 0.29 | +5.00† | **smaller than the paper's** |" in md
@@ -873,6 +995,68 @@ def test_the_report_shows_the_papers_difference_beside_each_ordering(tmp_path):
     assert "the paper's difference beside each ordering is the one it measured in its own setting" in md
     assert "| FedProx μ=0.1 > FedAvg | 3 | +0.00 | 0.29 | +5.00† | **smaller than the paper's** |" in md
     assert md.count("n/a (cpu scale)") == 3
+
+
+def test_the_report_says_inert_here_with_the_measured_activity(tmp_path):
+    """Where a row names the component of an ordering, report.md and claims.csv show its measure and
+    the better method's value (the runs' summary.json ``activity``, mean over the paired seeds): below
+    the threshold the verdict is **inert here**; above it, judged; runs recorded before activity was
+    measured say "activity not recorded" and are judged as before. Orderings without a component
+    have empty activity columns."""
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(TINY.format(dataset="synthetic").replace("seeds = [0, 1]", "seeds = [0, 1, 2]").replace(
+        'fedprox = {{ label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }}'.replace("{{", "{").replace("}}", "}"),
+        'fedprox = { label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }\n'
+        'fedinit = { label = "FedInit", set = ["strategy=fedinit"] }\n'
+        'fednlr = { label = "FedNLR", set = ["strategy=fednlr"] }')
+        + 'claims = [["fedinit", "fedavg"], ["fednlr", "fedavg"], ["fedprox", "fedavg"]]\n'
+          'paper_differences = { "fedinit>fedavg" = { value = 3.0, source = "T1" }, '
+          '"fednlr>fedavg" = { value = 1.5, source = "T2" } }\n'
+          'components = { "fedinit>fedavg" = "relaxed_init", "fednlr>fedavg" = "neuron_lr" }\n')
+    target = parse_tables(tables)["tiny"]
+    specs = {(s.method, s.seed): s for s in plan(target, "paper", tmp_path / "out")}
+    accuracy = {"fedavg": 0.50, "fedprox": 0.51, "fedinit": 0.52, "fednlr": 0.53}
+    _write_runs(specs, {(m, seed): accuracy[m] + 0.001 * seed for m, seed in specs})
+    # FedInit's relaxation barely moved its starts (inert below 1e-4); FedNLR's rates spread (active)
+    recorded = {"fedinit": ("relaxed_init", "relaxed-init-offset", 1e-4, [2e-5, 4e-5, 6e-5]),
+                "fednlr": ("neuron_lr", "neuron-lr-spread", 1e-3, [0.12, 0.14, 0.16])}
+    for method, (name, measure, threshold, values) in recorded.items():
+        for seed, value in enumerate(values):
+            run = specs[method, seed].run_dir
+            summary = json.loads((run / "summary.json").read_text())
+            summary["activity"] = {name: {"measure": measure, "mean": value, "last": value, "threshold": threshold,
+                                          "rounds": 2, "inert": value < threshold}}
+            (run / "summary.json").write_text(json.dumps(summary))
+    md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
+    assert ("| ordering | seeds paired | mean difference | standard error | paper's difference | component activity "
+            "| verdict |") in md
+    assert "| FedInit > FedAvg | 3 | +2.00 | 0.00 | +3.00† | relaxed-init-offset 4e-05 < 0.0001 (inert) | " \
+           "**inert here** |" in md
+    assert "| FedNLR > FedAvg | 3 | +3.00 | 0.00 | +1.50† | neuron-lr-spread 0.14 ≥ 0.001 | **holds** |" in md
+    assert "| FedProx > FedAvg | 3 | +1.00 | 0.00 | +1.00 | - | **holds** |" in md
+    assert "- FedInit > FedAvg: `relaxed_init`, measured by `relaxed-init-offset` in FedInit's runs: " in md
+    assert "| Synthetic, Dir 0.5 | 2 | 0 | 0 | 0 | 1 | 0 |" in md and "**Row: 2 hold, 1 inert here.**" in md
+    by_pair = {(c["better"], c["worse"]): c for c in csv.DictReader((tmp_path / "report" / "claims.csv").open())}
+    inert = by_pair["fedinit", "fedavg"]
+    assert (inert["component"], inert["activity_measure"], float(inert["activity_value"]),
+            float(inert["activity_threshold"]), inert["verdict"]) == \
+        ("relaxed_init", "relaxed-init-offset", pytest.approx(4e-5), 1e-4, INERT_HERE)
+    assert float(inert["mean_difference"]) == pytest.approx(2.0)  # the difference is still reported
+    active = by_pair["fednlr", "fedavg"]
+    assert (active["component"], float(active["activity_value"]), active["verdict"]) == \
+        ("neuron_lr", pytest.approx(0.14), HOLDS)
+    plain = by_pair["fedprox", "fedavg"]
+    assert [plain[k] for k in ("component", "activity_measure", "activity_value", "activity_threshold")] == [""] * 4
+    # the same runs recorded before activity was measured: said so, and judged as before
+    for seed in range(3):
+        run = specs["fedinit", seed].run_dir
+        (run / "summary.json").write_text(json.dumps({"status": "completed"}))
+    md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
+    assert "| FedInit > FedAvg | 3 | +2.00 | 0.00 | +3.00† | activity not recorded | **holds** |" in md
+    by_pair = {(c["better"], c["worse"]): c for c in csv.DictReader((tmp_path / "report" / "claims.csv").open())}
+    assert (by_pair["fedinit", "fedavg"]["activity_value"], by_pair["fedinit", "fedavg"]["verdict"]) == \
+        (ACTIVITY_NOT_RECORDED, HOLDS)
 
 
 def test_a_rounds_report_shows_rounds_saved(tmp_path):

@@ -18,6 +18,7 @@ import torch
 from pydantic import BaseModel
 from flwr.app import RecordDict
 
+from fedsuite.activity import Component
 from fedsuite.rounds import RoundLog, ServerSetup
 from fedsuite.training import LocalResult, LocalTask
 from fedsuite.wire import ClientReply
@@ -51,6 +52,9 @@ class ClientPlugin(ABC):
 
     name: ClassVar[str]
     params: ClassVar[type[BaseModel]]
+    #: what the plug-in changes, measured each round (``fedsuite.activity``): the client half puts
+    #: the measure into ``task.metrics`` under ``component.measure``; None: no measure
+    component: ClassVar[Component | None] = None
 
     def __init__(self, params: BaseModel) -> None:
         self.p = params

@@ -40,6 +40,20 @@ Presets (the paper's §7.3; μ_0 is given only as the 1 of its final formula): `
 the paper's final recommendation; ``uniform`` = (1, 0, 0), i.e. μ_l = 1 and every scale exactly 1
 (FedAvg bit for bit, with the stats pass still run). ``mu0``/``a1``/``a2`` override the preset's values; ``mu_override`` sets μ_l per layer;
 ``layers`` restricts NLR to some layers (Fig. 4 ablation). The plug-in keeps no client state.
+
+Activity (``fedsuite.activity``, component :data:`SPREAD`): every sampled client reports the spread
+of its round's scales over all N neurons of all weighted layers (s_1..s_N pooled, s̄ their mean),
+
+    spread = std(s) / s̄ = √( (1/N) Σ_n (s_n − s̄)² ) / s̄        (coefficient of variation)
+
+as ``neuron-lr-spread``. Why this measure: neuron n steps with η·s_n, so (s_n − s̄)/s̄ is how far
+its rate is from the one common rate η·s̄, and the spread is the root mean square of that over the
+neurons; it ignores a common factor (s → c·s changes the overall lr, which any method can do, not
+the neuron-wise part), and it is 0 exactly when every neuron has the same rate (``uniform``, μ_l ≤
+1, degenerate layers: then the plug-in changes nothing but, at most, the overall lr). Eq. 15 gives
+every layer mean 1, so s̄ = 1 and there is no between-layer part: the spread is the RMS relative
+deviation of the neurons' rates from η. Each neuron counts once, whatever its fan-in. Computed from
+the scales the stats pass made anyway, with no random draw: training is unchanged by it.
 """
 
 from __future__ import annotations
@@ -53,6 +67,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from fedsuite.activity import Component, ratio
 from fedsuite.params import Params
 from fedsuite.data import to_float
 from fedsuite.plugins.base import ClientPlugin, ServerHooks
@@ -68,6 +83,14 @@ PRESETS: dict[str, tuple[float, float, float]] = {
     "paper_final": (1.0, 1.0, 1.0),
     "uniform": (1.0, 0.0, 0.0),
 }
+
+#: neuron-wise learning rates as a distinguishing component (``fedsuite.activity``): the spread of
+#: the scales (module docstring). Inert below 1e-3: the neurons' learning rates differ from one
+#: common rate by less than a thousandth (root mean square).
+SPREAD = Component(
+    name="neuron_lr", measure="neuron-lr-spread", threshold=1e-3,
+    meaning="std(s) / mean(s) of the neuron-wise learning-rate scales over all neurons; inert below 1e-3 (the "
+            "neurons' rates differ from one common rate by less than a thousandth)")
 
 WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm)
@@ -122,6 +145,17 @@ def _degenerate(h: torch.Tensor, mu: float) -> bool:
         return True
     spread = float(h.max() - h.min())
     return spread <= max(1e-12, 1e-8 * float(h.abs().max()))
+
+
+def scale_spread(scales: Iterable[torch.Tensor]) -> float:
+    """spread = std(s) / mean(s) over every neuron of every layer pooled (population std, float64;
+    the module's activity measure). 0.0 exactly when all scales are equal, and for no neurons."""
+    pooled = [torch.as_tensor(s, dtype=torch.float64).flatten() for s in scales]
+    s = torch.cat(pooled) if pooled else torch.zeros(0, dtype=torch.float64)
+    if s.numel() == 0:
+        return 0.0
+    mean = s.mean()
+    return ratio(float(((s - mean) ** 2).mean().sqrt()), float(mean))
 
 
 def temperature(hbar: torch.Tensor, mu: float) -> float:
@@ -455,6 +489,7 @@ class NeuronLRPlugin(ClientPlugin):
 
     name = "neuron_lr"
     params = NeuronLRParams
+    component = SPREAD
     #: this round's layers, statistics and scales, from ``before_start`` (None before it runs)
     plan: NeuronLRPlan | None = None
 
@@ -471,6 +506,7 @@ class NeuronLRPlugin(ClientPlugin):
         plan = make_plan(model, batches, to_float(data.x[:1], data.bundle), self.p)
         plan.param_scales = {k: v.to(task.device) for k, v in plan.param_scales.items()}
         self.plan = plan
+        task.metrics[SPREAD.measure] = scale_spread(plan.scales)
         if self.p.diagnostics:
             task.metrics.update(plan.metrics())
 

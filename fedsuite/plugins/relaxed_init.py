@@ -48,6 +48,18 @@ Storage:
   It relaxes around the model the host sends in ``"arrays"``, so it needs a host whose client starts
   from the received model (the client checks this and says so otherwise).
 
+Activity (``fedsuite.activity``, component :data:`RELAXATION`): every sampled client reports how
+far relaxation moved its start point, relative to the model it would otherwise start from,
+
+    offset_i = ‖w_{i,0} − s‖ / ‖s‖ = ‖r_i‖ / ‖s‖        (joint L2 norms over the relaxed parameters)
+
+as ``relaxed-init-offset`` (s = w^t for every host but FedMR-type ones, whose own start point is
+the recombined model, so the measure is the relaxation's move alone). It is exactly 0 with β = 0,
+whenever the offset is zero by rule (first visit with ``zero_offset``, ŵ_i older than
+``max_staleness``) and in the first round (whose model is w^0 = ŵ_i). Computed from tensors the
+plug-in holds anyway (s + r_i and s; in server-state mode the sent w_{i,0} and s), before the
+model is moved, with no random draw: training is unchanged by it.
+
 Options (section ``[relaxed_init]``, CLI ``--relaxed-init β``): ``beta`` (None = off),
 ``storage``, ``aggregation``, ``first_visit`` ("w0": ŵ_i = w^0, Alg. 1 line 1; "zero_offset": a
 first-time client starts at s), ``max_staleness`` (None = ∞; else a ŵ_i made more than that many
@@ -65,6 +77,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from fedsuite.activity import Component, joint_norm, ratio
 from fedsuite.params import Params
 from fedsuite.arrays import trainable_keys
 from fedsuite.models import initial_arrays
@@ -79,6 +92,18 @@ Tensors = dict[str, torch.Tensor]
 STATE_NAME = "relaxed_init-last_local"  # ŵ_i in the client's ClientState
 ROUND_KEY = "__round__"  # the round ŵ_i was made in, stored beside it
 START_RECORD = "start"  # server-state mode: the extra ArrayRecord with w_{i,0}
+
+#: relaxed initialisation as a distinguishing component (``fedsuite.activity``): the start point's
+#: offset relative to the model (module docstring). Inert below 1e-4: the start point moves by less
+#: than a ten-thousandth of the model's norm. Lower than the other components' 1e-3 because it is
+#: measured against the model, not against what a round does to it: a round of local SGD moves the
+#: model by a few percent of its norm (FedInit's CPU recipe, Fashion-MNIST CNN, lr 0.1, 24 steps:
+#: 13% in a client's first round), so an offset of 1e-4 of the model is still at most a hundredth
+#: of a round's own move while that move is at least 1% of the model.
+RELAXATION = Component(
+    name="relaxed_init", measure="relaxed-init-offset", threshold=1e-4,
+    meaning="‖w_{i,0} − w^t‖ / ‖w^t‖, the start point's offset relative to the model; inert below 1e-4 (the "
+            "start point moves by less than a ten-thousandth of the model's norm)")
 
 
 class RelaxedInitParams(Params):
@@ -144,6 +169,14 @@ def initial_params(cfg: Any, bundle: Any, keys: list[str]) -> Tensors:
     return {k: _W0_CACHE[key][k] for k in keys}
 
 
+def start_offset(relaxed: Tensors, start: Tensors) -> float:
+    """offset_i = ‖w_{i,0} − s‖ / ‖s‖ over the keys of ``relaxed`` (= w_{i,0}) jointly (float64
+    sums; 0/0 = 0): how far relaxation moved the start point, relative to s (the module's activity).
+    Both storage modes pass w_{i,0} = s + r_i as the same float32 sum (the client's, or the one the
+    server sent), so they report the same number."""
+    return ratio(joint_norm(relaxed[k] - start[k] for k in relaxed), joint_norm(start[k] for k in relaxed))
+
+
 def effective_offset_source(p: RelaxedInitParams, server_round: int, stored_round: int | None) -> str:
     """Which ŵ_i applies: "stored" (the client's last local model), "w0", or "none" (zero offset)."""
     if stored_round is None:
@@ -163,6 +196,7 @@ class RelaxedInit(ClientPlugin):
 
     name = "relaxed_init"
     params = RelaxedInitParams
+    component = RELAXATION
     #: r_i = w_{i,0} − s when this client translates its upload (``aggregation="delta"``), else None
     offset: Tensors | None = None
 
@@ -184,7 +218,10 @@ class RelaxedInit(ClientPlugin):
             return
         offset = self._client_offset(task, keys, start)
         if offset is None:  # zero offset by rule: the start point is s, nothing to translate
+            task.metrics[RELAXATION.measure] = 0.0
             return
+        # w_{i,0} = s + r_i as the in-place add below makes it, measured before s is moved (views)
+        task.metrics[RELAXATION.measure] = start_offset({k: start[k] + offset[k] for k in offset}, start)
         with torch.no_grad():
             for name, p in task.model.named_parameters():
                 if name in offset:
@@ -212,6 +249,8 @@ class RelaxedInit(ClientPlugin):
             raise RuntimeError(
                 f"relaxed_init.storage='server-state' relaxes around the received model, but "
                 f"{task.cfg.strategy}'s client starts elsewhere; use relaxed_init.storage='client-state'")
+        relaxed = {k: sent[k].to(start[k].device, start[k].dtype) for k in keys if k in sent}  # w_{i,0} as sent
+        task.metrics[RELAXATION.measure] = start_offset(relaxed, start)  # before s is overwritten (views)
         with torch.no_grad():
             for name, p in task.model.named_parameters():
                 if name in sent:

@@ -6,7 +6,9 @@ obtained mean ± std over the completed seeds (each run's reading: ``fedsuite.re
 the same as ``sweep``'s and a search's; a cell's: :func:`aggregate`), the mean best accuracy, their
 difference (paper scale only) and, per row, each ordering the paper claims judged on the
 differences paired by seed against the paper's own difference for the cell
-(:mod:`fedsuite.reproduce.verdicts`); as ``report.md``, ``report.csv`` (cells) and ``claims.csv``
+(:mod:`fedsuite.reproduce.verdicts`; where the row names the component that distinguishes an
+ordering, with how much it acted in the better method's runs, read from their ``summary.json``:
+``fedsuite.activity``); as ``report.md``, ``report.csv`` (cells) and ``claims.csv``
 (orderings), plus one accuracy-versus-round figure per row (mean over
 seeds with a ± std band, ``fedsuite.plots.plot_groups``). Runs that did not complete are left
 out of the numbers and named under their row. The report names the code and hardware that
@@ -25,9 +27,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from fedsuite import rundir
+from fedsuite import registry, rundir
 from fedsuite.reproduce.tables import RunSpec, Target
-from fedsuite.reproduce.verdicts import VERDICT_RULE, VERDICTS, claims, verdict
+from fedsuite.reproduce.verdicts import ACTIVITY_NOT_RECORDED, VERDICT_RULE, VERDICTS, Activity, claims, verdict
 from fedsuite.plots import plot_groups
 from fedsuite.provenance import report_lines, run_summaries
 from fedsuite.results import best_accuracy, evaluations, read_metrics, run_value, write_atomically
@@ -62,9 +64,22 @@ def _fmt(value: float | None, std: float | None = None, metric: str = "accuracy"
     return text + (f" ± {std:.2f}" if std is not None else "")
 
 
+def recorded_activity(run_dir: Path) -> dict[str, float] | None:
+    """{component name: the run's mean of its measure over rounds} from its ``summary.json``'s
+    ``activity`` (``fedsuite.activity``), or None for a run that recorded none (made before activity
+    was measured)."""
+    activity = rundir.summary(run_dir).get("activity")
+    if not isinstance(activity, dict):
+        return None
+    return {name: float(entry["mean"]) for name, entry in activity.items()
+            if isinstance(entry, dict) and isinstance(entry.get("mean"), (int, float))}
+
+
 def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[str, Any]]:
     """Per row: its cells (published, obtained mean ± std over the completed seeds, best accuracy,
-    difference at paper scale), its claims and verdict, and the curves of its completed runs."""
+    difference at paper scale), its claims (with the activity of the component that distinguishes
+    each, where the row names one) and verdict, and the curves of its completed runs."""
+    known = registry.components()
     rows = []
     for row in target.rows:
         mine = [s for s in specs if s.row.setting == row.setting]
@@ -72,11 +87,11 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
             continue
         methods = [m for m in target.methods if any(s.method == m for s in mine)]
         acc = row.cpu_target_accuracy if scale == "cpu" else row.target_accuracy
-        cells, curves, by_seed = {}, {}, {}
+        cells, curves, by_seed, activity = {}, {}, {}, {}
         for m in methods:
             runs = [s for s in mine if s.method == m]
             values, tails, bests, seed_rows = [], [], [], []
-            by_seed[m] = {}
+            by_seed[m], activity[m] = {}, {}
             for s in runs:
                 if rundir.state(s.run_dir, s.rounds) != "completed":
                     continue
@@ -92,6 +107,9 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
                 # a run that never reached a rounds target counts as reaching it one round after
                 # its end (a lower bound), so that the paired difference stays finite
                 by_seed[m][s.seed] = min(value, s.rounds + 1.0) if target.metric == "rounds" else value
+                acted = recorded_activity(s.run_dir)
+                if acted is not None:
+                    activity[m][s.seed] = acted
             mean, std = aggregate(values, tails, target.metric, target.spread)
             pub = row.published.get(m)
             diff = (mean - pub[0] if scale == "paper" and pub and mean is not None
@@ -105,7 +123,9 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
                 [p for p in target.compare if p[0] in methods and p[1] in methods]
         row_claims = claims({m: v[0] for m, v in row.published.items()}, by_seed, pairs,
                             higher_is_better=target.metric == "accuracy", stated=row.claims,
-                            nearest=row.paper_differences)
+                            nearest=row.paper_differences,
+                            components={pair: known[name] for pair, name in row.components.items()},
+                            activity=activity)
         rows.append({"row": row, "cells": cells, "claims": row_claims, "verdict": verdict(row_claims),
                      "curves": curves, "target_accuracy": acc})
     return rows
@@ -121,8 +141,9 @@ def _signed(value: float, metric: str) -> str:
 def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: Path) -> Path:
     """Write ``report.md``, ``report.csv`` (one line per cell), ``claims.csv`` (one line per claimed
     ordering: its paired differences, the paper's difference (with the nearest cell it comes from
-    where the row's own cell is not published: ``paper_difference_source``, empty otherwise) and
-    the verdict) and ``<row>.png`` (accuracy vs round, band over
+    where the row's own cell is not published: ``paper_difference_source``, empty otherwise), the
+    component that distinguishes it with its measure, value and threshold (empty where the row
+    names none) and the verdict) and ``<row>.png`` (accuracy vs round, band over
     seeds) into ``folder``; returns the Markdown path."""
     folder.mkdir(parents=True, exist_ok=True)
     data = collect(target, specs, scale)
@@ -171,18 +192,26 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
         md += ["", f"Orderings the paper claims, paired by seed (difference = the first method's value minus the "
                f"second's, in {unit_short}, positive where the paper says; the paper's difference is the same "
                "difference of its published numbers for this cell):", ""]
+        # the activity column where the row names the component that distinguishes an ordering
+        with_activity = any(c.activity is not None for c in d["claims"])
         if d["claims"]:
-            md += ["| ordering | seeds paired | mean difference | standard error | paper's difference | verdict |",
-                   "|---|---|---|---|---|---|"]
-        nearest = []
+            md += ["| ordering | seeds paired | mean difference | standard error | paper's difference | "
+                   + ("component activity | " if with_activity else "") + "verdict |",
+                   "|---|---|---|---|---|---|" + ("---|" if with_activity else "")]
+        nearest, measures = [], []
         for c in d["claims"]:
             mean, se, word = c.result
             label = f"{target.methods[c.better][0]} > {target.methods[c.worse][0]}"
             paper = _signed(c.paper_difference, target.metric) + ("†" if c.paper_source else "")
+            acted = "" if not with_activity else ("- | " if c.activity is None else f"{c.activity.describe()} | ")
             md.append(f"| {label} | {len(c.differences)} | {'-' if mean is None else f'{mean:+.2f}'} | "
-                      f"{'-' if se is None else f'{se:.2f}'} | {paper} | **{word}** |")
+                      f"{'-' if se is None else f'{se:.2f}'} | {paper} | {acted}**{word}** |")
             if c.paper_source:
                 nearest.append(f"- {label}: {c.paper_source}")
+            if c.activity is not None:
+                comp = c.activity.component
+                measures.append(f"- {label}: `{comp.name}`, measured by `{comp.measure}` in {target.methods[c.better][0]}'s "
+                                f"runs: {comp.meaning}")
             claim_rows.append({"target": target.name, "scale": scale, "row": row.name, "better": c.better,
                                "worse": c.worse, "seeds_paired": len(c.differences),
                                "seeds": " ".join(str(s) for s in sorted(c.differences)),
@@ -192,10 +221,15 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                                # the published numbers have two decimals: no float noise (3.4200000000000017)
                                "paper_difference": round(c.paper_difference, 6),
                                "paper_difference_source": c.paper_source,
+                               **_activity_columns(c.activity),
                                "verdict": word})
         if nearest:
             md += ["", "† The paper publishes no such cell; its difference is read from the nearest cell of its "
                    "tables:", "", *nearest]
+        if measures:
+            md += ["", "Component activity: the component that distinguishes the ordering, and how much it acted in "
+                   "the better method's runs (its measure's mean over each run's rounds, averaged over the paired "
+                   "seeds; below the threshold: **inert here**):", "", *measures]
         md += ["", f"**Row: {d['verdict']}.**"]
         incomplete = [rundir.why_incomplete(sp.run_dir, f"{sp.method} seed {sp.seed}", sp.rounds) for sp in specs
                       if sp.row.setting == row.setting and rundir.state(sp.run_dir, sp.rounds) != "completed"]
@@ -213,8 +247,22 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                                                  "best_mean", "difference", "row_verdict"])
     _write_csv(folder / "claims.csv", claim_rows, ["target", "scale", "row", "better", "worse", "seeds_paired", "seeds",
                                                    "differences", "mean_difference", "standard_error",
-                                                   "paper_difference", "paper_difference_source", "verdict"])
+                                                   "paper_difference", "paper_difference_source", "component",
+                                                   "activity_measure", "activity_value", "activity_threshold",
+                                                   "verdict"])
     return folder / "report.md"
+
+
+def _activity_columns(activity: Activity | None) -> dict[str, Any]:
+    """claims.csv's columns of an ordering's component: its name, its measure, the better method's
+    value (mean over rounds and paired seeds; ``activity not recorded`` for runs made before it was
+    measured) and the threshold; empty where the row names no component."""
+    if activity is None:
+        return {"component": "", "activity_measure": "", "activity_value": "", "activity_threshold": ""}
+    c = activity.component
+    value = activity.value
+    return {"component": c.name, "activity_measure": c.measure, "activity_threshold": c.threshold,
+            "activity_value": ACTIVITY_NOT_RECORDED if activity.unrecorded else ("" if value is None else value)}
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]], fields: list[str]) -> None:

@@ -20,6 +20,16 @@ cell of the paper's tables it comes from::
     paper_differences = { "fedmr-2stage>fedavg" = { value = 3.97, source = "Table 1, CNN / CIFAR-10 / ..." } }
 
 (``value``: > 0, in the paper's direction: points gained, or rounds saved for a rounds table.)
+
+A claims row may name the component that distinguishes an ordering, the better method's own part
+that the worse method lacks (``fedsuite.activity``; the names are ``fedsuite.registry.components``:
+``fedmrur.hyperbolic``, ``relaxed_init``, ``neuron_lr``)::
+
+    components = { "fedmrur>fedmrur-n" = "fedmrur.hyperbolic" }
+
+The key is one of the row's claims; the better method's runs must use the component (checked when
+the runs are planned). Where those runs recorded it acting below its threshold, the ordering's
+verdict is **inert here** (:mod:`fedsuite.reproduce.verdicts`).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from fedsuite import registry
 from fedsuite.config import BaseRunConfig, ConfigError, build_config
 from fedsuite.reproduce.queue import ReproduceError, simulate_command
 from fedsuite.reproduce.verdicts import paper_difference
@@ -63,6 +74,9 @@ class Row:
     # the paper's difference of a claim whose cell the paper does not publish: (better, worse) ->
     # (difference, the nearest cell of the paper's tables it is read from); see the module docstring
     paper_differences: dict[tuple[str, str], tuple[float, str]] = field(default_factory=dict)
+    # the component that distinguishes a claimed ordering: (better, worse) -> its name
+    # (``fedsuite.registry.components``); see the module docstring
+    components: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 @dataclass
@@ -125,9 +139,7 @@ def _paper_differences(value: Any, where: str) -> dict[tuple[str, str], tuple[fl
                              f"got {value!r}")
     out = {}
     for key, entry in value.items():
-        pair = [m.strip() for m in key.split(">")]
-        if len(pair) != 2 or not all(pair) or pair[0] == pair[1]:
-            raise ReproduceError(f'{where}: key {key!r} is not "better>worse" (two different methods)')
+        pair = _claim_key(key, where)
         number = entry.get("value") if isinstance(entry, dict) else None
         source = entry.get("source") if isinstance(entry, dict) else None
         if (not isinstance(entry, dict) or set(entry) != {"value", "source"}
@@ -136,6 +148,28 @@ def _paper_differences(value: Any, where: str) -> dict[tuple[str, str], tuple[fl
             raise ReproduceError(f'{where}."{key}": expected {{ value = a number > 0 (the paper\'s direction), '
                                  f'source = "the table and cell it comes from" }}, got {entry!r}')
         out[(pair[0], pair[1])] = (float(number), source.strip())
+    return out
+
+
+def _claim_key(key: str, where: str) -> tuple[str, str]:
+    """A ``"better>worse"`` key of a row's table field: two different method names."""
+    pair = [m.strip() for m in key.split(">")]
+    if len(pair) != 2 or not all(pair) or pair[0] == pair[1]:
+        raise ReproduceError(f'{where}: key {key!r} is not "better>worse" (two different methods)')
+    return pair[0], pair[1]
+
+
+def _components(value: Any, where: str) -> dict[tuple[str, str], str]:
+    """A row's ``components``: ``{ "better>worse" = "component name" }``, each name a known component."""
+    if not isinstance(value, dict):
+        raise ReproduceError(f'{where}: expected a table of "better>worse" = "component", got {value!r}')
+    known = registry.components()
+    out = {}
+    for key, name in value.items():
+        pair = _claim_key(key, where)
+        if not isinstance(name, str) or name not in known:
+            raise ReproduceError(f'{where}."{key}": {name!r} is not a component; allowed: {", ".join(known)}')
+        out[pair] = name
     return out
 
 
@@ -154,6 +188,10 @@ def _check_paper_differences(target: Target, where: str) -> None:
             if paper_difference(published, better, worse, higher) is not None:
                 raise ReproduceError(f"{key}: both methods are published in this row, so their difference is "
                                      "the paper's: remove the entry")
+        for better, worse in r.components:
+            if (better, worse) not in (r.claims or []):
+                raise ReproduceError(f'{rw}.components."{better}>{worse}": not one of the row\'s claims (its `claims` '
+                                     "list), so nothing would read it")
         for better, worse in r.claims or []:
             paper = paper_difference(published, better, worse, higher)
             if paper is None and (better, worse) not in r.paper_differences:
@@ -199,6 +237,7 @@ def parse_tables(path: Path) -> dict[str, Target]:
                                     for m, v in r.get("cpu_method_set", {}).items()},
                     claims=_pairs(r["claims"], rw + ".claims") if "claims" in r else None,
                     paper_differences=_paper_differences(r.get("paper_differences", {}), rw + ".paper_differences"),
+                    components=_components(r.get("components", {}), rw + ".components"),
                 ))
             target = Target(
                 name=name, file=path, paper=data.get("paper", path.parent.name), title=t.get("title", name),
@@ -219,7 +258,8 @@ def parse_tables(path: Path) -> dict[str, Target]:
         unknown = {target.ours, *(m for p in target.compare for m in p)} - set(methods)
         unknown |= {m for r in rows for m in (*r.published, *r.method_set, *r.cpu_method_set, *(r.methods or ()),
                                               *(m for p in r.claims or () for m in p),
-                                              *(m for p in r.paper_differences for m in p)) if m not in methods}
+                                              *(m for p in r.paper_differences for m in p),
+                                              *(m for p in r.components for m in p)) if m not in methods}
         if unknown:
             raise ReproduceError(f"{where}: methods {', '.join(sorted(unknown))} are not in its [methods]")
         unrun = [f"{r.name}: {m}" for r in rows if r.methods is not None
@@ -290,6 +330,17 @@ def _pick(kind: str, asked: Sequence[str] | None, known: Sequence[str], target: 
     return [k for k in known if k in asked]
 
 
+def _check_components_used(target: Target, row: Row, method: str, cfg: Any) -> None:
+    """A component a row names for an ordering ``method`` is the better side of is one this method's
+    runs use (``cfg.components``): else its activity would never be recorded, and the ordering
+    never found inert whatever happened."""
+    used = [c.name for c in cfg.components]
+    for (better, worse), name in row.components.items():
+        if better == method and name not in used:
+            raise ReproduceError(f'{target.name}, row {row.name}: components."{better}>{worse}" = {name!r}, but '
+                                 f"{method}'s runs do not use it (they use: {', '.join(used) or 'no component'})")
+
+
 def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = None,
          methods: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
          data_root: str | None = None) -> list[RunSpec]:
@@ -327,6 +378,7 @@ def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = Non
                 except ConfigError as exc:
                     raise ReproduceError(f"{target.name}, row {row.name}, method {method}: "
                                          f"{str(exc).splitlines()[0]}") from None
+                _check_components_used(target, row, method, cfg)
                 dataset = (cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True))
                 specs[run_dir] = RunSpec(row, method, seed, run_dir, row.config, items, cfg.rounds, dataset, cfg)
     return list(specs.values())

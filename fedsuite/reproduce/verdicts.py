@@ -6,9 +6,16 @@ published numbers: :func:`claims`) is judged on the per-seed differences of the 
 values over the seeds where both runs completed, and on the paper's difference for that cell (its
 published numbers, or the nearest published cell the row names: ``paper_differences`` in the
 tables file). :func:`paired_verdict` gives one of :data:`VERDICTS`: **holds**, **reversed**,
-**could not tell**, **smaller than the paper's**, **not judged**; :data:`VERDICT_RULE` is how the
-report states the rule. A new verdict is one more constant in :data:`VERDICTS` (the report's
-columns and a row's summary follow that tuple) and one more branch in :func:`paired_verdict`.
+**could not tell**, **smaller than the paper's**, **inert here**, **not judged**; :data:`VERDICT_RULE`
+is how the report states the rule. A new verdict is one more constant in :data:`VERDICTS` (the
+report's columns and a row's summary follow that tuple) and one more branch in :func:`paired_verdict`.
+
+**inert here**: where a row names the component that distinguishes an ordering (its ``components``
+field: FedMRUR's hyperbolic regulariser for FedMRUR > FedMRUR-N) and the better method's runs
+recorded that component acting below its threshold (``fedsuite.activity``: each run's mean of the
+measure over its rounds, averaged over the paired seeds, :class:`Activity`), the ordering compares
+the method with itself, so its outcome was settled before the runs: no judgement is made. Runs
+recorded before activity was measured give "activity not recorded" and are judged as before.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from fedsuite.activity import Component
 
 #: how the report states the rule (:func:`paired_verdict`)
 VERDICT_RULE = (
@@ -30,21 +39,33 @@ VERDICT_RULE = (
     "[d̄ − 2·SE, d̄ + 2·SE] and the verdict says whether the paper's difference does too: **could not tell** "
     "if D ≤ d̄ + 2·SE (these runs cannot tell the paper's difference from none), **smaller than the paper's** "
     "if D > d̄ + 2·SE (a difference of the paper's size would have shown; any here is smaller); "
-    "**not judged** with fewer than two paired seeds. A run that failed is left out and named under its row.")
+    "**not judged** with fewer than two paired seeds. **inert here**, instead of any of these, where the row names "
+    "the component that distinguishes the ordering (the better method's own: FedMRUR's hyperbolic regulariser, "
+    "relaxed initialisation, neuron-wise learning rates) and the better method's runs recorded it acting less than "
+    "its threshold (its activity measure's mean over each run's rounds, averaged over the paired seeds; the measure "
+    "and its value are shown beside the ordering): the two methods then ran the same training, so the ordering was "
+    "settled before the runs. Runs recorded before activity was measured say **activity not recorded** and are "
+    "judged as above. A run that failed is left out and named under its row.")
 
 #: the verdicts of one claimed ordering (:func:`paired_verdict`), in the order the report lists them
 HOLDS, REVERSED = "holds", "reversed"
 COULD_NOT_TELL, SMALLER_THAN_PAPERS = "could not tell", "smaller than the paper's"
-NOT_JUDGED = "not judged"
-VERDICTS = (HOLDS, REVERSED, COULD_NOT_TELL, SMALLER_THAN_PAPERS, NOT_JUDGED)
+INERT_HERE, NOT_JUDGED = "inert here", "not judged"
+VERDICTS = (HOLDS, REVERSED, COULD_NOT_TELL, SMALLER_THAN_PAPERS, INERT_HERE, NOT_JUDGED)
+#: what the report says of an ordering whose component's activity its runs do not record
+ACTIVITY_NOT_RECORDED = "activity not recorded"
 #: a verdict's word after a count above one, where it differs (``2 hold``)
 PLURALS = {HOLDS: "hold"}
 
 
-def paired_verdict(differences: Sequence[float], paper_difference: float) -> tuple[float | None, float | None, str]:
+def paired_verdict(differences: Sequence[float], paper_difference: float,
+                   activity: tuple[float, float] | None = None) -> tuple[float | None, float | None, str]:
     """(mean, standard error, verdict) of a claimed ordering from its per-seed differences
-    d_s = v_better(s) − v_worse(s), signed so that d_s > 0 agrees with the paper, and the paper's
-    difference D > 0 for the same cell (same sign convention: points gained, or rounds saved):
+    d_s = v_better(s) − v_worse(s), signed so that d_s > 0 agrees with the paper, the paper's
+    difference D > 0 for the same cell (same sign convention: points gained, or rounds saved) and,
+    where the ordering is distinguished by a component whose activity the runs recorded,
+    ``activity`` = (a, θ): the better method's measure a (mean over rounds and paired seeds,
+    :class:`Activity`) and the component's threshold θ:
 
         d̄ = (1/n) Σ_s d_s,   SE = sd(d) / √n  with sd the sample standard deviation (n − 1),
 
@@ -55,20 +76,26 @@ def paired_verdict(differences: Sequence[float], paper_difference: float) -> tup
         could not tell            if 0 ∈ B and D ≤ d̄ + 2·SE  (D ∈ B: neither 0 nor D is ruled out)
         smaller than the paper's  if 0 ∈ B and D > d̄ + 2·SE  (D is ruled out, 0 is not)
 
-    (0 ∈ B and D > 0 give D ≥ d̄ − 2·SE, so those four cases are all.) With fewer than two paired
-    seeds there is no standard error: ``not judged`` (d̄ is still given for one seed). SE = 0 makes
-    B the single point d̄. A seed fixes the partition, the cohorts and the initial model, so pairing
-    by seed removes the part of the spread that both methods share. Raises ValueError if D is not
-    > 0 (a claim the paper makes goes its own way: :func:`paper_difference`)."""
+    (0 ∈ B and D > 0 give D ≥ d̄ − 2·SE, so those four cases are all.) Before any of them:
+
+        inert here                if a < θ                (the component did not act: no judgement)
+
+    (d̄ and SE are still given). With fewer than two paired seeds there is no standard error: ``not
+    judged`` (d̄ is still given for one seed), unless inert. SE = 0 makes B the single point d̄. A
+    seed fixes the partition, the cohorts and the initial model, so pairing by seed removes the
+    part of the spread that both methods share. Raises ValueError if D is not > 0 (a claim the
+    paper makes goes its own way: :func:`paper_difference`)."""
     if not paper_difference > 0:  # NaN too
         raise ValueError(f"the paper's difference must be > 0 in the paper's direction, got {paper_difference!r}")
     d = np.asarray(list(differences), dtype=float)
     if d.size == 0:
         return None, None, NOT_JUDGED
     mean = float(d.mean())
-    if d.size < 2:
+    se = float(d.std(ddof=1) / math.sqrt(d.size)) if d.size >= 2 else None
+    if activity is not None and activity[0] < activity[1]:
+        return mean, se, INERT_HERE
+    if se is None:
         return mean, None, NOT_JUDGED
-    se = float(d.std(ddof=1) / math.sqrt(d.size))
     if mean > 2 * se:
         return mean, se, HOLDS
     if mean < -2 * se:
@@ -93,24 +120,73 @@ def _gain(better: float, worse: float, higher_is_better: bool) -> float:
 
 
 @dataclass
+class Activity:
+    """How much the component that distinguishes a claimed ordering acted in the better method's
+    runs (``fedsuite.activity``): ``per_seed`` maps each paired seed to its run's mean of the
+    component's measure over its rounds (``summary.json``'s ``activity``), or None where the run
+    recorded none (made before activity was measured)."""
+
+    component: Component
+    per_seed: dict[int, float | None] = field(default_factory=dict)
+
+    @property
+    def unrecorded(self) -> list[int]:
+        """The paired seeds whose run recorded no activity for the component."""
+        return sorted(s for s, v in self.per_seed.items() if v is None)
+
+    @property
+    def value(self) -> float | None:
+        """The mean of the runs' activity over the paired seeds; None without a paired seed or
+        when one of them recorded none (the ordering is then judged as before)."""
+        if not self.per_seed or self.unrecorded:
+            return None
+        return float(np.mean([self.per_seed[s] for s in sorted(self.per_seed)]))
+
+    @property
+    def inert(self) -> bool:
+        """value < threshold: the component did not act in these runs."""
+        return self.value is not None and self.value < self.component.threshold
+
+    def describe(self) -> str:
+        """One phrase for the report: ``fedmrur-hyperbolic-share 5.1e-07 < 0.001 (inert)``,
+        ``neuron-lr-spread 0.14 ≥ 0.001``, ``activity not recorded`` (naming the seeds where only
+        some recorded none), or ``-`` without a paired run."""
+        c = self.component
+        if not self.per_seed:
+            return "-"
+        if self.unrecorded:
+            some = "" if len(self.unrecorded) == len(self.per_seed) else \
+                f" (seed{'s' if len(self.unrecorded) > 1 else ''} {', '.join(map(str, self.unrecorded))})"
+            return ACTIVITY_NOT_RECORDED + some
+        value = self.value
+        return f"{c.measure} {value:.2g} < {c.threshold:g} (inert)" if self.inert else \
+            f"{c.measure} {value:.2g} ≥ {c.threshold:g}"
+
+
+@dataclass
 class Claim:
     """One ordering the paper claims: ``better`` beat ``worse``. ``paper_difference``: the paper's
     difference for this cell (> 0, :func:`paper_difference`); ``paper_source``: where it comes
     from when not from the row's own published numbers (the nearest cell of the paper's tables),
     empty otherwise. ``differences``: per seed where both runs completed, better's value minus
     worse's in the direction the paper calls better (in % points, or rounds saved for a
-    rounds-to-target table)."""
+    rounds-to-target table). ``activity``: where the row names the component that distinguishes
+    this ordering, how much it acted in better's runs over the paired seeds; None otherwise."""
 
     better: str
     worse: str
     paper_difference: float
     differences: dict[int, float] = field(default_factory=dict)
     paper_source: str = ""
+    activity: Activity | None = None
 
     @property
     def result(self) -> tuple[float | None, float | None, str]:
-        """(mean difference, standard error, verdict): :func:`paired_verdict`."""
-        return paired_verdict([self.differences[s] for s in sorted(self.differences)], self.paper_difference)
+        """(mean difference, standard error, verdict): :func:`paired_verdict`, with the recorded
+        activity and its threshold where there is one."""
+        a = self.activity
+        measured = None if a is None or a.value is None else (a.value, a.component.threshold)
+        return paired_verdict([self.differences[s] for s in sorted(self.differences)], self.paper_difference, measured)
 
     @property
     def verdict(self) -> str:
@@ -120,7 +196,9 @@ class Claim:
 def claims(published: Mapping[str, float], obtained: Mapping[str, Mapping[int, float]],
            pairs: Sequence[tuple[str, str]], higher_is_better: bool = True,
            stated: Sequence[tuple[str, str]] | None = None,
-           nearest: Mapping[tuple[str, str], tuple[float, str]] | None = None) -> list[Claim]:
+           nearest: Mapping[tuple[str, str], tuple[float, str]] | None = None,
+           components: Mapping[tuple[str, str], Component] | None = None,
+           activity: Mapping[str, Mapping[int, Mapping[str, float]]] | None = None) -> list[Claim]:
     """The orderings to judge, their per-seed differences and the paper's difference of each.
     ``obtained``: method -> {seed: run value} of the completed runs. The orderings are ``stated``
     ((better, worse) pairs, as a claims row names them) or, when None, read off the published
@@ -129,8 +207,12 @@ def claims(published: Mapping[str, float], obtained: Mapping[str, Mapping[int, f
     (:func:`paper_difference`), else taken from ``nearest`` ((better, worse) -> (difference,
     which cell of the paper's tables it comes from)); a stated ordering with neither raises
     ValueError (``parse_tables`` refuses such a row). A run value of ``inf`` (never reached a
-    rounds target) is the caller's to censor before."""
-    nearest = nearest or {}
+    rounds target) is the caller's to censor before. ``components``: (better, worse) -> the
+    component that distinguishes that ordering (a row's ``components``); ``activity``: method ->
+    {seed: {component name: the run's mean of its measure over rounds}} of the completed runs that
+    recorded activity (a seed absent: its run recorded none). A claim with a component gets its
+    :class:`Activity` over the paired seeds."""
+    nearest, components, activity = nearest or {}, components or {}, activity or {}
     if stated is None:
         stated = []
         for a, b in pairs:
@@ -146,7 +228,12 @@ def claims(published: Mapping[str, float], obtained: Mapping[str, Mapping[int, f
             paper, source = nearest[better, worse]
         vb, vw = obtained.get(better, {}), obtained.get(worse, {})
         paired = {s: _gain(vb[s], vw[s], higher_is_better) for s in sorted(vb) if s in vw}
-        out.append(Claim(better, worse, paper, paired, source))
+        acted = None
+        if (better, worse) in components:
+            component = components[better, worse]
+            recorded = activity.get(better, {})
+            acted = Activity(component, {s: recorded.get(s, {}).get(component.name) for s in paired})
+        out.append(Claim(better, worse, paper, paired, source, acted))
     return out
 
 
