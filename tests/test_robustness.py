@@ -34,7 +34,7 @@ from conftest import FAST
 from fedsuite import launch, processes, reaper
 from fedsuite.cli import app
 from fedsuite.config import build_config
-from fedsuite.data.datasets import DatasetError, load_dataset
+from fedsuite.data import DatasetError, load_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 FEDSUITE = Path(sys.executable).parent / "fedsuite"

@@ -12,7 +12,8 @@ Public API::
 """
 
 from .augment import augment_batch, to_float
-from .datasets import AUGMENT_KINDS, DATASETS, DatasetBundle, DatasetError, load_dataset, read_idx
+from .datasets import AUGMENT_KINDS, DatasetBundle, DatasetError, read_idx
+from .loading import DATASETS, load_dataset
 from .partition import PARTITIONERS, label_histogram, partition_indices
 
 __all__ = [
