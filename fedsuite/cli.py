@@ -201,7 +201,7 @@ def simulate(
 
             try:
                 outcome = launch.simulate(cfg, run_dir, progress.show, before_start=begin, process=process)
-            except (runtime.DataCheckError, rundir.RunDirError) as exc:
+            except (runtime.DataError, rundir.RunDirError) as exc:
                 fail(str(exc))
             except launch.LaunchError as exc:
                 fail(str(exc), code=1)

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from fedsuite.config import RESUME_MUTABLE, flat_config
+from fedsuite.errors import ResultsError
 from fedsuite.plots import has_pool_diagnostics, plot_groups, plot_pool_diagnostics
 from fedsuite.provenance import report_lines, run_summaries
 
@@ -52,10 +53,6 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n"))
-
-
-class ResultsError(ValueError):
-    """A run directory's files cannot be read; the message is one line naming the file."""
 
 
 def read_metrics(run_dir: str | Path, tolerant: bool = False) -> list[dict[str, Any]]:
