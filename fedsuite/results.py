@@ -142,19 +142,30 @@ def group_label(config: dict[str, Any]) -> str:
     return label
 
 
+def setting(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's setting: its config as dotted keys (``fedprox.mu``), less :data:`NOT_SETTING`."""
+    return {k: v for k, v in flat_config(config).items() if k not in NOT_SETTING}
+
+
+def varying_keys(settings: Iterable[dict[str, Any]]) -> list[str]:
+    """The keys whose value differs between ``settings`` (:func:`setting`), sorted: a key only some
+    settings hold (a method's own section) counts when it differs among those that hold it."""
+    settings = list(settings)
+    return sorted({k for s in settings for k in s if len({repr(t[k]) for t in settings if k in t}) > 1})
+
+
 def group_runs(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Group runs whose configs are equal up to :data:`NOT_SETTING`; label each group by
     :func:`group_label` plus every other key whose value varies between groups (``relaxed_init.beta=0.1``)."""
     keyed: dict[str, list[dict[str, Any]]] = {}
     flats: dict[str, dict[str, Any]] = {}
     for run in runs:
-        flat = {k: v for k, v in flat_config(run["config"]).items() if k not in NOT_SETTING}
+        flat = setting(run["config"])
         key = repr(sorted(flat.items(), key=lambda kv: kv[0]))
         keyed.setdefault(key, []).append(run)
         flats[key] = flat
     shown = {"strategy", "model", "dataset", "partitioner", "alpha"}
-    varying = sorted({k for f in flats.values() for k in f
-                      if k not in shown and len({repr(g[k]) for g in flats.values() if k in g}) > 1})
+    varying = [k for k in varying_keys(flats.values()) if k not in shown]
     groups: dict[str, list[dict[str, Any]]] = {}
     for key, members in keyed.items():
         flat = flats[key]
