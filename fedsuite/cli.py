@@ -165,7 +165,8 @@ def simulate(
         if value is not None:
             values[CONFIG_KEYS[option]] = value
     # a SIGTERM (e.g. from `timeout` or a job scheduler) must still stop the processes we start
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # (the handler is put back afterwards for a caller that invokes the command in-process: tests)
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         run_simulation(config, set_, values, resume=resume, console=console, spelling=CLI)
     except (ConfigError, DataError, RunDirError) as exc:  # bad input: nothing was written
@@ -175,6 +176,9 @@ def simulate(
     except RunInterrupted as exc:  # every process of the run has stopped: say how to continue it, exit 130
         err_console.print(str(exc), soft_wrap=True)
         raise typer.Exit(130) from None
+    finally:
+        if previous is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(signal.SIGTERM, previous)
 
 
 def check_writable_folder(folder: Path, field: str) -> None:
