@@ -5,8 +5,10 @@ User errors (bad config, unknown names, missing data) print one ``error:`` line 
 runs while the simulation process starts, see ``launch.simulate``; a run it refuses is removed with
 everything it started). Ctrl-C stops ``fedsuite simulate`` with the command that continues the run.
 This module holds the commands' options and what they print; the logic lives with the modules
-that own it: ``launch`` (a run), ``rundir`` (a run directory, ``--resume``), ``runtime`` (the data
-and hardware checks), ``results`` (the report), ``certs``, ``sweep``, ``search``, ``reproduce``.
+that own it: ``runner`` (one ``simulate`` run, from its options to its outcome: the Python API's
+``fedsuite.simulate`` runs the same code), ``launch`` (a run's processes), ``rundir`` (a run
+directory, ``--resume``), ``runtime`` (the data and hardware checks), ``results`` (the report),
+``certs``, ``sweep``, ``search``, ``reproduce``.
 
 Text is printed as written, never read as rich markup (``cli_support``: plain help, plain consoles).
 Every option and argument has a help text; a parameter with a fixed set of values takes a
@@ -17,15 +19,13 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Optional
+from typing import Any, Callable, Optional
 
 import typer
 from rich.table import Table
-from rich.text import Text
 
 from fedsuite.cli_support import (
     CONFIG_KEYS,
@@ -34,7 +34,6 @@ from fedsuite.cli_support import (
     Names,
     OneLineUsageCommand,
     OneLineUsageGroup,
-    RunProgress,
     err_console,
     fail,
     plain_console,
@@ -151,97 +150,35 @@ def simulate(
 
     An option left out takes its value from --config, else the default shown. Ctrl-C stops the run
     and prints the --resume command that continues it."""
-    from fedsuite import launch
+    # light imports: the runner starts the simulation process before it imports torch and the registry
+    from fedsuite.errors import ConfigError, DataError, RunDirError, RunFailed, RunInterrupted
+    from fedsuite.runner import CLI, run_simulation
 
-    run_dir: Optional[Path] = None  # the run's folder once the config names it: Ctrl-C says how to continue it
-    total_rounds = 0
+    values = _common_values(
+        strategy=strategy, dataset=dataset, partitioner=partitioner, alpha=alpha,
+        classes_per_client=classes_per_client, num_clients=num_clients, clients_per_round=clients_per_round,
+        fraction=fraction, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, model=model,
+        seed=seed, output_dir=output_dir, run_name=run_name, num_cpus=num_cpus, num_gpus=num_gpus,
+        eval_every=eval_every, ray_address=ray_address,
+    )
+    for option, value in (("relaxed_init", relaxed_init), ("neuron_lr", neuron_lr)):
+        if value is not None:
+            values[CONFIG_KEYS[option]] = value
+    # a SIGTERM (e.g. from `timeout` or a job scheduler) must still stop the processes we start
+    # (the handler is put back afterwards for a caller that invokes the command in-process: tests)
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        # started first: its imports use the second core while this process builds the config
-        with launch.simulation_process() as process:
-            from fedsuite import rundir, runtime
-            from fedsuite.config import ConfigError, build_config
-
-            values = _common_values(
-                strategy=strategy, dataset=dataset, partitioner=partitioner, alpha=alpha,
-                classes_per_client=classes_per_client, num_clients=num_clients, clients_per_round=clients_per_round,
-                fraction=fraction, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, model=model,
-                seed=seed, output_dir=output_dir, run_name=run_name, num_cpus=num_cpus, num_gpus=num_gpus,
-                eval_every=eval_every, ray_address=ray_address,
-            )
-            for option, value in (("relaxed_init", relaxed_init), ("neuron_lr", neuron_lr)):
-                if value is not None:
-                    values[CONFIG_KEYS[option]] = value
-            try:
-                cfg = build_config(config, set_, values)
-                if resume:  # the run's record is the base; the command line may change only RESUME_MUTABLE
-                    cfg = rundir.resume_config(cfg, config, set_, values)
-                runtime.check_hardware(cfg)
-            except ConfigError as exc:
-                fail(str(exc))
-
-            # a SIGTERM (e.g. from `timeout` or a job scheduler) must still stop the processes we start
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-            run_dir, total_rounds = runtime.default_run_dir(cfg), cfg.rounds
-            if run_dir.exists() and not resume and not rundir.start_debris(run_dir):
-                fail(f"run directory {run_dir} exists; choose another --run-name or pass --resume")
-            check_writable_folder(run_dir, "output_dir")
-
-            progress = RunProgress(cfg.rounds, console)
-
-            def begin() -> None:
-                """Check the data (``launch.simulate``'s ``before_start``: while the simulation process starts
-                Ray), then say what runs and show the progress bar."""
-                runtime.check_data(cfg)
-                console.print(Text.assemble(("fedsuite", "bold"), f" {cfg.strategy} on {cfg.dataset} ({cfg.partitioner}), "
-                                            f"{cfg.num_clients} clients, K={cfg.cohort_size}, {cfg.rounds} rounds "
-                                            f"-> {run_dir}"))
-                for risk in cfg.method.risks(cfg):
-                    console.print(Text.assemble(("warning:", "yellow"), f" {risk}"))
-                progress.begin()
-
-            try:
-                outcome = launch.simulate(cfg, run_dir, progress.show, before_start=begin, process=process)
-            except (runtime.DataCheckError, rundir.RunDirError) as exc:
-                fail(str(exc))
-            except launch.LaunchError as exc:
-                fail(str(exc), code=1)
-            finally:
-                progress.stop()
-    except KeyboardInterrupt:  # launch.simulate has stopped the run's processes by now
-        interrupted(run_dir, total_rounds)
-    if not outcome.ran:
-        console.print(f"{run_dir} is complete ({cfg.rounds} rounds): nothing was run or changed; "
-                      "pass a larger --rounds to continue it")
-        return
-    summary = rundir.summary(run_dir)
-    if not outcome.ok:
-        # outcome.details: the failed replies' message, error.txt's last line, or the process's exit
-        # code; a failure Flower logged is more telling than the last two
-        detail = outcome.details if "failure" in summary else (rundir.flower_log_reason(run_dir) or outcome.details)
-        fail(f"run {outcome.status}: {detail} (logs: {run_dir / 'flower.log'})", code=1)
-    acc = summary.get("final_accuracy")
-    failed = summary.get("failed_replies", 0)
-    note = f" ({failed} failed client replies in {summary.get('rounds_with_failures')} rounds)" if failed else ""
-    console.print(f"done: final accuracy {100 * acc:.2f}%{note}" if acc is not None else f"done{note}", f"-> {run_dir}")
-
-
-def interrupted(run_dir: Optional[Path], rounds: int) -> NoReturn:
-    """Ctrl-C (SIGINT) stopped ``fedsuite simulate``: say what the run kept and the command that
-    continues it (``--resume``, which needs only the run's folder: its recorded config is the
-    base, see ``rundir.resume_config``), then exit 130 (128 + SIGINT, as a shell reports it)."""
-    from fedsuite import rundir
-
-    if run_dir is None or not (run_dir / "config.json").is_file():
-        # before the ServerApp recorded the run: launch.simulate removed what it had created, or left
-        # a start-up's debris, which the next start of the same run clears (rundir.start_debris)
-        err_console.print("interrupted before the run started; nothing to continue: the same command starts it",
-                          soft_wrap=True)
-    else:
-        command = shlex.join(["fedsuite", "simulate", "--resume", "--output-dir", str(run_dir.parent),
-                              "--run-name", run_dir.name])
-        err_console.print(f"interrupted after round {rundir.rounds_done(run_dir)} of {rounds}; continue the run "
-                          f"with: {command}", soft_wrap=True)
-    raise typer.Exit(130)
+        run_simulation(config, set_, values, resume=resume, console=console, spelling=CLI)
+    except (ConfigError, DataError, RunDirError) as exc:  # bad input: nothing was written
+        fail(str(exc))
+    except RunFailed as exc:
+        fail(str(exc), code=1)
+    except RunInterrupted as exc:  # every process of the run has stopped: say how to continue it, exit 130
+        err_console.print(str(exc), soft_wrap=True)
+        raise typer.Exit(130) from None
+    finally:
+        if previous is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(signal.SIGTERM, previous)
 
 
 def check_writable_folder(folder: Path, field: str) -> None:

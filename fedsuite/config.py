@@ -5,8 +5,9 @@ option ``--local-epochs`` and the Flower run-config key ``local_epochs``. A meth
 hyperparameters live in the section named after the method (``[fedprox] mu = 0.01``,
 ``--set fedprox.mu=0.01``); the plug-ins have sections ``[relaxed_init]`` and ``[neuron_lr]``.
 
-Bad input raises :class:`ConfigError` whose message is one line naming the field and what is
-allowed; the CLI prints it and exits with code 2 before anything is written.
+Bad input raises :class:`ConfigError` (defined in ``fedsuite.errors``) whose message is one line
+naming the field and what is allowed; the CLI prints it and exits with code 2 before anything is
+written, the Python API (``fedsuite.simulate``) raises it.
 """
 
 from __future__ import annotations
@@ -23,12 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from fedsuite import registry
 from fedsuite.activity import Component
+from fedsuite.errors import ConfigError  # defined there (no imports: fedsuite exports it); raised and caught as ours
 from fedsuite.params import Params
-
-
-class ConfigError(ValueError):
-    """A user error in the configuration (message is one line, ready to print)."""
-
 
 #: the longest file or folder name, in bytes, of Linux's file systems (and macOS's)
 NAME_MAX = 255

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from fedsuite.config import RESUME_MUTABLE, flat_config
+from fedsuite.errors import ResultsError
 from fedsuite.plots import has_pool_diagnostics, plot_groups, plot_pool_diagnostics
 from fedsuite.provenance import report_lines, run_summaries
 
@@ -56,10 +57,6 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n"))
-
-
-class ResultsError(ValueError):
-    """A run directory's files cannot be read; the message is one line naming the file."""
 
 
 def read_metrics(run_dir: str | Path, tolerant: bool = False) -> list[dict[str, Any]]:
@@ -149,19 +146,30 @@ def group_label(config: dict[str, Any]) -> str:
     return label
 
 
+def setting(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's setting: its config as dotted keys (``fedprox.mu``), less :data:`NOT_SETTING`."""
+    return {k: v for k, v in flat_config(config).items() if k not in NOT_SETTING}
+
+
+def varying_keys(settings: Iterable[dict[str, Any]]) -> list[str]:
+    """The keys whose value differs between ``settings`` (:func:`setting`), sorted: a key only some
+    settings hold (a method's own section) counts when it differs among those that hold it."""
+    settings = list(settings)
+    return sorted({k for s in settings for k in s if len({repr(t[k]) for t in settings if k in t}) > 1})
+
+
 def group_runs(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Group runs whose configs are equal up to :data:`NOT_SETTING`; label each group by
     :func:`group_label` plus every other key whose value varies between groups (``relaxed_init.beta=0.1``)."""
     keyed: dict[str, list[dict[str, Any]]] = {}
     flats: dict[str, dict[str, Any]] = {}
     for run in runs:
-        flat = {k: v for k, v in flat_config(run["config"]).items() if k not in NOT_SETTING}
+        flat = setting(run["config"])
         key = repr(sorted(flat.items(), key=lambda kv: kv[0]))
         keyed.setdefault(key, []).append(run)
         flats[key] = flat
     shown = {"strategy", "model", "dataset", "partitioner", "alpha"}
-    varying = sorted({k for f in flats.values() for k in f
-                      if k not in shown and len({repr(g[k]) for g in flats.values() if k in g}) > 1})
+    varying = [k for k in varying_keys(flats.values()) if k not in shown]
     groups: dict[str, list[dict[str, Any]]] = {}
     for key, members in keyed.items():
         flat = flats[key]

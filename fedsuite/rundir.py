@@ -27,14 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from fedsuite.errors import RunDirError
 from fedsuite.processes import marked
 
 if TYPE_CHECKING:
     from fedsuite.config import BaseRunConfig
-
-
-class RunDirError(RuntimeError):
-    """A run directory cannot be used as asked (another process holds it: :func:`claimed`)."""
 
 
 def state(run_dir: Path, rounds: int | None = None) -> str:

@@ -19,6 +19,7 @@ import torch
 
 from fedsuite.config import BaseRunConfig, from_run_config
 from fedsuite.data import load_dataset, partition_indices
+from fedsuite.errors import DataError
 
 RUN_DIR_KEY = "run_dir"
 
@@ -79,10 +80,6 @@ def _freeze(options: dict[str, Any]) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
 
 
-class DataCheckError(Exception):
-    """The run's data is missing or cannot be partitioned as configured (a user error, exit 2)."""
-
-
 def is_data_error(exc: BaseException) -> bool:
     """Whether a loader's or partitioner's exception is the user's (missing or damaged files, an
     impossible partition: ``DatasetError``, ``ValueError``; a file or folder the operating system
@@ -92,7 +89,7 @@ def is_data_error(exc: BaseException) -> bool:
 
 def check_data(cfg: BaseRunConfig) -> None:
     """Missing data, an impossible partition or a model that cannot take the data (``--model cnn`` on
-    feature vectors): :class:`DataCheckError`, one line. A first run computes and caches its
+    feature vectors): :class:`~fedsuite.errors.DataError`, one line. A first run computes and caches its
     partition here."""
     from fedsuite.models import make_model
 
@@ -103,7 +100,7 @@ def check_data(cfg: BaseRunConfig) -> None:
             make_model(cfg, bundle)
     except Exception as exc:  # data errors from loaders and partitioners are user errors
         if is_data_error(exc):
-            raise DataCheckError(str(exc)) from None
+            raise DataError(str(exc)) from None
         raise
 
 
