@@ -10,6 +10,8 @@
 #                                                      # runs' records into experiments/<paper>/results/claims-SCALE/
 #                                                      # (the committed records are copied into OUT first,
 #                                                      # so an empty OUT rewrites the reports from them alone)
+#   experiments/claims.sh SCALE save OUT [PAPER...]    # the in-flight runs' checkpoints into
+#                                                      # experiments/<paper>/results/claims-SCALE-inflight/
 #
 # OUT is the runs' folder (reproduce --out), DATA_ROOT the folder holding the data. The queue and
 # the reports use this checkout's `fedsuite` (.venv). At the cifar10 scale every run of a paper is
@@ -58,18 +60,41 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     UNITS=(fedmr:1:rows=cnn-c10-0.1 fedmr:2:rows=cnn-c10-0.1 fedmr:3:rows=cnn-c10-0.1
            fedmr:1:rows=cnn-c10-0.5 fedmr:2:rows=cnn-c10-0.5 fedmr:3:rows=cnn-c10-0.5) ;;
 *)
-    sed -n '2,15p' "$0"; exit 2 ;;
+    sed -n '2,17p' "$0"; exit 2 ;;
 esac
 shift
 RECORDS=claims-$SCALE  # the committed folder: experiments/<paper>/results/$RECORDS
 
-restore() {  # committed records -> OUT (never over a run folder that is already there)
-    local paper=$1 out=$2 src rel runs="$2/$1/$REPRODUCE_SCALE"
-    for src in "experiments/$paper/results/$RECORDS/runs"/*/*/; do
-        [ -f "$src/summary.json" ] || continue
-        rel="${src#"experiments/$paper/results/$RECORDS/runs/"}"
-        [ -e "$runs/$rel" ] && continue
-        mkdir -p "$runs/$rel" && cp "$src"/* "$runs/$rel/"
+restore() {  # committed records -> OUT (never over a run folder that is already there): the finished
+             # runs' records, then the in-flight runs' checkpoints (save), which the queue continues
+    local paper=$1 out=$2 src rel runs="$2/$1/$REPRODUCE_SCALE" kept
+    for kept in "experiments/$paper/results/$RECORDS/runs" "experiments/$paper/results/$RECORDS-inflight"; do
+        for src in "$kept"/*/*/; do
+            [ -f "$src/config.json" ] || continue
+            rel="${src#"$kept/"}"
+            [ -e "$runs/$rel" ] && continue
+            mkdir -p "$runs/$rel" && cp -r "$src"/* "$runs/$rel/"
+        done
+    done
+}
+
+save() {  # the in-flight runs of OUT (a checkpoint, no summary yet) -> experiments/<paper>/results/claims-SCALE-inflight/,
+          # replacing what was there: commit it when a session ends, and a fresh machine continues them from
+          # their last round (restore) instead of from round 0. A run's client state goes too (it is part of
+          # what --resume needs); a run whose client state exceeds 20 MB is left out and named.
+    local paper=$1 out=$2 dest="experiments/$1/results/$RECORDS-inflight" run rel runs="$2/$1/$REPRODUCE_SCALE"
+    rm -rf "$dest"
+    for run in "$runs"/*/*-s[0-9]*/; do
+        [ -f "$run/checkpoint.pt" ] && [ ! -f "$run/summary.json" ] || continue
+        rel="${run#"$runs/"}"
+        if [ -d "$run/client-state" ] && [ "$(du -sm "$run/client-state" | cut -f1)" -gt 20 ]; then
+            echo "save: $rel left out: its client state is over 20 MB" >&2
+            continue
+        fi
+        mkdir -p "$dest/$rel"
+        cp "$run"/{config.json,metrics.jsonl,checkpoint.pt} "$dest/$rel/"
+        [ ! -d "$run/client-state" ] || cp -r "$run/client-state" "$dest/$rel/"
+        echo "save: $rel at round $(($(wc -l < "$run/metrics.jsonl") - 1))"
     done
 }
 
@@ -152,6 +177,11 @@ report)  # report OUT [PAPER ...]: every paper, or those named; OUT gets the com
     shift 2
     [ $# -gt 0 ] || set -- "${PAPERS[@]}"
     for paper in "$@"; do restore "$paper" "$out" && report "$paper" "$out"; done ;;
+save)  # save OUT [PAPER ...]: the in-flight runs' checkpoints, to commit when a session ends
+    out=$2
+    shift 2
+    [ $# -gt 0 ] || set -- "${PAPERS[@]}"
+    for paper in "$@"; do save "$paper" "$out"; done ;;
 *)
-    sed -n '2,15p' "$0"; exit 2 ;;
+    sed -n '2,17p' "$0"; exit 2 ;;
 esac
