@@ -50,15 +50,22 @@ cpu)  # the targets `<paper>-claims` at reproduce's cpu scale (Fashion-MNIST)
            fedmr:0 fedmr:1 fedmr:2:rows=paper fedmr:2:rows=momentum-0.5
            fednlr:0 fednlr:1 fednlr:2:methods=fedavg fednlr:2:methods=fednlr) ;;
 cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their own
-    PAPERS=(fedmr)
+    PAPERS=(fedmr fednlr fedinit)
     SUFFIX=claims-cifar10 REPRODUCE_SCALE=paper FROZEN=1
     # The order is FedMR's target, then FedNLR's, then FedInit's, seed by seed; a unit is one row or
     # one run where runs are long (500 rounds of FedMR's CNN: about 50-95 min on one core, depending
-    # on what else runs). FedMR: Table 1's CNN at α = 0.1, then α = 0.5 as the budget allows. FedNLR's
-    # and FedInit's targets join once the summaries record how much each method's own component
-    # acted, since their pinned commit must be one that does.
-    UNITS=(fedmr:1:rows=cnn-c10-0.1 fedmr:2:rows=cnn-c10-0.1 fedmr:3:rows=cnn-c10-0.1
-           fedmr:1:rows=cnn-c10-0.5 fedmr:2:rows=cnn-c10-0.5 fedmr:3:rows=cnn-c10-0.5) ;;
+    # on what else runs). FedMR: Table 1's CNN at α = 0.1, then α = 0.5 as the budget allows; FedNLR:
+    # FedAvg and FedNLR (500 rounds), then that seed's four FedDyn runs (200 rounds); FedInit: its
+    # four methods. FedNLR's and FedInit's runs record how much each method's own component acted
+    # (summary.json's activity), which their verdicts need: their pinned commit is one that does.
+    UNITS=(fedmr:1:rows=cnn-c10-0.1 fedmr:2:rows=cnn-c10-0.1 fedmr:3:rows=cnn-c10-0.1)
+    for seed in 0 1 2; do
+        UNITS+=("fednlr:$seed:methods=fedavg" "fednlr:$seed:methods=fednlr" "fednlr:$seed")
+    done
+    for seed in 0 1 2; do
+        for method in fedavg fedinit scaffold scaffold-ri; do UNITS+=("fedinit:$seed:methods=$method"); done
+    done
+    UNITS+=(fedmr:1:rows=cnn-c10-0.5 fedmr:2:rows=cnn-c10-0.5 fedmr:3:rows=cnn-c10-0.5) ;;
 *)
     sed -n '2,17p' "$0"; exit 2 ;;
 esac
