@@ -244,8 +244,10 @@ def note_stop_requests(grace_s: float = STOP_GRACE_S) -> None:
 
     def leave_after_grace() -> None:
         time.sleep(grace_s)
-        sys.stdout.flush()
-        sys.stderr.flush()
+        # no flush of sys.stdout/sys.stderr here: the signal may have interrupted the main thread
+        # inside a write, holding the stream's lock, and a flush would wait for it forever (a
+        # clean-clone run saw the process outlive its grace that way); the run's processes write
+        # unbuffered (PYTHONUNBUFFERED), and what a forced exit drops a SIGKILL would drop too
         os._exit(1)
 
     def on_sigterm(signum: int, frame: Any) -> None:
