@@ -143,7 +143,7 @@ frozen_code() {  # frozen_code PAPER: the fedsuite of the commit pinned for PAPE
       commit=$(cat "$pin") dir="$(cd .. && pwd)/claims-code-$(cut -c1-12 "$pin")"
       if [ ! -x "$dir/.venv/bin/fedsuite" ]; then
           rm -rf "$dir" && git worktree prune && git worktree add -q --detach "$dir" "$commit"
-          cp -a .venv "$dir/.venv"  # the same packages; then its scripts and fedsuite point at the worktree
+          cp -al .venv "$dir/.venv"  # the same packages (hard links: no second copy of ~6 GB on disk); then its scripts and fedsuite point at the worktree
           grep -lI '^#!.*/\.venv/bin/' "$dir"/.venv/bin/* | xargs sed -i "1s#^\#!.*/\.venv/bin/#\#!$dir/.venv/bin/#"
           "$dir/.venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$dir" > /dev/null
       fi ) 9>".claims-code.lock" >&2
