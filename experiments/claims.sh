@@ -34,6 +34,10 @@
 # experiments/*/results/claims-SCALE keeps every finished run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# `python -m` puts the working directory first on sys.path: without this, the processes a frozen
+# commit's fedsuite starts with `python -m fedsuite...` (a run's CLI, its simulation process) would
+# import this checkout's fedsuite, not the frozen one (they did, until this line)
+export PYTHONSAFEPATH=1
 FEDSUITE=${FEDSUITE:-.venv/bin/fedsuite}
 SCALE=${1:-}
 case "$SCALE" in

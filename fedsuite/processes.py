@@ -47,7 +47,7 @@ def core_slices(jobs: int, cores: Sequence[int] | None = None) -> list[frozenset
     """The cores each of ``jobs`` runs at once is pinned to (``fedsuite reproduce``/``sweep --jobs``):
     ``cores`` (default: this process's affinity) cut into ``jobs`` disjoint slices whose sizes differ
     by at most one; with more runs than cores, one core each, in turn. So a run's clients and its
-    server's evaluation (``server_app.evaluation_threads``: every core the run may use) stay on its
+    server's evaluation (``engine.evaluation_threads``: every core the run may use) stay on its
     own share instead of spinning on the others' (measured on 2 cores with two runs: a central
     evaluation took 5.2 s on two threads, 2.6 s on one). None for one job, or where affinity
     cannot be set (not Linux): nothing is pinned."""
@@ -62,8 +62,12 @@ def core_slices(jobs: int, cores: Sequence[int] | None = None) -> list[frozenset
 
 def fedsuite_first(env: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``env`` with this fedsuite first on ``PYTHONPATH``, so that a subprocess imports this
-    very fedsuite (a checkout or an installed package). Nothing is added when it is first already."""
+    very fedsuite (a checkout or an installed package). Nothing is added when it is first already.
+    ``PYTHONSAFEPATH`` keeps ``python -m`` from putting the working directory before it: a subprocess
+    started in another checkout's folder would import that checkout's fedsuite (a claims queue run
+    from a frozen worktree, started in the main checkout, ran the main checkout's code that way)."""
     out = dict(env)
+    out["PYTHONSAFEPATH"] = "1"
     parts = out["PYTHONPATH"].split(os.pathsep) if out.get("PYTHONPATH") else []
     if parts[:1] != [ROOT]:
         out["PYTHONPATH"] = os.pathsep.join([ROOT, *parts])
