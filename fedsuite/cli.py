@@ -145,8 +145,12 @@ def simulate(
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted run in the same run directory"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run the clients on this Ray cluster "
                                               "(auto, host:port, ray://...; default: a private Ray for the run)"),
+    engine: Optional[str] = typer.Option(None, "--engine", click_type=Names(("flower", "inprocess")),
+                                         help="what runs the clients: flower (Flower's Simulation Engine, Ray) or "
+                                         "inprocess (every client called in this process: no Ray, for tests, "
+                                         "debugging and quick runs; the same numbers)"),
 ) -> None:
-    """Run one federated simulation on Flower's Simulation Engine.
+    """Run one federated simulation on Flower's Simulation Engine (or, with --engine inprocess, in this process).
 
     An option left out takes its value from --config, else the default shown. Ctrl-C stops the run
     and prints the --resume command that continues it."""
@@ -159,7 +163,7 @@ def simulate(
         classes_per_client=classes_per_client, num_clients=num_clients, clients_per_round=clients_per_round,
         fraction=fraction, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, model=model,
         seed=seed, output_dir=output_dir, run_name=run_name, num_cpus=num_cpus, num_gpus=num_gpus,
-        eval_every=eval_every, ray_address=ray_address,
+        eval_every=eval_every, ray_address=ray_address, engine=engine,
     )
     for option, value in (("relaxed_init", relaxed_init), ("neuron_lr", neuron_lr)):
         if value is not None:

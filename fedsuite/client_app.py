@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsuite import runtime
@@ -47,16 +47,21 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    return Message(train_content(msg.content, context), reply_to=msg)
+
+
+def train_content(content: RecordDict, context: Context) -> RecordDict:
+    """A training message's reply: the arrays to aggregate (and the rule's extra records) plus metrics."""
     cfg, run_dir = runtime.split_run_config(dict(context.run_config))
     pid = int(context.node_config["partition-id"])
-    server_round = int(msg.content[CONFIG][SERVER_ROUND])
+    server_round = int(content[CONFIG][SERVER_ROUND])
     faults = FaultDraw.for_task(cfg.faults, cfg.seed, pid, server_round)
     faults.before_training(pid, server_round)
-    device, data, model = _received_model(cfg, msg, context, pid)
+    device, data, model = _received_model(cfg, content, context, pid)
     received = {k: v.detach().clone() for k, v in model.state_dict().items()}
     extras = {
         name: {k: torch.from_numpy(a.numpy()).to(device) for k, a in rec.items()}
-        for name, rec in msg.content.array_records.items()
+        for name, rec in content.array_records.items()
         if name != ARRAYS
     }
     seed = seed_for(cfg.seed, pid, server_round)
@@ -65,35 +70,44 @@ def train(msg: Message, context: Context) -> Message:
 
     state_dir = context.node_config.get("state-dir") or str(run_dir / "client-state")
     task = LocalTask(
-        model=model, received=received, extras=extras, config=dict(msg.content["config"]), cfg=cfg,
+        model=model, received=received, extras=extras, config=dict(content[CONFIG]), cfg=cfg,
         data=data, state=ClientState(context, Path(state_dir).expanduser(), pid, server_round), partition_id=pid,
-        server_round=server_round, lr=float(msg.content["config"]["lr"]), device=device, generator=generator,
+        server_round=server_round, lr=float(content[CONFIG]["lr"]), device=device, generator=generator,
     )
     rule = cfg.method.client(plugins=active_plugins(cfg))
     result = run_local_training(rule, task)
 
-    content = RecordDict({ARRAYS: to_record(faults.corrupt(result.arrays))})
+    reply = RecordDict({ARRAYS: to_record(faults.corrupt(result.arrays))})
     for name, arrays in result.extras.items():
-        content[name] = to_record(arrays)
+        reply[name] = to_record(arrays)
     metrics = {**result.metrics, PARTITION_ID: pid}
-    if msg.content[CONFIG].get(CHECKSUM_REQUEST):  # a server that sends per-client models verifies them
-        metrics[RECEIVED_CHECKSUM] = record_checksum(msg.content[ARRAYS])
-    content[METRICS] = MetricRecord(metrics)
-    return Message(content, reply_to=msg)
+    if content[CONFIG].get(CHECKSUM_REQUEST):  # a server that sends per-client models verifies them
+        metrics[RECEIVED_CHECKSUM] = record_checksum(content[ARRAYS])
+    reply[METRICS] = MetricRecord(metrics)
+    return reply
 
 
 @app.query(STATISTICS_QUERY.split(".")[1])
 def statistics(msg: Message, context: Context) -> Message:
-    """A statistics query: the rule's ``statistics`` of the received model on this client's data."""
+    return Message(statistics_content(msg.content, context), reply_to=msg)
+
+
+def statistics_content(content: RecordDict, context: Context) -> RecordDict:
+    """A statistics query's reply: the rule's ``statistics`` of the received model on this client's data."""
     cfg, _ = runtime.split_run_config(dict(context.run_config))
     pid = int(context.node_config["partition-id"])
-    _, data, model = _received_model(cfg, msg, context, pid)
+    _, data, model = _received_model(cfg, content, context, pid)
     stats = cfg.method.client().statistics(model, data, cfg)  # no plug-ins: it describes w itself
     metrics = MetricRecord({PARTITION_ID: pid, NUM_EXAMPLES: len(data)})
-    return Message(RecordDict({STATISTICS: to_record(stats), METRICS: metrics}), reply_to=msg)
+    return RecordDict({STATISTICS: to_record(stats), METRICS: metrics})
 
 
-def _received_model(cfg, msg: Message, context: Context, pid: int) -> tuple[torch.device, LocalData, torch.nn.Module]:
+#: the handlers without Flower's Message around them, by message type: what the in-process
+#: transport calls (``fedsuite.transport.InProcessTransport``)
+HANDLERS = {MessageType.TRAIN: train_content, STATISTICS_QUERY: statistics_content}
+
+
+def _received_model(cfg, content: RecordDict, context: Context, pid: int) -> tuple[torch.device, LocalData, torch.nn.Module]:
     """The device, this client's data on it, and the model holding the message's ``arrays``."""
     torch.set_num_threads(cfg.num_cpus)
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -103,7 +117,7 @@ def _received_model(cfg, msg: Message, context: Context, pid: int) -> tuple[torc
         data = local_data(cfg, bundle, pid, context, device)
     except DatasetError as exc:  # say which machine lacks the files (a Ray cluster or real node)
         raise DatasetError(f"on {node_label()}: {exc}") from None
-    model = model_with_state(lambda: make_model(cfg, bundle), msg.content[ARRAYS].to_torch_state_dict(), device)
+    model = model_with_state(lambda: make_model(cfg, bundle), content[ARRAYS].to_torch_state_dict(), device)
     return device, data, model
 
 

@@ -18,7 +18,7 @@ import json
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
@@ -132,6 +132,12 @@ class BaseRunConfig(Params):
     num_cpus: int = Field(1, ge=1, description="CPU cores per simulated client (Ray actor)")
     num_gpus: float = Field(0.0, ge=0, description="GPU share per simulated client, e.g. 0.25")
     device: str = Field("auto", description="training device: auto (cuda if visible), cpu or cuda")
+    engine: Literal["flower", "inprocess"] = Field(
+        "flower", description="what runs the clients: flower (Flower's Simulation Engine: Ray-backed virtual "
+        "clients, one machine, a Ray cluster or GPUs) or inprocess (every client called in the fedsuite "
+        "process, one after the other: no Ray, starts in about a second; for tests, debugging and quick runs). "
+        "The same config and seed give the same numbers through both",
+    )
     stall_timeout_s: float = Field(
         1800.0, ge=0,
         description="watchdog of fedsuite simulate: fail the run when no round (or the start-up) has finished "
@@ -190,6 +196,9 @@ class BaseRunConfig(Params):
                              f"{self.partitioner!r}); use --partitioner natural or drop partition_by")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError("device must be one of: auto, cpu, cuda")
+        if self.engine == "inprocess" and self.ray_address:
+            raise ValueError("engine=inprocess runs every client in the fedsuite process, without Ray; "
+                             "drop ray_address, or use engine=flower to run the clients on that cluster")
         if self.cohort_size > self.num_clients:
             raise ValueError(
                 f"clients_per_round ({self.cohort_size}) cannot exceed num_clients ({self.num_clients})"
@@ -339,7 +348,7 @@ def _merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
 #: partition, model, local training, seed, evaluation schedule, fault injection, ...) would make
 #: the resumed rounds a different experiment from the recorded ones, so it is refused.
 RESUME_MUTABLE: tuple[str, ...] = (
-    "rounds", "output_dir", "run_name", "data_root", "num_cpus", "num_gpus", "device", "eval_batch_size",
+    "rounds", "output_dir", "run_name", "data_root", "num_cpus", "num_gpus", "device", "engine", "eval_batch_size",
     "stall_timeout_s", "ray_address", "tensorboard",
 )
 
@@ -370,7 +379,7 @@ def config_differences(recorded: dict[str, Any], cfg: BaseRunConfig) -> list[tup
     copied, as ``experiments/claims.sh`` copies committed records into a fresh ``--out``;
     ``data_root``: the data moved) and what runs it (``num_cpus``, ``num_gpus``, ``device``,
     ``ray_address``: a queue's ``--num-gpus`` and ``--ray-address`` may change between two of its
-    starts; ``eval_batch_size``, ``stall_timeout_s``, ``tensorboard``).
+    starts; ``engine``: both give the same numbers; ``eval_batch_size``, ``stall_timeout_s``, ``tensorboard``).
 
     Both sides are validated and dumped as the ServerApp writes ``config.json`` (``active_dump``), so
     a field the record lacks (an older fedsuite wrote it) counts at its default. A method's section

@@ -178,7 +178,46 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     run_dir.mkdir(parents=True, exist_ok=True)
     # this process's run until it returns: a second one is refused
     with rundir.claimed(run_dir, exclude=(process.pid,) if process is not None else ()):
+        if cfg.engine == "inprocess":
+            return _simulate_inprocess(cfg, run_dir, created, on_progress, before_start)
         return _simulate(cfg, run_dir, created, on_progress, before_start, process)
+
+
+def _simulate_inprocess(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
+                        on_progress: Callable[[list[dict[str, Any]]], None] | None,
+                        before_start: Callable[[], None] | None) -> RunOutcome:
+    """:func:`simulate` with ``engine=inprocess``: the round engine in this process, every client a
+    call into the ClientApp's handlers (``fedsuite.engine.run_inprocess``); no simulation process,
+    no Ray. ``on_progress`` is called after every recorded round. A Ctrl-C (KeyboardInterrupt)
+    leaves the run partial, for ``--resume``; ``stall_timeout_s`` does not apply (nothing runs
+    apart from this process to be stopped)."""
+    from fedsuite import engine
+    from fedsuite.results import read_metrics
+
+    if rundir.start_debris(run_dir):
+        rundir.clear_start_debris(run_dir)
+    done = rundir.check_resumable(cfg, run_dir)
+    if done == cfg.rounds and rundir.summary_status(run_dir) == ("finished:completed", ""):
+        return RunOutcome(run_dir, "finished:completed", f"already complete after {done} rounds", ran=False)
+    started = False
+    try:
+        if before_start is not None:
+            before_start()
+        (run_dir / "summary.json").unlink(missing_ok=True)
+        (run_dir / "error.txt").unlink(missing_ok=True)
+        started = True
+        report = None if on_progress is None else (lambda: on_progress(read_metrics(run_dir, tolerant=True)))
+        try:
+            engine.run_inprocess(cfg, run_dir, on_round=report)
+        except Exception:  # noqa: BLE001 - recorded in summary.json and error.txt; the outcome says it
+            pass
+        recorded = rundir.summary_status(run_dir)
+        status, details = recorded if recorded is not None else (
+            "finished:failed", "the run ended before it recorded an outcome")
+        return RunOutcome(run_dir, status, details)
+    finally:
+        if not started and created is not None:
+            shutil.rmtree(created, ignore_errors=True)
 
 
 def _simulate(cfg: BaseRunConfig, run_dir: Path, created: Path | None,

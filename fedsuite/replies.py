@@ -9,12 +9,15 @@ strategy logs and records in the round's ``drop_reasons``) or the decoded ArrayR
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
-from flwr.app import ArrayRecord, Message
+from flwr.app import ArrayRecord
 
 from fedsuite.arrays import NDArrays
 from fedsuite.wire import NUM_EXAMPLES, ClientReply, decode_records, nonfinite_values
+
+if TYPE_CHECKING:
+    from fedsuite.transport import Reply
 
 
 def failure_reason(reason: str) -> str:
@@ -31,15 +34,15 @@ def failure_reason(reason: str) -> str:
     return lines[-1] if lines else "unknown error"
 
 
-def check_reply(msg: Message, arrays: str, metrics: str | None = None,
+def check_reply(reply: Reply, arrays: str, metrics: str | None = None,
                 template: NDArrays | None = None) -> tuple[str | None, dict[str, NDArrays]]:
     """Validate a reply that must hold the ArrayRecord ``arrays`` (and the MetricRecord ``metrics``
     with :data:`~fedsuite.wire.NUM_EXAMPLES`, when given). With a ``template``, ``arrays`` must have
     its names and shapes. Returns ``(problem, {})`` for an error reply, a missing record, a layout
     that differs from the template or non-finite values; else ``(None, every ArrayRecord decoded)``."""
-    if msg.has_error():
-        return f"client error: {failure_reason(msg.error.reason)}", {}
-    content = msg.content
+    if reply.has_error():
+        return f"client error: {reply.error}", {}
+    content = reply.content
     if arrays not in content.array_records or (metrics is not None and metrics not in content.metric_records):
         return "reply lacks " + " or ".join(repr(n) for n in (arrays, metrics) if n is not None), {}
     if metrics is not None and NUM_EXAMPLES not in content[metrics]:

@@ -206,6 +206,7 @@ def run(app_dir: Path | None) -> None:
 
     use_light_actor()
     run_config = get_fused_config_from_dir(app_dir, {})
+    server_app, client_app = app_components(app_dir)
     cfg, _ = split_run_config(dict(run_config))
     flower_run = Run.create_empty(run_id=RUN_ID)
     flower_run.primary_task_id = 1
@@ -216,7 +217,7 @@ def run(app_dir: Path | None) -> None:
                       run_config=run_config)
     _run_simulation(
         num_supernodes=cfg.num_clients, exit_event=EventType.FLWR_SIMULATION_RUN_LEAVE,
-        server_app_attr="fedsuite.server_app:app", client_app_attr="fedsuite.client_app:app",
+        server_app_attr=server_app, client_app_attr=client_app,
         backend_config=backend_config(cfg), app_dir=str(app_dir), run=flower_run,
         server_app_context=context, is_app=True,
     )
@@ -227,7 +228,7 @@ STOP_GRACE_S = 10.0
 
 
 def note_stop_requests(grace_s: float = STOP_GRACE_S) -> None:
-    """On SIGTERM (a stop, or the launcher's death: PDEATHSIG), set ``server_app.stop_requested``
+    """On SIGTERM (a stop, or the launcher's death: PDEATHSIG), set ``engine.stop_requested``
     first, then do what the handler before did (Ray's driver handler: ``sys.exit``, which tears the
     engine and its actors down). The ServerApp thread then sees its clients vanish; with the flag set
     it records no failure, and the run stays partial. Called in the main thread, after ``ray.init``
@@ -238,7 +239,7 @@ def note_stop_requests(grace_s: float = STOP_GRACE_S) -> None:
     simulation process outliving its killed CLI that way). So a stop gets ``grace_s`` seconds, then
     the process leaves at once (``os._exit(1)``): nothing is lost, the checkpoint of the last finished
     round is already on disk (written atomically), as after a SIGKILL."""
-    from fedsuite.server_app import stop_requested
+    from fedsuite.engine import stop_requested
 
     before = signal.getsignal(signal.SIGTERM)
 
@@ -260,6 +261,16 @@ def note_stop_requests(grace_s: float = STOP_GRACE_S) -> None:
             raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def app_components(app_dir: Path) -> tuple[str, str]:
+    """The app's ServerApp and ClientApp (``[tool.flwr.app.components]`` of its ``pyproject.toml``,
+    as ``flwr run`` reads them): fedsuite's own in a run's app folder (``launch.write_app``), or a
+    user's ServerApp beside fedsuite's ClientApp (``fedsuite.server_app.method_strategy``)."""
+    from flwr.common.config import get_project_config
+
+    components = get_project_config(app_dir)["tool"]["flwr"]["app"]["components"]
+    return components["serverapp"], components["clientapp"]
 
 
 class CalledOff(Exception):

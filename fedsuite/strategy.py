@@ -1,7 +1,11 @@
-"""The server-rule base every fedsuite method subclasses (a Flower Message-API ``FedAvg``): the
-round's protocol, from sampling the cohort to the aggregated model and the round's log.
+"""The server-rule base every fedsuite method subclasses: one round's protocol, from sampling the
+cohort to the aggregated model and the round's log, apart from how the messages travel.
 
-What it adds to Flower's ``FedAvg``, and why:
+The round engine (``fedsuite.engine``) owns the loop and calls :meth:`FedSuiteStrategy.train_round`
+once a round with a transport (``fedsuite.transport``: Flower's grid, or the ClientApp's handlers in
+this process). The class is also an honest Flower ``Strategy``: ``configure_train`` and
+``aggregate_train`` run the same protocol inside Flower's own loop, so a Flower user's ServerApp can
+``start`` any fedsuite method. What the protocol does, and why:
 
 * the cohort is sampled by *partition id* with a generator seeded from (seed, round), so the same
   seed gives the same clients, in simulation and deployment alike;
@@ -9,17 +13,16 @@ What it adds to Flower's ``FedAvg``, and why:
   different model, SCAFFOLD adds the server control variate, ...), then by the plug-ins' server
   halves (``ServerHooks.payload``; each got the ``ServerSetup`` when built, and ``observe`` gets the
   round's :class:`RoundLog`);
-* the node map (``fedsuite.nodes.NodeMap``) is refreshed before every round: a SuperNode that
-  reconnects with a new node id is asked its partition id and gets work again; a sampled client
-  whose node is not connected is sent nothing. Every message sent is remembered with its partition
-  id (``fedsuite.nodes.Exchange``), so an error reply (whose source may be the SuperLink, not the
-  node) and a reply missing after ``round_timeout_s`` are recorded under that partition id in the
-  round's :class:`RoundLog` (``dropped``, with the reason in ``drop_reasons``); fewer than
-  ``min_replies`` accepted replies fail the run;
+* the node map (``fedsuite.nodes.NodeMap``) is refreshed by the transport before every round: a
+  SuperNode that reconnects with a new node id is asked its partition id and gets work again; a
+  sampled client whose node is not connected is sent nothing. Replies come back by partition id, so
+  an error reply (whose source may be the SuperLink, not the node) and a reply missing after
+  ``round_timeout_s`` are recorded under that partition id in the round's :class:`RoundLog`
+  (``dropped``, with the reason in ``drop_reasons``); fewer than ``min_replies`` accepted replies
+  fail the run;
 * replies that are errors, non-finite, or of the wrong keys/shapes are dropped and logged with the
   client's partition id, never averaged in (one validator, ``fedsuite.replies.check_reply``, for
-  training replies and :meth:`query_statistics`' replies); the rest are sorted by partition id
-  before aggregation;
+  training replies and :meth:`query_statistics`' replies); the rest are taken in partition-id order;
 * a round whose failed share of the cohort (error, rejected or missing replies) exceeds
   ``max_failed_fraction``, or that has no accepted reply at all, raises :class:`RoundFailure`: the
   run stops as failed and the last good round's checkpoint stays;
@@ -33,12 +36,11 @@ What it adds to Flower's ``FedAvg``, and why:
   learning rates acted) goes into the round's ``metrics.jsonl`` line under the measure's name;
 * :meth:`state_dict` / :meth:`load_state_dict` hold all server state for checkpoints.
 
+Rounds are global (1-based over the whole run, resumes included): the engine counts them; Flower's
+own loop counts from 1, which is the global round of a fresh run.
+
 :class:`ServerSetup`, :class:`RoundLog` and :class:`RoundFailure` are defined in ``fedsuite.rounds``
 (the plug-ins' server halves use them too) and re-exported here.
-
-Flower's own server optimisers (``FedAdam``, ``FedAvgM``, ``FedYogi``) compose with this class
-through Python's MRO (``strategies/_baselines.py``): Flower's update runs on top of our validated,
-sorted mean.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from typing import Any, Iterable
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import Strategy
 
 from fedsuite.arrays import weighted_mean
 from fedsuite.nodes import Exchange, NodeMap
@@ -57,6 +59,7 @@ from fedsuite.plugins import ServerHooks, active_plugins
 from fedsuite.replies import check_reply, metric_means
 from fedsuite.rounds import RoundFailure, RoundLog, ServerSetup
 from fedsuite.seeding import COHORT_TAG, round_rng
+from fedsuite.transport import FlowerTransport, Reply, Transport
 from fedsuite.wire import (
     ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PARTITION_ID, RECEIVED_CHECKSUM, SERVER_ROUND, STATISTICS,
     STATISTICS_QUERY, ClientReply, NDArrays, record_nbytes, to_ndarrays, to_record,
@@ -75,41 +78,24 @@ DROP_TIMEOUT = "no reply within round_timeout_s"
 BOOKKEEPING_METRICS = frozenset({NUM_EXAMPLES, PARTITION_ID, RECEIVED_CHECKSUM})
 
 
-class FedSuiteStrategy(FedAvg):
-    """FedAvg with deterministic cohorts, per-client payloads and validated replies (see module)."""
+class FedSuiteStrategy(Strategy):
+    """A method's server half (see module): the round's protocol between the engine and a transport,
+    and an honest Flower ``Strategy`` (``configure_train``/``aggregate_train`` over the same protocol)."""
 
-    #: rounds already done before this ``start`` (set by the ServerApp when resuming a run)
-    round_offset: int = 0
-    #: a class whose ``configure_train``/``aggregate_train`` are Flower's own (the server optimisers
-    #: of ``strategies/_baselines.py``) may override them; they call ``super()``, so the round is
-    #: still converted here, once
-    flower_round_api: bool = False
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Flower numbers the rounds of each ``start`` from 1; this class turns that into the global
-        round once, in ``configure_train``/``aggregate_train``. A method overrides the hooks that
-        receive the global round (:meth:`prepare_round`, :meth:`client_payload`, :meth:`aggregate`,
-        :meth:`after_aggregate`), never those two, so no method can forget the resume offset."""
-        super().__init_subclass__(**kwargs)
-        if not cls.flower_round_api:
-            for name in ("configure_train", "aggregate_train"):
-                if name in cls.__dict__:
-                    raise TypeError(
-                        f"{cls.__name__} overrides {name}, which receives Flower's round of this start, not "
-                        f"the global round; override prepare_round / aggregate / after_aggregate instead")
-
-    def __init__(self, setup: ServerSetup, **flower_kwargs: Any) -> None:
+    def __init__(self, setup: ServerSetup) -> None:
         cfg = setup.cfg
-        super().__init__(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=1, **flower_kwargs)
         self.setup = setup
         self.cfg = cfg
         self.params = cfg.method_params
         self.nodes = NodeMap(setup.node_to_pid)  # Flower node id <-> partition id, refreshed every round
-        self.sent = Exchange(self.nodes)  # this round's training messages, by partition id
         self.template = setup.initial
         self.global_arrays: NDArrays = dict(setup.initial)  # w^t as last sent
-        self.grid: Grid | None = None  # the Grid of the round in flight (None in strategy-level tests)
-        self.round_log = RoundLog()  # the round in flight (configure_train starts a new one)
+        #: how the round in flight reaches the clients (None in strategy-level tests that drive the
+        #: rounds by hand); a method's extra exchanges (CCVR's statistics round) use it too
+        self.transport: Transport | None = None
+        self.asked: list[int] = []  # the partitions sent training work this round
+        self.flower_exchange = Exchange(self.nodes)  # configure_train's messages, for aggregate_train
+        self.round_log = RoundLog()  # the round in flight (configure_round starts a new one)
         self.server_hooks: list[ServerHooks] = [
             h for h in (p.server_hooks(setup) for p in active_plugins(cfg)) if h is not None
         ]
@@ -120,10 +106,6 @@ class FedSuiteStrategy(FedAvg):
     def pid_to_node(self) -> dict[int, int]:
         """Partition id -> the Flower node id that last said it holds it (connected or not)."""
         return self.nodes.pid_to_node
-
-    def global_round(self, flower_round: int) -> int:
-        """The global round (1-based over the whole run, resumes included) of Flower's ``flower_round``."""
-        return flower_round + self.round_offset
 
     # --- sampling and payloads ------------------------------------------------------------------
     def sample_cohort(self, server_round: int) -> list[int]:
@@ -152,30 +134,69 @@ class FedSuiteStrategy(FedAvg):
         log.warning("round %s: dropped client %s: %s", self.round_log.round, pid, reason)
         self.round_log.drop(pid, reason)
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        server_round = self.global_round(server_round)
-        self.grid = grid
-        self.nodes.refresh(grid, self.cfg.num_clients, self.cfg.round_timeout_s)
-        self.global_arrays = to_ndarrays(arrays)
+    # --- one round, whatever the transport -----------------------------------------------------
+    def train_round(self, server_round: int, arrays: NDArrays, transport: Transport) -> tuple[NDArrays, dict[str, float]]:
+        """Round ``server_round`` (global, 1-based) from w^t = ``arrays``: the cohort's payloads go out
+        through ``transport``, the replies come back and the server rule makes w^{t+1}.
+        Returns (w^{t+1}, the cohort's mean training metrics); the round's record is ``round_log``."""
+        self.transport = transport
+        transport.refresh(self.nodes, self.cfg.num_clients, self.cfg.round_timeout_s)
+        contents = self.configure_round(server_round, arrays)
+        replies = transport.exchange(MessageType.TRAIN, contents, self.nodes, self.cfg.round_timeout_s)
+        return self.aggregate_round(server_round, replies)
+
+    def configure_round(self, server_round: int, arrays: NDArrays,
+                        config: dict[str, Any] | None = None) -> dict[int, RecordDict]:
+        """Sample the cohort and build each reachable client's message content (the method's
+        :meth:`client_payload`, then the plug-ins' ``payload``); a sampled client whose node is not
+        connected is recorded as dropped. Returns {partition id: content}."""
+        self.global_arrays = arrays
         cohort = self.sample_cohort(server_round)
         self.round_log = RoundLog(round=server_round, cohort=cohort)
         self.prepare_round(server_round, cohort)
-        conf = ConfigRecord({**dict(config), **self.train_config(server_round)})
-        absent = []
-        self.sent = Exchange(self.nodes)
+        record = to_record(arrays)  # one conversion a round: every payload shares it
+        conf = ConfigRecord({**(config or {}), **self.train_config(server_round)})
+        contents: dict[int, RecordDict] = {}
         for pid in cohort:
-            node = self.nodes.node_of(pid)
-            if node is None:
-                absent.append(pid)
+            if self.nodes.node_of(pid) is None:
                 continue
-            content = self.client_payload(server_round, pid, arrays, conf)
+            content = self.client_payload(server_round, pid, record, conf)
             for hooks in self.server_hooks:
                 hooks.payload(server_round, pid, content)
             self.round_log.bytes_sent += record_nbytes(content)
-            self.sent.add(pid, Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN))
-        for pid in absent:
-            self.record_drop(pid, DROP_NOT_CONNECTED)
-        return self.sent.messages()
+            contents[pid] = content
+        for pid in cohort:
+            if pid not in contents:
+                self.record_drop(pid, DROP_NOT_CONNECTED)
+        self.asked = list(contents)
+        return contents
+
+    # --- Flower's Strategy interface: the same round, driven by Flower's loop ------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        """Flower's ``configure_train``: :meth:`configure_round` as messages over ``grid``.
+        ``server_round`` is taken as the global round (Flower's loop counts from 1: a fresh run)."""
+        transport = FlowerTransport(grid)
+        self.transport = transport
+        transport.refresh(self.nodes, self.cfg.num_clients, self.cfg.round_timeout_s)
+        contents = self.configure_round(server_round, to_ndarrays(arrays), dict(config))
+        self.flower_exchange = transport.messages(MessageType.TRAIN, contents, self.nodes)
+        return self.flower_exchange.messages()
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's ``aggregate_train``: :meth:`aggregate_round` of the replies to :meth:`configure_train`'s messages."""
+        new_arrays, metrics = self.aggregate_round(server_round, FlowerTransport.replies(self.flower_exchange, replies))
+        return to_record(new_arrays), MetricRecord(metrics)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        """No federated evaluation: fedsuite evaluates the global model centrally."""
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    def summary(self) -> None:
+        log.info("%s: %s, %d clients, %d a round", type(self).__name__, self.cfg.strategy, self.cfg.num_clients,
+                 self.cfg.cohort_size)
 
     def query_statistics(self, server_round: int, pids: Iterable[int], arrays: ArrayRecord) -> dict[int, NDArrays]:
         """Ask the connected clients among ``pids`` for their rule's statistics of the model ``arrays``
@@ -183,55 +204,53 @@ class FedSuiteStrategy(FedAvg):
         Returns {partition id: statistics}. A reply that fails, lacks the record, holds non-finite
         values or never comes is dropped and logged in this round's log like a failed training reply."""
         conf = ConfigRecord({SERVER_ROUND: server_round})
-        asked = Exchange(self.nodes)
-        for pid in pids:
-            if (node := self.nodes.node_of(pid)) is not None:
-                asked.add(pid, Message(RecordDict({ARRAYS: arrays, CONFIG: conf}), dst_node_id=node,
-                                       message_type=STATISTICS_QUERY))
-        self.round_log.bytes_sent += sum(record_nbytes(m.content) for m in asked.messages())
-        replies = list(self.grid.send_and_receive(asked.messages(), timeout=self.cfg.round_timeout_s))
+        asked = {pid: RecordDict({ARRAYS: arrays, CONFIG: conf}) for pid in pids if self.nodes.node_of(pid) is not None}
+        self.round_log.bytes_sent += sum(record_nbytes(c) for c in asked.values())
+        replies = self.transport.exchange(STATISTICS_QUERY, asked, self.nodes, self.cfg.round_timeout_s)
         stats: dict[int, NDArrays] = {}
-        for msg in replies:
-            pid = asked.pid_of(msg)
-            problem, records = self.receive(msg, STATISTICS)
+        for pid in sorted(asked):
+            if pid not in replies:
+                self.record_drop(pid, f"statistics query: {DROP_TIMEOUT} ({self.cfg.round_timeout_s:g} s)")
+                continue
+            problem, records = self.receive(replies[pid], STATISTICS)
             if problem:
                 self.record_drop(pid, f"statistics query: {problem}")
             else:
                 stats[pid] = records[STATISTICS]
-        for pid in asked.unanswered(replies):
-            self.record_drop(pid, f"statistics query: {DROP_TIMEOUT} ({self.cfg.round_timeout_s:g} s)")
-        return dict(sorted(stats.items()))
+        return stats
 
     # --- replies --------------------------------------------------------------------------------
-    def receive(self, msg: Message, arrays: str, metrics: str | None = None,
+    def receive(self, reply: Reply, arrays: str, metrics: str | None = None,
                 template: NDArrays | None = None) -> tuple[str | None, dict[str, NDArrays]]:
         """Count a reply's bytes into the round's log (unless it is an error) and validate it
         (``fedsuite.replies.check_reply``): (problem, {}) or (None, its decoded ArrayRecords)."""
-        if not msg.has_error():
-            self.round_log.bytes_received += record_nbytes(msg.content)
-        return check_reply(msg, arrays, metrics, template)
+        if not reply.has_error():
+            self.round_log.bytes_received += record_nbytes(reply.content)
+        return check_reply(reply, arrays, metrics, template)
 
-    def parse_replies(self, replies: Iterable[Message]) -> list[ClientReply]:
-        """Drop and log bad training replies; return the good ones sorted by partition id."""
+    def parse_replies(self, replies: dict[int, Reply]) -> list[ClientReply]:
+        """Drop and log bad training replies; return the good ones, by partition id."""
         good: list[ClientReply] = []
-        for msg in replies:
-            pid = self.sent.pid_of(msg)
-            problem, records = self.receive(msg, ARRAYS, METRICS, self.template)
+        for pid in sorted(replies):
+            problem, records = self.receive(replies[pid], ARRAYS, METRICS, self.template)
             if problem:
                 log.warning("round %s: dropped reply of client %s: %s", self.round_log.round, pid, problem)
                 self.round_log.drop(pid, problem)
                 continue
-            metrics = {k: float(v) for k, v in msg.content[METRICS].items() if not isinstance(v, list)}
+            metrics = {k: float(v) for k, v in replies[pid].content[METRICS].items() if not isinstance(v, list)}
             arrays = records.pop(ARRAYS)
             good.append(ClientReply(pid, arrays, int(metrics[NUM_EXAMPLES]), metrics, records))
-        return sorted(good, key=lambda r: r.partition_id)
+        return good
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        server_round = self.global_round(server_round)
-        replies = list(replies)
+    def aggregate_round(self, server_round: int, replies: dict[int, Reply]) -> tuple[NDArrays, dict[str, float]]:
+        """The replies of round ``server_round`` (by partition id; an asked partition that is absent
+        did not answer in time) -> (w^{t+1}, the cohort's mean training metrics): bad replies are
+        dropped and logged, the plug-ins observe the good ones, failures are counted (and may fail
+        the run: :class:`RoundFailure`), then the server rule :meth:`aggregate` runs."""
         good = self.parse_replies(replies)
-        for pid in self.sent.unanswered(replies):  # send_and_receive gave up at round_timeout_s
-            self.record_drop(pid, f"{DROP_TIMEOUT} ({self.cfg.round_timeout_s:g} s)")
+        for pid in self.asked:
+            if pid not in replies:  # the transport gave up at round_timeout_s
+                self.record_drop(pid, f"{DROP_TIMEOUT} ({self.cfg.round_timeout_s:g} s)")
         for hooks in self.server_hooks:
             good = hooks.observe(server_round, good, self.round_log)
         self.round_log.num_replies = len(good)
@@ -248,7 +267,7 @@ class FedSuiteStrategy(FedAvg):
         # the cohort's example-weighted mean of each component's activity measure (fedsuite.activity)
         self.round_log.add({m: metrics[m] for m in self.activity_measures if m in metrics})
         self.after_aggregate(server_round)
-        return to_record(new_arrays), MetricRecord(metrics)
+        return new_arrays, metrics
 
     def check_failures(self, server_round: int, good: list[ClientReply]) -> None:
         """Count the cohort's failed replies (error, rejected or missing) into the round's log;
@@ -271,21 +290,17 @@ class FedSuiteStrategy(FedAvg):
 
     def after_aggregate(self, server_round: int) -> None:
         """Called after the round's aggregation (``self.global_arrays`` is w^{t+1}); may talk to the
-        clients through ``self.grid`` (CCVR's statistics round)."""
+        clients through ``self.transport`` (CCVR's statistics round: :meth:`query_statistics`)."""
 
     def aggregate_metrics(self, replies: list[ClientReply]) -> dict[str, float]:
         """Example-weighted mean of the clients' scalar metrics."""
         return metric_means(replies, lambda key: key not in BOOKKEEPING_METRICS)
 
-    def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+    def evaluation_arrays(self, arrays: NDArrays) -> NDArrays:
         """The model the ServerApp evaluates centrally after a round (default: the global model
         itself). A method whose evaluated model differs from the next round's start point
         (CCVR's calibrated head, FedExP's iterate average) overrides this."""
         return arrays
-
-    # --- no federated evaluation: fedsuite evaluates the global model centrally ----------------
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        return []
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

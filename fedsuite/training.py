@@ -253,7 +253,7 @@ def arrays_evaluator(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, b
     model and of the pool diagnostics (``strategies/pool.py``) both go through it.
 
     ``num_threads``: torch's intra-op threads while evaluating (the caller's setting is restored
-    after); the ServerApp's choice is ``server_app.evaluation_threads``. On a CPU the central
+    after); the ServerApp's choice is ``engine.evaluation_threads``. On a CPU the central
     evaluation of 10,000 test images is about half of a small model's round (1.9 s on one thread,
     1.05 s on two, Fashion-MNIST ``cnn``)."""
 

@@ -36,7 +36,7 @@ from fedsuite.params import Params
 from fedsuite.registry import register_method
 from fedsuite.seeding import round_rng
 from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import to_ndarrays, to_record
+from fedsuite.wire import to_record
 
 #: the virtual features' draw of a calibration round (fedsuite.seeding.round_rng)
 VIRTUAL_TAG = 0xCC7
@@ -117,7 +117,7 @@ class CCVRStrategy(FedSuiteStrategy):
         return server_round == self.cfg.rounds or (every > 0 and server_round % every == 0)
 
     def after_aggregate(self, server_round: int) -> None:
-        if self.grid is not None and self.calibrate_now(server_round):
+        if self.transport is not None and self.calibrate_now(server_round):
             stats = self.gather_statistics(server_round, to_record(self.global_arrays))
             if stats:
                 self.calibrate(server_round, self.global_arrays, stats)
@@ -142,14 +142,13 @@ class CCVRStrategy(FedSuiteStrategy):
             {"ccvr_stats_clients": len(stats), "ccvr_virtual_loss_before": before, "ccvr_virtual_loss_after": after}
         )
 
-    def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+    def evaluation_arrays(self, arrays: NDArrays) -> NDArrays:
         """w^{t+1} with the calibrated head if ``arrays`` is the model calibrated this round."""
         if self.calibrated_head is None or self._base is None:
             return arrays
-        current = to_ndarrays(arrays)
-        if set(current) != set(self._base) or not all(np.array_equal(current[k], self._base[k]) for k in current):
+        if set(arrays) != set(self._base) or not all(np.array_equal(arrays[k], self._base[k]) for k in arrays):
             return arrays
-        return to_record({**current, **self.calibrated_head})
+        return {**arrays, **self.calibrated_head}
 
     def state_dict(self) -> dict[str, Any]:
         return {"calibrated_head": self.calibrated_head}

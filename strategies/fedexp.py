@@ -20,7 +20,7 @@ from fedsuite.params import Params
 from fedsuite.arrays import NDArrays, server_step, weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import ClientReply, to_record
+from fedsuite.wire import ClientReply
 
 
 class FedExPParams(Params):
@@ -62,7 +62,7 @@ class FedExPStrategy(FedSuiteStrategy):
         return new
 
     def evaluation_arrays(self, arrays):
-        return to_record(self._eval) if self._eval is not None else arrays
+        return self._eval if self._eval is not None else arrays
 
 
 register_method(

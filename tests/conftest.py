@@ -137,7 +137,8 @@ def worker_ray_cluster(tmp_path_factory, worker_id):
 def simulate(tmp_path_factory, data_root, worker_ray_cluster):
     """simulate(**overrides) -> SimResult; overrides are RunConfig keys (dotted for sections).
     ``expect_failure=True``: the run must end failed (the result holds what it left behind).
-    CPU runs join this worker's Ray cluster (``worker_ray_cluster``) unless ``ray_address`` is given."""
+    CPU runs on Flower's engine join this worker's Ray cluster (``worker_ray_cluster``) unless
+    ``ray_address`` is given; ``engine="inprocess"`` runs the round engine in this test process."""
     cache: dict[str, SimResult] = {}
     base = tmp_path_factory.mktemp("runs")
 
@@ -147,7 +148,8 @@ def simulate(tmp_path_factory, data_root, worker_ray_cluster):
         if key in cache:
             return cache[key]
         on_cpu = not values.get("num_gpus") and values.get("device", "cpu") == "cpu"  # the node has no GPU
-        cfg = build_config(values={"ray_address": worker_ray_cluster, **values} if on_cpu else values)
+        on_ray = values.get("engine", "flower") == "flower"
+        cfg = build_config(values={"ray_address": worker_ray_cluster, **values} if on_cpu and on_ray else values)
         run_dir = base / f"run{len(cache):03d}"
         outcome = launch.simulate(cfg, run_dir)
         error = (run_dir / "error.txt").read_text() if (run_dir / "error.txt").exists() else outcome.details
@@ -187,6 +189,34 @@ def tree_snapshot(folder: Path) -> dict[str, tuple[int, str]]:
     return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest()
                                          if p.is_file() else "folder")
             for p in sorted(folder.rglob("*")) if ".flwr" not in p.relative_to(folder).parts}
+
+
+def assert_same_state(a: Any, b: Any, where: str = "state") -> None:
+    """Two checkpoint states (nested dicts and lists of arrays, tensors and plain values) are equal,
+    arrays bit for bit."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), f"{where}: keys {list(a)} != {list(b) if isinstance(b, dict) else b}"
+        for k in a:
+            assert_same_state(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: {a!r} != {b!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    elif isinstance(a, (np.ndarray, torch.Tensor)):
+        x, y = (np.asarray(v.cpu() if isinstance(v, torch.Tensor) else v) for v in (a, b))
+        assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y, equal_nan=True), f"{where} differs"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def assert_same_client_state(run_a: Path, run_b: Path) -> None:
+    """Two runs' ``client-state`` folders hold the same files with the same arrays, bit for bit."""
+    files_a, files_b = (sorted(p.relative_to(r / "client-state") for p in (r / "client-state").rglob("*")
+                               if p.is_file()) for r in (run_a, run_b))
+    assert files_a == files_b
+    for rel in files_a:
+        assert_same_state(torch.load(run_a / "client-state" / rel, weights_only=False),
+                          torch.load(run_b / "client-state" / rel, weights_only=False), str(rel))
 
 
 def assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray], exact: bool = True) -> None:

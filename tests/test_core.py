@@ -13,9 +13,10 @@ from fedsuite.arrays import weighted_mean
 from fedsuite.config import build_config
 from fedsuite.replies import failure_reason
 from fedsuite.strategy import RoundFailure, RoundLog, ServerSetup
+from fedsuite.transport import Reply
 from fedsuite.wire import to_record
 from strategies.fedavg import FedAvgStrategy
-from tests.conftest import FAST, assert_same_arrays, reply_message
+from tests.conftest import FAST, assert_same_arrays
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -27,10 +28,15 @@ def make_strategy(num_clients: int = 4, **values) -> FedAvgStrategy:
     return FedAvgStrategy(ServerSetup(cfg=cfg, node_to_pid=node_to_pid, initial=initial))
 
 
-def client_reply(pid: int, arrays: dict, n: int, **metrics) -> object:
+def client_reply(pid: int, arrays: dict, n: int, **metrics) -> tuple[int, Reply]:
+    """(partition id, its reply), as a transport hands them to ``aggregate_round``."""
     content = RecordDict({"arrays": to_record(arrays),
                           "metrics": MetricRecord({"num-examples": n, "train-loss": 1.0, **metrics})})
-    return reply_message(1000 + pid, content)
+    return pid, Reply(content)
+
+
+def error_reply(pid: int, reason: str) -> tuple[int, Reply]:
+    return pid, Reply(error=reason)
 
 
 def test_fedavg_is_the_hand_computed_weighted_mean():
@@ -40,8 +46,7 @@ def test_fedavg_is_the_hand_computed_weighted_mean():
                "n": np.array(10 * (i + 1), np.int64)} for i in range(3)]
     sizes = [10, 30, 60]
     replies = [client_reply(i, m, n) for i, (m, n) in enumerate(zip(models, sizes))]
-    arrays, metrics = strategy.aggregate_train(1, reversed(replies))  # arrival order must not matter
-    got = {k: v.numpy() for k, v in arrays.items()}
+    got, metrics = strategy.aggregate_round(1, dict(reversed(replies)))  # arrival order must not matter
     expected_w = (10 * models[0]["w"].astype(np.float64) + 30 * models[1]["w"] + 60 * models[2]["w"]) / 100
     np.testing.assert_allclose(got["w"], expected_w, rtol=1e-6)
     assert got["w"].dtype == np.float32
@@ -54,9 +59,9 @@ def test_weighted_mean_is_order_independent_bitwise_after_sorting():
     rng = np.random.default_rng(1)
     replies = [client_reply(i, {"w": rng.normal(size=(2, 3)).astype(np.float32), "b": np.ones(3, np.float32),
                                 "n": np.array(1)}, 5 + i) for i in range(4)]
-    a, _ = strategy.aggregate_train(1, replies)
-    b, _ = strategy.aggregate_train(1, replies[::-1])
-    assert_same_arrays({k: v.numpy() for k, v in a.items()}, {k: v.numpy() for k, v in b.items()})
+    a, _ = strategy.aggregate_round(1, dict(replies))
+    b, _ = strategy.aggregate_round(1, dict(replies[::-1]))
+    assert_same_arrays(a, b)
 
 
 def test_bad_replies_are_dropped_and_logged_with_partition_id(caplog):
@@ -67,11 +72,11 @@ def test_bad_replies_are_dropped_and_logged_with_partition_id(caplog):
     inf = {**good, "b": np.array([1, np.inf, 0], np.float32)}
     wrong_shape = {**good, "w": np.ones((3, 2), np.float32)}
     replies = [client_reply(0, good, 10), client_reply(1, nan, 10), client_reply(2, inf, 10),
-               client_reply(3, wrong_shape, 10), reply_message(1000 + 3, error="client crashed")]
+               client_reply(3, wrong_shape, 10), error_reply(4, "client crashed")]
     with caplog.at_level("WARNING", logger="fedsuite"):
-        arrays, _ = strategy.aggregate_train(1, replies)
-    np.testing.assert_array_equal(arrays["w"].numpy(), good["w"])  # only the good reply counts
-    assert sorted(strategy.round_log.dropped) == [1, 2, 3, 3]
+        arrays, _ = strategy.aggregate_round(1, dict(replies))
+    np.testing.assert_array_equal(arrays["w"], good["w"])  # only the good reply counts
+    assert strategy.round_log.dropped == [1, 2, 3, 4]  # in partition-id order, whatever the arrival order
     text = caplog.text
     assert "client 1: non-finite" in text and "client 2: non-finite" in text
     assert "client 3: array 'w' has shape" in text and "client crashed" in text
@@ -81,23 +86,23 @@ def test_round_failures_are_bounded_by_max_failed_fraction():
     """Missing, error and rejected replies all count against the cohort; past the bound (or with no
     accepted reply at all, whatever the bound) the round raises RoundFailure naming the clients."""
     good = {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32), "n": np.array(1)}
-    replies = [client_reply(0, good, 10), client_reply(1, good, 10), reply_message(1000 + 2, error="boom")]
+    replies = dict([client_reply(0, good, 10), client_reply(1, good, 10), error_reply(2, "boom")])
     for limit, fails in [(0.5, False), (0.25, True), (0.0, True)]:
         strategy = make_strategy(max_failed_fraction=limit)
         strategy.round_log = RoundLog(round=1, cohort=[0, 1, 2, 3])  # client 3 never answers
         if fails:
             with pytest.raises(RoundFailure) as exc:
-                strategy.aggregate_train(1, replies)
+                strategy.aggregate_round(1, replies)
             assert exc.value.failed == [2, 3] and exc.value.first_error == "client error: boom"
             assert "round 1: 2 of 4 client replies failed (partitions 2, 3" in str(exc.value)
         else:
-            arrays, _ = strategy.aggregate_train(1, replies)
+            arrays, _ = strategy.aggregate_round(1, replies)
             assert arrays is not None and strategy.round_log.failed == 2
             assert strategy.round_log.drop_reasons == {2: "client error: boom", 3: "no reply"}
     strategy = make_strategy(max_failed_fraction=1.0)
     strategy.round_log = RoundLog(round=1, cohort=[0])
     with pytest.raises(RoundFailure):
-        strategy.aggregate_train(1, [reply_message(1000, error="boom")])
+        strategy.aggregate_round(1, dict([error_reply(0, "boom")]))
 
 
 def test_failure_reason_unwraps_flowers_clientapp_exception():
@@ -215,7 +220,7 @@ def test_simulation_trains_the_plain_pytorch_loops_model_bit_for_bit(simulate, d
 
 def test_central_evaluation_uses_the_cores_the_run_holds():
     from fedsuite.processes import available_cores
-    from fedsuite.server_app import evaluation_threads
+    from fedsuite.engine import evaluation_threads
 
     private = build_config(values={**FAST, "num_cpus": 1})
     shared = build_config(values={**FAST, "num_cpus": 1, "ray_address": "127.0.0.1:6379"})
@@ -291,49 +296,35 @@ def test_round_log_columns_merge():
     assert log.row()["failure_reasons"] == {"2": "boom"} and log.dropped == [2, 2]
 
 
-def test_a_method_cannot_override_the_flower_round_entry_points():
-    """configure_train/aggregate_train receive Flower's round of this start; the base class turns it
-    into the global round once. A method that overrode them could forget the resume offset, so
-    defining one is refused where the class is written."""
-    from fedsuite.strategy import FedSuiteStrategy
-
-    with pytest.raises(TypeError, match="prepare_round"):
-        class Forgetful(FedSuiteStrategy):  # noqa: F841
-            def configure_train(self, server_round, arrays, config, grid):
-                return super().configure_train(server_round, arrays, config, grid)
-
-
-def _dispatch(strategy, flower_round: int) -> list[tuple]:
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    msgs = strategy.configure_train(flower_round, to_record(strategy.global_arrays), ConfigRecord({}), None)
+def _dispatch(strategy, server_round: int) -> list[tuple]:
+    contents = strategy.configure_round(server_round, strategy.global_arrays)
     out = []
-    for m in msgs:
-        records = {name: {k: v.numpy().tobytes() for k, v in rec.items()} for name, rec in m.content.array_records.items()}
-        out.append((m.metadata.dst_node_id, dict(m.content["config"]), records))
+    for pid, content in contents.items():
+        records = {name: {k: v.numpy().tobytes() for k, v in rec.items()} for name, rec in content.array_records.items()}
+        out.append((pid, dict(content["config"]), records))
     return out
 
 
-def test_every_method_sends_the_same_round_after_a_resume(tmp_path):
-    """Round 4 of a run resumed after round 3 (Flower's round 1, offset 3) sends every client exactly
-    what round 4 of an uninterrupted run sends: cohort, config (server-round, lr, slots) and arrays."""
+def test_every_method_sends_the_round_it_is_given(tmp_path):
+    """The engine counts global rounds (a resume after round 3 asks for round 4): every method's
+    round 4 sends the same cohort, config (server-round 4, lr decayed three times, slots) and arrays
+    from two strategies built alike, whatever rounds the other has run (none here)."""
     from fedsuite import models, registry, runtime
 
     for name, spec in registry.methods().items():
         cfg = build_config(values={**FAST, "strategy": name, "lr_decay": 0.9})
         bundle = runtime.load_bundle(cfg)
         sent = []
-        for offset, flower_round in ((0, 4), (3, 1)):
+        for offset in (0, 3):
             setup = ServerSetup(cfg=cfg, node_to_pid={100 + p: p for p in range(cfg.num_clients)},
                                 initial=models.initial_arrays(cfg, bundle), run_dir=tmp_path / f"{name}-{offset}",
                                 build_model=lambda: models.make_model(cfg, bundle),
                                 partition_size=lambda pid: len(runtime.client_indices(cfg, bundle, pid)))
             strategy = spec.strategy(setup)
-            strategy.round_offset = offset
-            sent.append(_dispatch(strategy, flower_round))
+            sent.append(_dispatch(strategy, 4))
         assert sent[0] == sent[1], name
-        assert all(conf["server-round"] == 4 for _, conf, _ in sent[0]), name
+        assert all(conf["server-round"] == 4 and conf["lr"] == pytest.approx(cfg.lr * 0.9**3)
+                   for _, conf, _ in sent[0]), name
 
 
 def test_a_node_that_never_answers_the_handshake_fails_the_run(monkeypatch):

@@ -345,7 +345,7 @@ def _server(tmp_path, data_root, **extra):
 
 def _starts(strategy, server_round, arrays):
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # as inside a ServerApp
-    msgs = strategy.configure_train(server_round - strategy.round_offset, to_record(arrays), ConfigRecord({}), None)
+    msgs = strategy.configure_train(server_round, to_record(arrays), ConfigRecord({}), None)
     return {strategy.setup.node_to_pid[m.metadata.dst_node_id]: to_ndarrays(m.content["start"]) for m in msgs}
 
 
@@ -360,7 +360,7 @@ def _fake_round(strategy, server_round, arrays, seed):
         raw[pid] = w_k
         content = RecordDict({"arrays": to_record(w_k), "metrics": MetricRecord({"num-examples": 10.0})})
         replies.append(reply_message(strategy.pid_to_node[pid], content))
-    new, _ = strategy.aggregate_train(server_round - strategy.round_offset, replies)
+    new, _ = strategy.aggregate_train(server_round, replies)
     return starts, raw, to_ndarrays(new)
 
 

@@ -3,7 +3,11 @@ Ray clients) of at least 2 rounds with its default knobs, for each name in ``fed
 so a new method is covered the moment it registers (with ``E2E``, minimal settings). Each run must
 complete (the ``simulate`` fixture also fails a run with any failed or dropped client reply) and write
 one metrics.jsonl line per round plus round 0, with a finite test accuracy in every line, and a
-checkpoint of the last round.
+checkpoint of the last round. The same run through the in-process engine (``engine="inprocess"``:
+the ClientApp's handlers called in the test process, no Ray) must give the same ``metrics.jsonl``
+(wall time aside), checkpoint (global model and server state) and per-client state, bit for bit:
+the round engine is the same whatever carries its messages (``fedsuite.transport``). FedInit and
+FedNLR carry the two plug-ins (relaxed initialisation, neuron-wise learning rates).
 
 A simulation costs ~10 s of start-up, so a method whose own test file already runs it with its
 default knobs for >= 2 rounds reuses that run: the same overrides (imported from that file where it
@@ -18,7 +22,7 @@ import math
 from typing import Any
 
 import pytest
-from conftest import FAST
+from conftest import FAST, assert_same_arrays, assert_same_client_state, assert_same_state
 from test_baselines_a import IID as BASELINES_A_IID
 from test_baselines_b import SIM as BASELINES_B_SIM
 from test_fedinit import RI3 as FEDINIT_RI3
@@ -76,3 +80,8 @@ def test_method_runs_end_to_end(simulate, name, overrides):
         assert acc is not None and math.isfinite(acc) and 0.0 <= acc <= 1.0, r
     assert run.summary.get("status", "completed") == "completed"
     assert run.checkpoint["round"] == rounds
+    here = simulate(strategy=name, engine="inprocess", **overrides)
+    assert here.metrics_without_time() == run.metrics_without_time()
+    assert_same_arrays(here.arrays, run.arrays)
+    assert_same_state(here.checkpoint["strategy"], run.checkpoint["strategy"])
+    assert_same_client_state(here.run_dir, run.run_dir)

@@ -437,7 +437,7 @@ def test_only_an_error_of_the_run_itself_is_recorded_as_its_failure(how, tmp_pat
     down with it), or a KeyboardInterrupt/SystemExit, records nothing: the run stays partial."""
     from flwr.app import Context, RecordDict
 
-    from fedsuite import server_app
+    from fedsuite import engine, server_app
     from fedsuite.config import to_run_config
     from fedsuite.runtime import RUN_DIR_KEY
 
@@ -449,16 +449,16 @@ def test_only_an_error_of_the_run_itself_is_recorded_as_its_failure(how, tmp_pat
 
     def run(*_: Any) -> None:
         if how == "error-after-stop":
-            server_app.stop_requested.set()
+            engine.stop_requested.set()
         raise raised
 
-    monkeypatch.setattr(server_app, "run", run)
+    monkeypatch.setattr(engine, "run_rounds", run)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # main sets the run's threads
     try:
         with pytest.raises(type(raised)):
             server_app.main(object(), context)
     finally:
-        server_app.stop_requested.clear()
+        engine.stop_requested.clear()
     assert (run_dir / "config.json").is_file()
     if how == "error":
         assert rundir.state(run_dir) == "failed"

@@ -1,0 +1,173 @@
+"""The round engine apart from its transport (``fedsuite.engine``, ``fedsuite.transport``).
+
+Every registered method gives the same records through ``--engine inprocess`` and ``--engine
+flower`` (tests/test_registry_e2e.py, bit for bit). Here: the in-process engine's own behaviour
+(its start without Ray, failures, Ctrl-C and resume), and a Flower user's own ServerApp that runs a
+fedsuite method in Flower's own loop (``Strategy.start``) on Flower's Simulation Engine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import FAST, assert_same_arrays, assert_same_client_state, assert_same_state
+
+from fedsuite import launch, processes
+from fedsuite.config import build_config, to_run_config
+from fedsuite.results import read_metrics
+from fedsuite.runtime import RUN_DIR_KEY
+
+
+def inprocess_config(data_root: Path, **values):
+    return build_config(values={**FAST, "data_root": str(data_root), "engine": "inprocess", **values})
+
+
+def test_the_inprocess_engine_starts_no_process_and_no_ray(tmp_path, data_root):
+    """A run on the in-process engine happens in the calling process: no child process is started
+    (no simulation process, no Ray), and its records are a run's records (round 0 and every round in
+    ``metrics.jsonl``, a checkpoint, ``summary.json`` completed)."""
+    import psutil
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    seen: list[int] = []
+    outcome = launch.simulate(inprocess_config(data_root, rounds=3), tmp_path / "run",
+                              on_progress=lambda rows: seen.append(len(rows)))
+    assert outcome.ok, outcome.details
+    assert {p.pid for p in me.children(recursive=True)} <= before
+    assert [r["round"] for r in read_metrics(tmp_path / "run")] == [0, 1, 2, 3]
+    assert seen == [1, 2, 3, 4]  # progress after round 0 and after every round
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["round"] == 3
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed"
+
+
+def test_a_client_error_fails_an_inprocess_run_loudly(tmp_path, data_root):
+    """A client that raises is a failed reply, as on Flower's engine: the round's failure bound
+    (0 on a simulation) fails the run, which says which client and why in summary.json."""
+    cfg = inprocess_config(data_root, **{"faults.client_error": 1.0})
+    outcome = launch.simulate(cfg, tmp_path / "run")
+    assert not outcome.ok and outcome.status == "finished:failed"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert "injected fault (faults.client_error)" in json.dumps(summary["failure"])
+    assert (tmp_path / "run" / "error.txt").is_file()
+
+
+def test_an_inprocess_run_interrupted_then_resumed_equals_one_uninterrupted(tmp_path, data_root, monkeypatch):
+    """A KeyboardInterrupt (Ctrl-C) in round 3 leaves the run partial (no summary.json, the checkpoint
+    of round 2); resuming it gives the records of a run never interrupted, bit for bit: metrics,
+    model, server state (SCAFFOLD's control variate) and client state."""
+    from fedsuite.strategy import FedSuiteStrategy
+
+    values = {"strategy": "scaffold", "rounds": 4}
+    whole = launch.simulate(inprocess_config(data_root, **values), tmp_path / "whole")
+    assert whole.ok, whole.details
+
+    original = FedSuiteStrategy.train_round
+
+    def interrupted(self, server_round, arrays, transport):
+        if server_round == 3:
+            raise KeyboardInterrupt
+        return original(self, server_round, arrays, transport)
+
+    monkeypatch.setattr(FedSuiteStrategy, "train_round", interrupted)
+    cfg = inprocess_config(data_root, **values)
+    with pytest.raises(KeyboardInterrupt):
+        launch.simulate(cfg, tmp_path / "cut")
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    assert torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)["round"] == 2
+    monkeypatch.setattr(FedSuiteStrategy, "train_round", original)
+    resumed = launch.simulate(cfg, tmp_path / "cut")
+    assert resumed.ok, resumed.details
+
+    def records(run: Path):
+        rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run)]
+        return rows, torch.load(run / "checkpoint.pt", weights_only=False)
+
+    (rows_a, ckpt_a), (rows_b, ckpt_b) = records(tmp_path / "whole"), records(tmp_path / "cut")
+    assert rows_a == rows_b
+    assert_same_arrays(ckpt_a["arrays"], ckpt_b["arrays"])
+    assert_same_state(ckpt_a["strategy"], ckpt_b["strategy"])
+    assert_same_client_state(tmp_path / "whole", tmp_path / "cut")
+
+
+def test_inprocess_refuses_a_ray_cluster(data_root):
+    from fedsuite.config import ConfigError
+
+    with pytest.raises(ConfigError, match="engine=inprocess runs every client in the fedsuite process"):
+        inprocess_config(data_root, ray_address="127.0.0.1:6379")
+
+
+USER_SERVER_APP = '''
+"""A Flower user's own ServerApp: Flower's loop (Strategy.start) with a fedsuite method."""
+import json
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from fedsuite.server_app import method_strategy
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    strategy, initial = method_strategy(grid, context)  # the method the run config names
+
+    def central(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        return MetricRecord(strategy.setup.evaluate({k: v.numpy() for k, v in arrays.items()}))
+
+    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=int(context.run_config["rounds"]),
+                            evaluate_fn=central)
+    out = Path(context.run_config["output_dir"])
+    np.savez(out / "final.npz", **{k: v.numpy() for k, v in result.arrays.items()})
+    accuracy = {r: float(m["accuracy"]) for r, m in result.evaluate_metrics_serverapp.items()}
+    (out / "accuracy.json").write_text(json.dumps(accuracy))
+'''
+
+
+@pytest.mark.xdist_group("test_registry_e2e")
+def test_a_flower_users_own_serverapp_runs_a_fedsuite_method(tmp_path, data_root, worker_ray_cluster, simulate):
+    """An app folder as a Flower user writes it: their own ServerApp module (Flower's
+    ``Strategy.start`` loop with fedsuite's FedMR from ``method_strategy``) and fedsuite's ClientApp,
+    run on Flower's Simulation Engine. Its final model equals fedsuite's own run of the same config
+    bit for bit, and its central accuracy after each round is fedsuite's."""
+    cfg = build_config(values={**FAST, "strategy": "fedmr", "data_root": str(data_root),
+                               "output_dir": str(tmp_path), "rounds": 2})
+    app_dir = tmp_path / "user-app"
+    app_dir.mkdir()
+    (app_dir / "user_server.py").write_text(textwrap.dedent(USER_SERVER_APP))
+    import tomli_w
+
+    pyproject = {
+        "project": {"name": "user-app", "version": "1.0.0", "dependencies": []},
+        "tool": {"flwr": {"app": {
+            "publisher": "someone",
+            "components": {"serverapp": "user_server:app", "clientapp": "fedsuite.client_app:app"},
+            "config": {**to_run_config(cfg), RUN_DIR_KEY: str(tmp_path / "client-side")},
+        }}},
+    }
+    (app_dir / "pyproject.toml").write_text(tomli_w.dumps(pyproject))
+    env = {**processes.process_env(), "RAY_ADDRESS": worker_ray_cluster}
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "fedsuite.simulation", str(app_dir)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert time.monotonic() - started < 600
+    final = dict(np.load(tmp_path / "final.npz"))
+    accuracy = json.loads((tmp_path / "accuracy.json").read_text())
+
+    ours = simulate(strategy="fedmr", rounds=2, engine="inprocess")
+    assert_same_arrays(final, ours.arrays)
+    assert [accuracy[str(r)] for r in range(3)] == [row["test_accuracy"] for row in ours.rows]
