@@ -1,22 +1,24 @@
-"""FedAvgM (Hsu et al., 2019): server momentum on the mean client update, Flower's implementation.
+"""FedAvgM (Hsu et al., 2019): server momentum on the mean client update.
 
-    g_t = w^t − Σ_{i∈S} n_i w_{i,K} / Σ n_i                 (pseudo-gradient of our validated mean)
+    g_t = w^t − Σ_{i∈S} n_i w_{i,K} / Σ n_i                 (pseudo-gradient of the validated mean)
     v_t = g_t (t = 1),   v_t = β v_{t−1} + g_t (t > 1)       (PyTorch SGD-momentum convention)
     w^{t+1} = w^t − η v_t
 
-``class FedAvgMStrategy(flwr FedAvgM, FlowerOptAdapter)``: Flower's ``FedAvgM`` runs on top of
-``FedSuiteStrategy``'s validated mean, unchanged. η = 1 and β = 0 are FedAvg. None of the four papers
-evaluates FedAvgM; defaults follow Hsu et al. (η = 1, β = 0.9). State: v_t (``state_dict``).
+The step is ``fedsuite.server_opt.momentum_step`` (its docstring: arithmetic, integer buffers).
+v_1 = g_1 rather than (1 − β) g_1: heavy-ball momentum without dampening, as ``torch.optim.SGD``
+and Hsu et al.'s description. η = 1 and β = 0 are FedAvg, bit for bit (the mean is returned
+as is). None of the four papers evaluates FedAvgM; defaults follow Hsu et al. (η = 1, β = 0.9).
+State: v_t, and the unrounded w^t of integer buffers (``state_dict``: ``momentum``, ``unrounded``).
 """
 
-import numpy as np
-from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 from pydantic import Field
 
 from clients.fedavg import FedAvgClient
 from fedsuite.params import Params
 from fedsuite.registry import register_method
-from strategies._baselines import FlowerOptAdapter, FlowerOptResult
+from fedsuite.server_opt import Momentum, momentum_step
+from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.wire import ClientReply, NDArrays
 
 
 class FedAvgMParams(Params):
@@ -24,22 +26,25 @@ class FedAvgMParams(Params):
     server_momentum: float = Field(0.9, ge=0, lt=1, description="server momentum β")
 
 
-class FedAvgMStrategy(FlowerOptResult, FlowerFedAvgM, FlowerOptAdapter):
-    """Flower's FedAvgM on fedsuite's validated mean."""
+class FedAvgMStrategy(FedSuiteStrategy):
+    """Server momentum on the validated, data-size-weighted mean."""
 
     def __init__(self, setup) -> None:
-        p = setup.cfg.method_params
-        self._pending_setup = setup
-        FlowerFedAvgM.__init__(self, server_learning_rate=p.server_lr, server_momentum=p.server_momentum)
+        super().__init__(setup)
+        self.momentum = Momentum()
+
+    def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+        p = self.params
+        mean = super().aggregate(server_round, replies)
+        new, self.momentum = momentum_step(self.momentum, self.global_arrays, mean, lr=p.server_lr,
+                                           beta=p.server_momentum)
+        return new
 
     def state_dict(self):
-        if self.momentum_vector is None:
-            return {"momentum": None}
-        return {"momentum": {k: np.array(v, copy=True) for k, v in zip(self.template, self.momentum_vector)}}
+        return self.momentum.state_dict()
 
     def load_state_dict(self, state):
-        mom = state.get("momentum")
-        self.momentum_vector = None if mom is None else [np.array(mom[k], copy=True) for k in self.template]
+        self.momentum = Momentum.from_state_dict(state)
 
 
 register_method(

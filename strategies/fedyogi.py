@@ -1,23 +1,24 @@
-"""FedYogi (Reddi et al., ICLR 2021): Yogi as the server optimiser, on Flower's own implementation.
+"""FedYogi (Reddi et al., ICLR 2021): Yogi as the server optimiser on the mean client update.
 
-    Δ̄_t = Σ_{i∈S} n_i w_{i,K} / Σ n_i − w^t
+    Δ̄_t = Σ_{i∈S} n_i w_{i,K} / Σ n_i − w^t          (the validated, data-size-weighted mean − w^t)
     m_t = β₁ m_{t−1} + (1 − β₁) Δ̄_t
     v_t = v_{t−1} − (1 − β₂) Δ̄_t² ⊙ sign(v_{t−1} − Δ̄_t²)      (element-wise, m_0 = v_0 = 0)
     w^{t+1} = w^t + η m_t / (√v_t + τ)
 
-``class FedYogiStrategy(flwr FedYogi, FlowerOptAdapter)``: Flower's update on top of
-``FedSuiteStrategy``'s validated mean; Flower's rule is the paper's (no bias correction), unchanged.
-None of the four papers evaluates FedYogi, so the defaults are Flower's (η = 0.01, β₁ = 0.9, β₂ = 0.99,
-τ = 1e-3), which are within Reddi et al.'s grids. State: m_t, v_t (``state_dict``).
+The step is ``fedsuite.server_opt.yogi_step`` (its docstring: arithmetic, integer buffers). The rule
+is the paper's Algorithm 2 as written, which has no bias correction. None of the
+four papers evaluates FedYogi, so the defaults are η = 0.01, β₁ = 0.9, β₂ = 0.99, τ = 1e-3, within
+Reddi et al.'s grids. State: m_t, v_t (``state_dict``: ``m_t``, ``v_t``).
 """
 
-from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 from pydantic import Field
 
 from clients.fedavg import FedAvgClient
 from fedsuite.params import Params
 from fedsuite.registry import register_method
-from strategies._baselines import FlowerOptAdapter, FlowerOptResult
+from fedsuite.server_opt import Moments, yogi_step
+from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.wire import ClientReply, NDArrays
 
 
 class FedYogiParams(Params):
@@ -27,13 +28,25 @@ class FedYogiParams(Params):
     tau: float = Field(1e-3, gt=0, description="adaptivity τ")
 
 
-class FedYogiStrategy(FlowerOptResult, FlowerFedYogi, FlowerOptAdapter):
-    """Flower's FedYogi on fedsuite's validated mean."""
+class FedYogiStrategy(FedSuiteStrategy):
+    """Yogi on the validated, data-size-weighted mean."""
 
     def __init__(self, setup) -> None:
-        p = setup.cfg.method_params
-        self._pending_setup = setup
-        FlowerFedYogi.__init__(self, eta=p.server_lr, eta_l=setup.cfg.lr, beta_1=p.beta1, beta_2=p.beta2, tau=p.tau)
+        super().__init__(setup)
+        self.moments = Moments()
+
+    def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+        p = self.params
+        mean = super().aggregate(server_round, replies)
+        new, self.moments = yogi_step(self.moments, self.global_arrays, mean, lr=p.server_lr, beta1=p.beta1,
+                                      beta2=p.beta2, tau=p.tau)
+        return new
+
+    def state_dict(self):
+        return self.moments.state_dict()
+
+    def load_state_dict(self, state):
+        self.moments = Moments.from_state_dict(state)
 
 
 register_method(

@@ -22,12 +22,14 @@ PACKAGES = ("fedsuite", "strategies", "clients")
 #: (importer, imported) pairs allowed to point from the engine into the method packages
 DISCOVERY = {("fedsuite.registry", "strategies")}
 #: the engine modules a method may import: the strategy base and what it hands a server rule, the
-#: client-rule base and its loop, the wire format, array maths, seeding, the batch conversion of the
-#: data layer, the config base, the registry and the activity measures' contract (a method declares
-#: its distinguishing component there). Never the apps, the launcher or the runtime: a method that
-#: needs something of the run gets it through ServerSetup or LocalTask.
+#: client-rule base and its loop, the wire format, array maths and the server optimisers' steps,
+#: seeding, the batch conversion of the data layer, the config base, the registry and the activity
+#: measures' contract (a method declares its distinguishing component there). Never the apps, the
+#: launcher or the runtime: a method that needs something of the run gets it through ServerSetup or
+#: LocalTask.
 CONTRACT = {"fedsuite.strategy", "fedsuite.rounds", "fedsuite.training", "fedsuite.wire", "fedsuite.arrays",
-            "fedsuite.seeding", "fedsuite.data", "fedsuite.params", "fedsuite.registry", "fedsuite.activity"}
+            "fedsuite.server_opt", "fedsuite.seeding", "fedsuite.data", "fedsuite.params", "fedsuite.registry",
+            "fedsuite.activity"}
 
 
 def module_name(path: Path) -> str:
