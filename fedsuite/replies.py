@@ -1,5 +1,6 @@
 """What the server reads from a client's reply: one validator for every message type, the reason of
-an error reply, and the example-weighted mean of the clients' metrics.
+an error reply, and the example-weighted mean of the clients' metrics. A :class:`Reply` is what a
+transport (``fedsuite.transport``) hands back for one partition: the content, or an error.
 
 :func:`check_reply` serves training replies (``"arrays"`` + ``"metrics"``, checked against the
 model's names and shapes) and statistics replies (``"statistics"``) alike. It reads the records'
@@ -9,15 +10,25 @@ strategy logs and records in the round's ``drop_reasons``) or the decoded ArrayR
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, RecordDict
 
 from fedsuite.arrays import NDArrays
 from fedsuite.wire import NUM_EXAMPLES, ClientReply, decode_records, nonfinite_values
 
-if TYPE_CHECKING:
-    from fedsuite.transport import Reply
+
+@dataclass(frozen=True)
+class Reply:
+    """A client's answer: its ``content``, or ``error`` (why it failed: the informative part of the
+    reason, ``fedsuite.replies.failure_reason``)."""
+
+    content: RecordDict | None = None
+    error: str | None = None
+
+    def has_error(self) -> bool:
+        return self.error is not None
 
 
 def failure_reason(reason: str) -> str:

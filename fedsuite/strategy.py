@@ -56,10 +56,10 @@ from flwr.serverapp.strategy import Strategy
 from fedsuite.arrays import weighted_mean
 from fedsuite.nodes import Exchange, NodeMap
 from fedsuite.plugins import ServerHooks, active_plugins
-from fedsuite.replies import check_reply, metric_means
 from fedsuite.rounds import RoundFailure, RoundLog, ServerSetup
 from fedsuite.seeding import COHORT_TAG, round_rng
-from fedsuite.transport import FlowerTransport, Reply, Transport
+from fedsuite.replies import Reply, check_reply, metric_means
+from fedsuite.transport import FlowerTransport, Transport
 from fedsuite.wire import (
     ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PARTITION_ID, RECEIVED_CHECKSUM, SERVER_ROUND, STATISTICS,
     STATISTICS_QUERY, ClientReply, NDArrays, record_nbytes, to_ndarrays, to_record,

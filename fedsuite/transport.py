@@ -12,7 +12,7 @@ What a client computes depends only on the message, the config and its own state
 reseeded from (seed, partition, round): ``fedsuite.seeding``), so both transports give the same
 replies bit for bit on the CPU.
 
-A :class:`Reply` is what came back: the content, or the informative part of an error's reason
+A ``fedsuite.replies.Reply`` is what came back: the content, or the informative part of an error's reason
 (``fedsuite.replies.failure_reason``). A partition missing from :meth:`Transport.exchange`'s result
 did not answer within the timeout.
 """
@@ -22,30 +22,17 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from flwr.app import Context, Message, RecordDict
 
 from fedsuite.nodes import Exchange, NodeMap
-from fedsuite.replies import failure_reason
+from fedsuite.replies import Reply, failure_reason
 
 if TYPE_CHECKING:
     from flwr.serverapp import Grid
 
 log = logging.getLogger("fedsuite")
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A client's answer: its ``content``, or ``error`` (why it failed: the informative part of the
-    reason, ``fedsuite.replies.failure_reason``)."""
-
-    content: RecordDict | None = None
-    error: str | None = None
-
-    def has_error(self) -> bool:
-        return self.error is not None
 
 
 class Transport(ABC):

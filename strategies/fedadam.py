@@ -63,6 +63,6 @@ register_method(
     strategy=FedAdamStrategy,
     client=FedAvgClient,
     params=FedAdamParams,
-    summary="Adam server optimiser on the mean client update (Flower's FedAdam)",
+    summary="Adam server optimiser on the mean client update",
     paper="Reddi et al., ICLR 2021",
 )

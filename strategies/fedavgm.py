@@ -52,6 +52,6 @@ register_method(
     strategy=FedAvgMStrategy,
     client=FedAvgClient,
     params=FedAvgMParams,
-    summary="Server momentum on the mean client update (Flower's FedAvgM)",
+    summary="Server momentum on the mean client update",
     paper="Hsu et al., arXiv:1909.06335, 2019",
 )

@@ -54,6 +54,6 @@ register_method(
     strategy=FedYogiStrategy,
     client=FedAvgClient,
     params=FedYogiParams,
-    summary="Yogi server optimiser on the mean client update (Flower's FedYogi)",
+    summary="Yogi server optimiser on the mean client update",
     paper="Reddi et al., ICLR 2021",
 )

@@ -408,7 +408,7 @@ def test_fedexp_server_extrapolates_and_evaluates_the_two_iterate_average():
     eta = 1 / (2 * (1 / 3 + 1e-3))
     np.testing.assert_allclose(new["w"], np.full(3, eta / 3), rtol=1e-6)
     assert s.round_log.columns["fedexp_eta_g"] == pytest.approx(eta)
-    evaluated = to_ndarrays(s.evaluation_arrays(to_record(new)))
+    evaluated = s.evaluation_arrays(new)
     np.testing.assert_allclose(evaluated["w"], np.full(3, eta / 6), rtol=1e-6)
 
 

@@ -21,7 +21,7 @@ from conftest import FAST, UNIT_ROUND, assert_same_arrays, make_task
 from fedsuite.config import build_config
 from fedsuite.strategy import RoundLog, ServerSetup
 from fedsuite.training import run_local_training
-from fedsuite.wire import ClientReply, to_ndarrays, to_record
+from fedsuite.wire import ClientReply, to_record
 
 F32 = np.float32
 
@@ -246,12 +246,12 @@ def test_ccvr_evaluation_arrays_and_state_round_trip():
     base = {k: v.detach().numpy().copy() for k, v in task.model.state_dict().items()}
     s.round_log = RoundLog()
     s.calibrate(2, base, [stats])
-    ev = to_ndarrays(s.evaluation_arrays(to_record(base)))
+    ev = s.evaluation_arrays(base)
     assert not np.array_equal(ev["head.weight"], base["head.weight"])
     assert all(np.array_equal(ev[k], base[k]) for k in base if not k.startswith("head."))
     assert s.round_log.columns["ccvr_virtual_loss_after"] < s.round_log.columns["ccvr_virtual_loss_before"]
     other = {k: v + 1 for k, v in base.items()}
-    assert all(np.array_equal(to_ndarrays(s.evaluation_arrays(to_record(other)))[k], other[k]) for k in other)
+    assert all(np.array_equal(s.evaluation_arrays(other)[k], other[k]) for k in other)
     s2 = make_strategy("ccvr", num_clients=4, cohort=2)
     s2.load_state_dict(s.state_dict())
     for k in ("head.weight", "head.bias"):

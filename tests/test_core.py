@@ -11,9 +11,8 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedsuite.arrays import weighted_mean
 from fedsuite.config import build_config
-from fedsuite.replies import failure_reason
+from fedsuite.replies import Reply, failure_reason
 from fedsuite.strategy import RoundFailure, RoundLog, ServerSetup
-from fedsuite.transport import Reply
 from fedsuite.wire import to_record
 from strategies.fedavg import FedAvgStrategy
 from tests.conftest import FAST, assert_same_arrays
