@@ -1,4 +1,6 @@
-"""fedsuite's Flower ClientApp (Message API). The same app runs in simulation and on real SuperNodes.
+"""fedsuite's Flower ClientApp (Message API). The same app runs in simulation and on real SuperNodes;
+its handlers without the Message around them (``train_content``, ``statistics_content``:
+:data:`HANDLERS`) are what the in-process engine calls (``fedsuite.transport.InProcessTransport``).
 
 ``query``: answers the ServerApp's handshake with this node's partition id.
 ``train``: rebuilds the model from the received arrays, runs the method's client rule through the

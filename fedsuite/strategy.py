@@ -150,11 +150,13 @@ class FedSuiteStrategy(Strategy):
         """Sample the cohort and build each reachable client's message content (the method's
         :meth:`client_payload`, then the plug-ins' ``payload``); a sampled client whose node is not
         connected is recorded as dropped. Returns {partition id: content}."""
-        self.global_arrays = arrays
+        record = to_record(arrays)  # one conversion a round: every payload shares it
+        # w^t as the clients receive it, decoded from that record as every reply is: a norm or sum
+        # over it then reads the same memory layout on every path (numpy's SIMD sums depend on it)
+        self.global_arrays = to_ndarrays(record)
         cohort = self.sample_cohort(server_round)
         self.round_log = RoundLog(round=server_round, cohort=cohort)
         self.prepare_round(server_round, cohort)
-        record = to_record(arrays)  # one conversion a round: every payload shares it
         conf = ConfigRecord({**(config or {}), **self.train_config(server_round)})
         contents: dict[int, RecordDict] = {}
         for pid in cohort:
