@@ -25,6 +25,9 @@ from torch import nn
 
 from fedsuite.training import ClientRule, LocalResult, LocalTask
 
+#: the extra ArrayRecord the server sends: the generator's weights
+GENERATOR = "generator"
+
 
 class Generator(nn.Module):
     """Conditional feature generator G(ε, y) (module docstring)."""
@@ -77,8 +80,8 @@ class FedGenClient(ClientRule):
         num_classes = int(task.model.head.out_features)
         self.counts = counts = label_counts(task, num_classes)
         self.feature_generator = self.labels = None
-        if "generator" in task.extras:
-            gen = Generator.from_state(task.extras["generator"], num_classes).to(task.device).eval()
+        if GENERATOR in task.extras:
+            gen = Generator.from_state(task.extras[GENERATOR], num_classes).to(task.device).eval()
             gen.requires_grad_(False)
             self.feature_generator = gen
             self.labels = torch.nonzero(counts > 0).flatten().to(task.device)

@@ -20,6 +20,11 @@ import torch
 
 from fedsuite.training import ClientRule, LocalResult, LocalTask
 
+#: the extra ArrayRecord the server sends: c, the server control variate
+SERVER_CV = "server-cv"
+#: the extra ArrayRecord the client replies: Δc_i = c_i⁺ − c_i
+DELTA_CV = "delta-cv"
+
 STATE_NAME = "scaffold-ci"
 
 
@@ -44,7 +49,7 @@ class ScaffoldClient(ClientRule):
     def start(self, task: LocalTask) -> None:
         params = task.named_params
         zeros = {n: torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for n, p in params.items()}
-        c = task.extras.get("server-cv") or zeros
+        c = task.extras.get(SERVER_CV) or zeros
         c_i = task.state.load_arrays(STATE_NAME, task.device) or zeros
         c = {n: c[n].to(task.device, p.dtype) for n, p in params.items()}
         c_i = {n: c_i[n].to(task.device, p.dtype) for n, p in params.items()}
@@ -59,5 +64,5 @@ class ScaffoldClient(ClientRule):
         # η̂ = η · s per neuron where a plug-in scales the rates (FedNLR), else η
         c_new = control_variate_update(self.c_i, self.c, delta, task.num_steps, task.lr, self.lr_scales())
         task.state.save_arrays(STATE_NAME, c_new)
-        result.extras["delta-cv"] = {n: c_new[n] - self.c_i[n] for n in c_new}
+        result.extras[DELTA_CV] = {n: c_new[n] - self.c_i[n] for n in c_new}
         return result

@@ -225,7 +225,7 @@ class BaseRunConfig(Params):
         """``max_failed_fraction``, or the engine's default when unset (see the field)."""
         if self.max_failed_fraction is not None:
             return self.max_failed_fraction
-        return 0.0 if on_simulation_engine() else DEPLOYMENT_MAX_FAILED_FRACTION
+        return 0.0 if self.engine == "inprocess" or on_simulation_engine() else DEPLOYMENT_MAX_FAILED_FRACTION
 
     @property
     def method(self) -> registry.MethodSpec:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from fedsuite.data import augment_batch, to_float
 from fedsuite.state import ClientState
+from fedsuite.wire import NUM_STEPS
 
 
 @dataclass
@@ -218,7 +219,7 @@ def run_local_training(rule: ClientRule, task: LocalTask) -> LocalResult:
             task.loss_sum = task.loss_sum + (loss.double() if torch.is_tensor(loss) else loss)
     result = rule.run_finish(task)
     result.metrics.setdefault("train-loss", float(task.loss_sum) / max(task.num_steps, 1))
-    result.metrics["num-steps"] = float(task.num_steps)
+    result.metrics[NUM_STEPS] = float(task.num_steps)
     result.metrics["num-examples"] = float(len(task.data))
     return result
 

@@ -41,6 +41,8 @@ INFO = "info"
 #: its number of examples (the aggregation weight)
 PARTITION_ID = "partition-id"
 NUM_EXAMPLES = "num-examples"
+#: metric: the local SGD steps the client took (the shared loop reports it: FedNova, the FedCM family)
+NUM_STEPS = "num-steps"
 #: the metric of a reply to a training message that asked for :data:`CHECKSUM_REQUEST`
 RECEIVED_CHECKSUM = "received-checksum"
 #: config keys of every training message and statistics query

@@ -30,13 +30,13 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from pydantic import Field
 
-from clients.fedgen import FedGenClient, Generator
+from clients.fedgen import GENERATOR, FedGenClient, Generator
 from fedsuite.arrays import NDArrays
 from fedsuite.params import Params
 from fedsuite.registry import register_method
 from fedsuite.seeding import seed_for
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.wire import ClientReply, to_record
+from fedsuite.wire import ARRAYS, CONFIG, ClientReply, to_record
 
 
 class FedGenParams(Params):
@@ -104,9 +104,9 @@ class FedGenStrategy(FedSuiteStrategy):
         return {k: v.detach().cpu().numpy().copy() for k, v in self.generator.state_dict().items()}
 
     def client_payload(self, server_round: int, pid: int, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
-        content = RecordDict({"arrays": arrays, "config": config})
+        content = RecordDict({ARRAYS: arrays, CONFIG: config})
         if self.trained_rounds > 0:
-            content["generator"] = to_record(self.generator_arrays())
+            content[GENERATOR] = to_record(self.generator_arrays())
         return content
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:

@@ -31,7 +31,7 @@ from pydantic import Field
 from fedsuite.params import Params
 from fedsuite.arrays import NDArrays, cast_like, norm, weighted_sum64
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.wire import MOMENTUM, ClientReply, to_record
+from fedsuite.wire import MOMENTUM, NUM_STEPS, ClientReply, to_record
 
 EPS0 = 1e-12
 
@@ -117,7 +117,7 @@ class MomentumStrategy(FedSuiteStrategy):
             "global_update_norm": d_t * norm_bar,
         }
         if self.sends_momentum:
-            k_bar = float(np.mean([r.metrics.get("num-steps", 0.0) for r in replies]))
+            k_bar = float(np.mean([r.metrics.get(NUM_STEPS, 0.0) for r in replies]))
             lr = self.local_lr(server_round)
             factor = d_t if p.momentum_source == "normalized" else 1.0
             if k_bar > 0 and lr > 0:

@@ -56,7 +56,7 @@ from fedsuite.params import Params
 from fedsuite.arrays import NDArrays, uniform_mean
 from fedsuite.seeding import round_rng
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.wire import CHECKSUM_REQUEST, ClientReply, record_checksum, to_record
+from fedsuite.wire import ARRAYS, CHECKSUM_REQUEST, CONFIG, ClientReply, record_checksum, to_record
 
 log = logging.getLogger("fedsuite")
 
@@ -148,7 +148,7 @@ class PoolStrategy(FedSuiteStrategy):
             self._slot_records[id(model)] = (record, record_checksum(record))
         record, crc = self._slot_records[id(model)]
         self._sent[pid] = crc
-        return RecordDict({"arrays": record, "config": ConfigRecord({**dict(config), "slot": slot, CHECKSUM_REQUEST: True})})
+        return RecordDict({ARRAYS: record, CONFIG: ConfigRecord({**dict(config), "slot": slot, CHECKSUM_REQUEST: True})})
 
     # --- aggregation --------------------------------------------------------------------------------
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:

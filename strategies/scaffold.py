@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from clients.scaffold import ScaffoldClient
+from clients.scaffold import DELTA_CV, SERVER_CV, ScaffoldClient
 from fedsuite.params import Params
 from fedsuite.arrays import NDArrays, copy_arrays, server_step, weighted_mean
 from fedsuite.registry import register_method
@@ -45,7 +45,7 @@ class ScaffoldStrategy(FedSuiteStrategy):
 
     def client_payload(self, server_round, pid, arrays, config):
         content = super().client_payload(server_round, pid, arrays, config)
-        content["server-cv"] = self._c_record
+        content[SERVER_CV] = self._c_record
         return content
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
@@ -53,7 +53,7 @@ class ScaffoldStrategy(FedSuiteStrategy):
         new = server_step(mean, self.global_arrays, self.params.server_lr, self.keys)
         total = {k: np.zeros(self.c[k].shape, np.float64) for k in self.keys}
         for r in replies:
-            dc = r.extras.get("delta-cv")
+            dc = r.extras.get(DELTA_CV)
             if dc is None or set(dc) != set(self.keys):
                 log.warning("round %s: client %s sent no valid delta-cv; c ignores it", server_round, r.partition_id)
                 continue

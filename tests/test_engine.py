@@ -51,13 +51,17 @@ def test_the_inprocess_engine_starts_no_process_and_no_ray(tmp_path, data_root):
 
 
 def test_a_client_error_fails_an_inprocess_run_loudly(tmp_path, data_root):
-    """A client that raises is a failed reply, as on Flower's engine: the round's failure bound
-    (0 on a simulation) fails the run, which says which client and why in summary.json."""
-    cfg = inprocess_config(data_root, **{"faults.client_error": 1.0})
+    """A client that raises is a failed reply, as on Flower's engine, and the in-process engine is a
+    simulation: one failed reply of a cohort of 4 fails the run (max_failed_fraction 0), which says
+    which client and why in summary.json."""
+    cfg = inprocess_config(data_root, rounds=3, **{"faults.client_error": 0.2})
+    assert cfg.resolved_max_failed_fraction == 0.0
     outcome = launch.simulate(cfg, tmp_path / "run")
     assert not outcome.ok and outcome.status == "finished:failed"
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed"
+    failure = summary["failure"]
+    assert 0 < len(failure["partition_ids"]) < failure["cohort_size"] and failure["max_failed_fraction"] == 0, failure
     assert "injected fault (faults.client_error)" in json.dumps(summary["failure"])
     assert (tmp_path / "run" / "error.txt").is_file()
 
