@@ -9,6 +9,7 @@ Use ``FAST`` settings unless a test needs more.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -133,8 +134,20 @@ def worker_ray_cluster(tmp_path_factory, worker_id):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@pytest.fixture
+def simulate(request, cached_simulate):
+    """simulate(**overrides) -> SimResult, the session-cached runs of ``cached_simulate``. In a
+    test marked ``inprocess`` (a file's ``pytestmark = pytest.mark.inprocess``) the runs use the
+    in-process engine unless the call names an engine: such a file tests the methods' maths or the
+    records, not how messages travel, and the in-process engine gives Flower's numbers bit for bit
+    (tests/test_registry_e2e.py)."""
+    if request.node.get_closest_marker("inprocess") is None:
+        return cached_simulate
+    return functools.partial(cached_simulate, engine="inprocess")
+
+
 @pytest.fixture(scope="session")
-def simulate(tmp_path_factory, data_root, worker_ray_cluster):
+def cached_simulate(tmp_path_factory, data_root, worker_ray_cluster):
     """simulate(**overrides) -> SimResult; overrides are RunConfig keys (dotted for sections).
     ``expect_failure=True``: the run must end failed (the result holds what it left behind).
     CPU runs on Flower's engine join this worker's Ray cluster (``worker_ray_cluster``) unless

@@ -31,6 +31,10 @@ from fedsuite.wire import to_ndarrays, to_record
 from strategies.fedexp import fedexp_step_size
 from strategies.fednova import nova_norm
 
+
+#: the methods' maths, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
+pytestmark = pytest.mark.inprocess
+
 F32 = np.float32
 
 

@@ -23,6 +23,10 @@ from fedsuite.strategy import RoundLog, ServerSetup
 from fedsuite.training import run_local_training
 from fedsuite.wire import ClientReply, to_record
 
+
+#: the methods' maths, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
+pytestmark = pytest.mark.inprocess
+
 F32 = np.float32
 
 

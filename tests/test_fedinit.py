@@ -36,6 +36,10 @@ from fedsuite.wire import to_ndarrays, to_record
 from strategies.fedavg import FedAvgStrategy
 from tests.conftest import FAST, assert_same_arrays, make_task, reply_message
 
+
+#: the methods' maths, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
+pytestmark = pytest.mark.inprocess
+
 # --------------------------------------------------------------------------------------------
 # helpers: one client round at hook level, a federated loop of such rounds
 # --------------------------------------------------------------------------------------------

@@ -25,6 +25,10 @@ from strategies.fedmut import FedMutStrategy, mutate, mutation_beta, mutation_co
 from strategies.indep import IndepAggrStrategy, IndepStrategy
 from tests.conftest import FAST, UNIT_ROUND, assert_same_arrays, reply_message
 
+
+#: the methods' maths, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
+pytestmark = pytest.mark.inprocess
+
 # a small "model" with a conv, a BatchNorm (incl. its integer buffer) and a head, in state_dict order
 SHAPES = {
     "conv.weight": (4, 3, 3, 3),

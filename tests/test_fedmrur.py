@@ -30,6 +30,10 @@ from strategies.fedmrur import FedMRURStrategy
 from tests.conftest import UNIT_ROUND, assert_same_arrays, make_task
 
 
+#: the methods' maths, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
+pytestmark = pytest.mark.inprocess
+
+
 def naive_sq_dist(z: torch.Tensor, zh: torch.Tensor, beta: float) -> torch.Tensor:
     """−2β − 2⟨lift(z), lift(ẑ)⟩_𝓛 evaluated literally (eq. 4)."""
     return -2 * beta - 2 * lorentz_inner(lift(z, beta), lift(zh, beta))

@@ -42,6 +42,10 @@ from fedsuite.training import run_local_training
 from fedsuite.wire import to_record
 from tests.conftest import assert_same_arrays, make_task
 
+
+#: the methods' maths, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
+pytestmark = pytest.mark.inprocess
+
 # ------------------------------------------------------------------------------------------------
 # Eq. 15-17: scale factors, temperature, μ_l
 # ------------------------------------------------------------------------------------------------

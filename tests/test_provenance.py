@@ -38,6 +38,9 @@ from fedsuite.reproduce.tables import parse_tables, plan
 from fedsuite.results import read_metrics
 from tests.test_reproduce import TINY
 
+#: the records a run writes, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
+pytestmark = pytest.mark.inprocess
+
 ROOT = Path(__file__).resolve().parent.parent
 CHECKOUT = (ROOT / ".git").exists() and shutil.which("git") is not None
 needs_checkout = pytest.mark.skipif(not CHECKOUT, reason="the tests run from a git checkout with git installed")
@@ -188,10 +191,10 @@ def test_a_runs_summary_records_what_produced_it_and_its_config_does_not(simulat
 
 
 @pytest.fixture(scope="module")
-def resumed(simulate, tmp_path_factory):
+def resumed(cached_simulate, tmp_path_factory):
     """A copy of the cached 3-round run, resumed to 4 rounds by another code: a git repository of a
     copy of fedsuite (``PYTHONPATH``), at its own commit. Returns (run_dir, that commit)."""
-    original = simulate(**RUN)
+    original = cached_simulate(engine="inprocess", **RUN)  # this file's runs (pytestmark)
     base = tmp_path_factory.mktemp("resumed")
     run_dir = base / "runs" / "r"
     shutil.copytree(original.run_dir, run_dir, ignore=shutil.ignore_patterns(".flwr", "app", "ray-logs", "*.log"))

@@ -9,11 +9,11 @@ the ClientApp's handlers called in the test process, no Ray) must give the same 
 the round engine is the same whatever carries its messages (``fedsuite.transport``). FedInit and
 FedNLR carry the two plug-ins (relaxed initialisation, neuron-wise learning rates).
 
-A simulation costs ~10 s of start-up, so a method whose own test file already runs it with its
-default knobs for >= 2 rounds reuses that run: the same overrides (imported from that file where it
-defines them) in that file's xdist group, whose worker's session cache then holds one simulation for
-both tests (``SHARED``). Sharing is an optimisation only: if a file changes its config, the run here
-still happens, on its own."""
+A method whose own test file already runs it with its default knobs for >= 2 rounds shares that
+run: the same overrides (imported from that file where it defines them) in that file's xdist group,
+whose worker's session cache then holds one run for both tests (``SHARED``; the method files run
+on the in-process engine, tests/test_resume.py on Flower's). Sharing is an optimisation only: if a
+file changes its config, the run here still happens, on its own."""
 
 from __future__ import annotations
 

@@ -30,6 +30,9 @@ from fedsuite import superlink  # noqa: E402
 from fedsuite.recording import RunRecorder, scalars  # noqa: E402
 from fedsuite.results import read_metrics  # noqa: E402
 
+#: the records a run writes, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
+pytestmark = pytest.mark.inprocess
+
 TRACKED = {"strategy": "fedmr", "fedmr.diagnostics": True, "rounds": 3, "faults.client_error": 0.25,
            "max_failed_fraction": 0.75}
 
