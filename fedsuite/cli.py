@@ -376,6 +376,32 @@ def certs(
 
 
 @app.command(cls=OneLineUsageCommand)
+def connection(
+    flwr_home: Path = typer.Argument(..., help="the flwr CLI's home (FLWR_HOME): its config.toml gets the connection"),
+    address: str = typer.Argument(..., help="the SuperLink's Control API, HOST:PORT"),
+    root_certificates: Optional[Path] = typer.Option(None, "--root-certificates",
+                                                     help="the CA certificate (TLS); without it: insecure"),
+    name: str = typer.Option("fedsuite", "--name", help="the connection's name"),
+) -> None:
+    """Write the flwr CLI's connection to a SuperLink (for flwr run, flwr log, fedsuite submit)."""
+    from fedsuite.superlink import write_connection
+
+    write_connection(flwr_home, address, root_certificates, name)
+
+
+@app.command(cls=OneLineUsageCommand)
+def submit(
+    app_dir: Path = typer.Argument(..., help="the Flower app folder to run"),
+    connection: str = typer.Argument(..., help="the flwr connection's name (fedsuite connection)"),
+    run_config: str = typer.Option("", "--run-config", help="as flwr run --run-config takes it"),
+) -> None:
+    """flwr run + flwr log --stream against a SuperLink; exits 0 only if the run finished completed."""
+    from fedsuite.superlink import submit_and_follow
+
+    raise typer.Exit(submit_and_follow(app_dir, connection, run_config))
+
+
+@app.command(cls=OneLineUsageCommand)
 def gateway(
     credentials: Path = typer.Argument(..., help="credentials folder (fedsuite certs): reads ca.crt, server.pem, "
                                        "server.key only"),

@@ -11,19 +11,18 @@ use any of this (``fedsuite.launch``). The tests (``tests/test_deployment.py``,
   a simulation is), :func:`final_status` (the ServerApp's ``summary.json``, else ``flwr list``:
   ``flwr run``'s exit code hides a failed ServerApp), :func:`wait_finished`.
 
-As a command, for the containers' scripts (``docker/entrypoint.sh``, ``docker/superlink.sh``,
-``docker/submit.sh``), which then carry no copy of this logic::
+As commands of the CLI, for people and for the containers' scripts (``docker/entrypoint.sh``,
+``docker/superlink.sh``, ``docker/submit.sh``), which then carry no copy of this logic::
 
-    python -m fedsuite.superlink connection FLWR_HOME ADDRESS [--root-certificates CA] [--name NAME]
-    python -m fedsuite.superlink submit APP_DIR CONNECTION [--run-config CONFIG]
+    fedsuite connection FLWR_HOME ADDRESS [--root-certificates CA] [--name NAME]
+    fedsuite submit APP_DIR CONNECTION [--run-config CONFIG]
 
-``submit`` submits the app, streams its log to stdout, waits for Flower's final status and exits 0
+``submit`` (:func:`submit_and_follow`) submits the app, streams its log to stdout, waits for Flower's final status and exits 0
 only if the run finished:completed (1 otherwise); its lines start with ``submit:``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -187,26 +186,3 @@ def submit_and_follow(app_dir: Path, connection: str, run_config: str) -> int:
     status, _ = wait_finished(run_id, env, connection, cwd, timeout=120.0, poll=2.0)
     print(f"submit: run {run_id}: {status}", flush=True)
     return 0 if status == "finished:completed" else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedsuite.superlink", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    conn = commands.add_parser("connection", help="write the flwr CLI's connection into FLWR_HOME/config.toml")
-    conn.add_argument("flwr_home", type=Path)
-    conn.add_argument("address", help="the SuperLink's host:port")
-    conn.add_argument("--root-certificates", type=Path, help="the CA certificate (TLS); without it: insecure")
-    conn.add_argument("--name", default=CONNECTION, help="the connection's name")
-    sub = commands.add_parser("submit", help="flwr run + flwr log --stream; exit 0 only if finished:completed")
-    sub.add_argument("app_dir", type=Path)
-    sub.add_argument("connection")
-    sub.add_argument("--run-config", default="", help="as flwr run --run-config takes it")
-    args = parser.parse_args(argv)
-    if args.command == "connection":
-        write_connection(args.flwr_home, args.address, args.root_certificates, args.name)
-        return 0
-    return submit_and_follow(args.app_dir, args.connection, args.run_config)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -526,7 +526,7 @@ def test_missing_credentials_fail_loudly(tmp_path):
                          env={**os.environ, "FEDSUITE_SUPERLINK": "superlink:9093", "FLWR_HOME": str(tmp_path / "h"),
                               "FEDSUITE_CA": str(tmp_path / "none" / "ca.crt")})
     assert out.returncode == 2 and f"{tmp_path / 'none' / 'ca.crt'} is missing" in out.stderr, out.stderr
-    # it writes the connection with fedsuite's `python3 -m fedsuite.superlink connection`: the image puts
+    # it writes the connection with fedsuite's `python3 -m fedsuite.cli connection`: the image puts
     # its environment's python3 first on PATH (docker/Dockerfile), and so does this test
     image_path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     out = subprocess.run(["sh", str(REPO / "docker" / "entrypoint.sh"), "cat", str(tmp_path / "h" / "config.toml")],
