@@ -393,12 +393,13 @@ def connection(
 def submit(
     app_dir: Path = typer.Argument(..., help="the Flower app folder to run"),
     connection: str = typer.Argument(..., help="the flwr connection's name (fedsuite connection)"),
-    run_config: str = typer.Option("", "--run-config", help="as flwr run --run-config takes it"),
+    run_config: Optional[str] = typer.Option(None, "--run-config", help="as flwr run --run-config takes it "
+                                             "(default: the app's own config)"),
 ) -> None:
     """flwr run + flwr log --stream against a SuperLink; exits 0 only if the run finished completed."""
     from fedsuite.superlink import submit_and_follow
 
-    raise typer.Exit(submit_and_follow(app_dir, connection, run_config))
+    raise typer.Exit(submit_and_follow(app_dir, connection, run_config or ""))
 
 
 @app.command(cls=OneLineUsageCommand)
