@@ -49,11 +49,12 @@ class RunProgress:
     """The bar of one run: round k/R, the latest test accuracy and the failed replies so far,
     updated from the rows of ``metrics.jsonl`` (``launch.simulate``'s ``on_progress``)."""
 
-    def __init__(self, rounds: int, console: Console) -> None:
+    def __init__(self, rounds: int, console: Console, starting: str = "starting Flower") -> None:
         self.rounds = rounds
+        self.starting = starting  # what the bar says until round 1 has ended
         self.bar = Progress(TextColumn("{task.description}", markup=False, style="progress.description"), BarColumn(),
                             MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False)
-        self.task = self.bar.add_task("starting Flower", total=rounds, start=False, visible=False)
+        self.task = self.bar.add_task(starting, total=rounds, start=False, visible=False)
 
     def begin(self) -> None:
         self.bar.start()
@@ -63,7 +64,7 @@ class RunProgress:
     def show(self, rows: list[dict[str, Any]]) -> None:
         done = [r for r in rows if r["round"] > 0]
         accs = [r["test_accuracy"] for r in rows if r.get("test_accuracy") is not None]
-        desc = f"round {done[-1]['round']}/{self.rounds}" if done else "starting Flower"
+        desc = f"round {done[-1]['round']}/{self.rounds}" if done else self.starting
         if accs:
             desc += f"  acc {100 * accs[-1]:.2f}%"
         failed = sum(r.get("failed", 0) or 0 for r in done)

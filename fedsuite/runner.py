@@ -121,7 +121,8 @@ def _launch(cfg: BaseRunConfig, run_dir: Path, process: Any, console: Console | 
     from fedsuite import launch, runtime
     from fedsuite.cli_support import RunProgress
 
-    progress = RunProgress(cfg.rounds, console) if console is not None else None
+    starting = "starting Flower" if cfg.engine == "flower" else "starting"
+    progress = RunProgress(cfg.rounds, console, starting) if console is not None else None
 
     def begin() -> None:
         """Check the data (``launch.simulate``'s ``before_start``: while the simulation process starts
@@ -161,7 +162,9 @@ def _ending(cfg: BaseRunConfig, outcome: RunOutcome, console: Console | None, sp
         # outcome.details: the failed replies' message, error.txt's last line, or the process's exit
         # code; a failure Flower logged is more telling than the last two
         detail = outcome.details if "failure" in summary else (rundir.flower_log_reason(run_dir) or outcome.details)
-        raise RunFailed(f"run {outcome.status}: {detail} (logs: {run_dir / 'flower.log'})", run_dir)
+        # the in-process engine has no simulation process, hence no flower.log: its traceback is error.txt
+        logs = run_dir / ("flower.log" if cfg.engine == "flower" else "error.txt")
+        raise RunFailed(f"run {outcome.status}: {detail} (logs: {logs})", run_dir)
     if console is not None:
         acc = summary.get("final_accuracy")
         failed = summary.get("failed_replies", 0)
