@@ -8,9 +8,11 @@ them running. Two mechanisms:
 * :func:`die_with_parent` (a ``preexec_fn``): the processes the CLI starts itself get
   ``PR_SET_PDEATHSIG`` (Linux), so the kernel signals them when the CLI dies;
 * :func:`start` launches this module as a small watcher in its own session (so a process-group
-  kill does not reach it). It polls the CLI's PID; once the CLI is gone it stops every process
-  whose environment carries the run's private ``FLWR_HOME`` (the simulation process, Ray's
-  daemons and workers; a SuperLink and its children), discards the private Ray's temporary directory
+  kill does not reach it). It polls the CLI's PID, and every 2 s notes the run's processes (those
+  whose environment carries the run's private ``FLWR_HOME``, and their descendants: Ray's renamed
+  agents show no mark of their own); once the CLI is gone it stops the noted ones still running,
+  then every process that carries the mark (the simulation process, Ray's daemons and workers; a
+  SuperLink and its children), discards the private Ray's temporary directory
   (:func:`discard_ray_tmpdir`), then exits. After a normal run the CLI stops it.
 
 The processes are found and stopped through ``fedsuite.processes`` (:func:`sweep` repeats its scan
@@ -196,14 +198,50 @@ def _alive(pid: int, create_time: float) -> bool:
         return False
 
 
+#: the watcher's polls (every 0.5 s) between two looks at the run's processes (:func:`remember`)
+REMEMBER_EVERY = 4
+
+
+def remember(seen: dict[int, float], key: str, value: str, exclude: tuple[int, ...]) -> None:
+    """Add the processes marked ``key=value`` and their descendants to ``seen`` (PID -> start time)."""
+    for p in with_descendants(marked(key, value, exclude)):
+        try:
+            seen[p.pid] = p.create_time()
+        except psutil.NoSuchProcess:
+            continue
+
+
+def terminate_seen(seen: dict[int, float]) -> list[int]:
+    """Stop the processes of ``seen`` that still run (the same PID and start time: never a process
+    that reused a PID); returns their PIDs."""
+    alive = []
+    for pid, started in seen.items():
+        if _alive(pid, started):
+            try:
+                alive.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                continue
+    terminate_all(alive, timeout=5.0)
+    return [p.pid for p in alive]
+
+
 def main(argv: list[str]) -> int:
     """``python -m fedsuite.reaper PID CREATE_TIME FLWR_HOME MARK_KEY MARK_VALUE [RAY_TMPDIR]``."""
     pid, create_time, flwr_home, key, value = int(argv[0]), float(argv[1]), argv[2], argv[3], argv[4]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the CLI finished normally
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    seen: dict[int, float] = {}  # the run's processes so far: PID -> start time
+    polls = 0
     while _alive(pid, create_time):
+        if polls % REMEMBER_EVERY == 0:
+            remember(seen, key, value, exclude=(os.getpid(),))
+        polls += 1
         time.sleep(0.5)
-    n = sweep(key, value, exclude=(os.getpid(),))
+    # first the processes seen while the CLI lived: Ray's renamed agents show no mark, and once
+    # their raylet has gone (it may die with the simulation process before the sweep below looks)
+    # they are nobody's descendants either
+    n = len(terminate_seen(seen))
+    n += sweep(key, value, exclude=(os.getpid(),))
     if len(argv) > 5:
         discard_ray_tmpdir(Path(argv[5]), Path(flwr_home).parent)
     print(f"fedsuite reaper: CLI {pid} is gone; stopped {n} processes of {flwr_home} ({key}={value})", flush=True)
