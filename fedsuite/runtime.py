@@ -25,11 +25,21 @@ RUN_DIR_KEY = "run_dir"
 
 
 def split_run_config(run_config: dict[str, Any]) -> tuple[BaseRunConfig, Path]:
-    """(validated config, absolute run directory) from a Flower run config."""
-    flat = dict(run_config)
-    run_dir = flat.pop(RUN_DIR_KEY, "")
-    cfg = from_run_config(flat)
-    return cfg, Path(run_dir) if run_dir else default_run_dir(cfg)
+    """(validated config, absolute run directory) from a Flower run config. Validated once per
+    process and run config: every client message of a run carries the same one (a Ray actor or the
+    in-process engine serves many), so the later calls return the first one's config object, which
+    nothing changes."""
+    key = tuple(sorted(run_config.items()))
+    if key not in _SPLIT:
+        flat = dict(run_config)
+        run_dir = flat.pop(RUN_DIR_KEY, "")
+        cfg = from_run_config(flat)
+        _SPLIT[key] = cfg, Path(run_dir) if run_dir else default_run_dir(cfg)
+    return _SPLIT[key]
+
+
+#: :func:`split_run_config`'s results, by run config
+_SPLIT: dict[tuple, tuple[BaseRunConfig, Path]] = {}
 
 
 def run_name(cfg: BaseRunConfig) -> str:
