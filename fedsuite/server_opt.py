@@ -1,4 +1,4 @@
-"""Server optimisers (FedAdam, FedYogi, FedAvgM) as one step over explicit state.
+"""Server optimisers (FedAdam, FedYogi, FedAdagrad, FedAvgM) as one step over explicit state.
 
 Each step takes the optimiser's state, w^t (the model sent in round t) and x̄_t (the round's
 validated, data-size-weighted mean of the client models) and returns (w^{t+1}, the new state); it
@@ -9,6 +9,9 @@ mutates nothing. With the mean client update Δ̄_t = x̄_t − w^t, element-wis
                                        w^{t+1} = w^t + η_t m_t / (√v_t + τ)
     Yogi (same paper)                  m_t as Adam's
                                        v_t = v_{t−1} − (1 − β₂) Δ̄_t² sign(v_{t−1} − Δ̄_t²)
+                                       w^{t+1} = w^t + η m_t / (√v_t + τ)
+    Adagrad (same paper)               m_t as Adam's
+                                       v_t = v_{t−1} + Δ̄_t²
                                        w^{t+1} = w^t + η m_t / (√v_t + τ)
     momentum (Hsu et al., FedAvgM)     g_t = w^t − x̄_t
                                        v_t = g_t (t = 1),  v_t = β v_{t−1} + g_t (t > 1)
@@ -119,6 +122,19 @@ def yogi_step(state: Moments, w: NDArrays, mean: NDArrays, *, lr: float, beta1: 
     m = _first_moment(state.m, delta, beta1)
     prev = state.v if state.v else _zeros(delta)
     v = {k: p - (1.0 - beta2) * (delta[k] ** 2) * np.sign(p - delta[k] ** 2) for k, p in prev.items()}
+    new = {k: x + lr * m[k] / (np.sqrt(v[k]) + tau) for k, x in w.items()}
+    return conform(new, mean), Moments(m, v)
+
+
+def adagrad_step(state: Moments, w: NDArrays, mean: NDArrays, *, lr: float, beta1: float,
+                 tau: float) -> tuple[NDArrays, Moments]:
+    """One Adagrad step (module docstring), in the arithmetic of Yogi's. Returns (w^{t+1} in the
+    dtypes of ``mean``, the new moments)."""
+    lr, beta1, tau = float(lr), float(beta1), float(tau)
+    delta = {k: mean[k] - w[k] for k in mean}
+    m = _first_moment(state.m, delta, beta1)
+    prev = state.v if state.v else _zeros(delta)
+    v = {k: p + delta[k] ** 2 for k, p in prev.items()}
     new = {k: x + lr * m[k] / (np.sqrt(v[k]) + tau) for k, x in w.items()}
     return conform(new, mean), Moments(m, v)
 

@@ -19,9 +19,8 @@ from pydantic import Field
 from clients.fedavg import FedAvgClient
 from fedsuite.params import Params
 from fedsuite.registry import register_method
-from fedsuite.server_opt import Moments, adam_lr, adam_step
-from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import ClientReply, NDArrays
+from fedsuite.server_opt import adam_lr, adam_step
+from strategies.adaptive import AdaptiveStrategy
 
 
 class FedAdamParams(Params):
@@ -32,30 +31,18 @@ class FedAdamParams(Params):
     bias_correction: bool = Field(False, description="Adam bias correction (off in FedInit's code)")
 
 
-class FedAdamStrategy(FedSuiteStrategy):
+class FedAdamStrategy(AdaptiveStrategy):
     """Adam on the validated, data-size-weighted mean; bias correction per ``bias_correction``."""
-
-    def __init__(self, setup) -> None:
-        super().__init__(setup)
-        self.moments = Moments()
 
     def effective_lr(self, server_round: int):
         """η_t applied in global round ``server_round`` (1-based)."""
         p = self.params
         return adam_lr(p.server_lr, p.beta1, p.beta2, server_round, bias_correction=p.bias_correction)
 
-    def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+    def step(self, server_round, w, mean):
         p = self.params
-        mean = super().aggregate(server_round, replies)
-        new, self.moments = adam_step(self.moments, self.global_arrays, mean, lr=self.effective_lr(server_round),
-                                      beta1=p.beta1, beta2=p.beta2, tau=p.tau)
-        return new
-
-    def state_dict(self):
-        return self.moments.state_dict()
-
-    def load_state_dict(self, state):
-        self.moments = Moments.from_state_dict(state)
+        return adam_step(self.moments, w, mean, lr=self.effective_lr(server_round), beta1=p.beta1, beta2=p.beta2,
+                         tau=p.tau)
 
 
 register_method(

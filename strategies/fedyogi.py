@@ -16,9 +16,8 @@ from pydantic import Field
 from clients.fedavg import FedAvgClient
 from fedsuite.params import Params
 from fedsuite.registry import register_method
-from fedsuite.server_opt import Moments, yogi_step
-from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import ClientReply, NDArrays
+from fedsuite.server_opt import yogi_step
+from strategies.adaptive import AdaptiveStrategy
 
 
 class FedYogiParams(Params):
@@ -28,25 +27,12 @@ class FedYogiParams(Params):
     tau: float = Field(1e-3, gt=0, description="adaptivity τ")
 
 
-class FedYogiStrategy(FedSuiteStrategy):
+class FedYogiStrategy(AdaptiveStrategy):
     """Yogi on the validated, data-size-weighted mean."""
 
-    def __init__(self, setup) -> None:
-        super().__init__(setup)
-        self.moments = Moments()
-
-    def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+    def step(self, server_round, w, mean):
         p = self.params
-        mean = super().aggregate(server_round, replies)
-        new, self.moments = yogi_step(self.moments, self.global_arrays, mean, lr=p.server_lr, beta1=p.beta1,
-                                      beta2=p.beta2, tau=p.tau)
-        return new
-
-    def state_dict(self):
-        return self.moments.state_dict()
-
-    def load_state_dict(self, state):
-        self.moments = Moments.from_state_dict(state)
+        return yogi_step(self.moments, w, mean, lr=p.server_lr, beta1=p.beta1, beta2=p.beta2, tau=p.tau)
 
 
 register_method(

@@ -281,6 +281,42 @@ def test_yogi_step_follows_yogis_rule_in_float64():
             np.testing.assert_allclose(new[k], want, rtol=1e-5, atol=1e-6, err_msg=f"{k}, round {t}")
 
 
+@pytest.mark.parametrize("beta1", [0.0, 0.9])
+def test_adagrad_step_follows_adagrads_rule_in_float64(beta1):
+    from fedsuite.server_opt import Moments, adagrad_step
+
+    p = {"lr": OPT["lr"], "beta1": beta1, "tau": 1e-3}
+    w0, steps = opt_rounds()
+    out, state = run_steps(adagrad_step, Moments(), w0, steps, **p)
+    m = {k: 0.0 for k in w0}
+    v = {k: 0.0 for k in w0}
+    for t, (w, mean, new) in enumerate(out, start=1):
+        for k in w0:
+            d = mean[k].astype(np.float64) - w[k].astype(np.float64)
+            m[k] = beta1 * m[k] + (1 - beta1) * d
+            v[k] = v[k] + d**2  # the sum of squares never forgets (Adagrad)
+            want = w[k].astype(np.float64) + p["lr"] * m[k] / (np.sqrt(v[k]) + p["tau"])
+            assert new[k].dtype == w0[k].dtype
+            if k == "count":
+                np.testing.assert_array_equal(new[k], np.rint(want))
+            else:
+                np.testing.assert_allclose(new[k], want, rtol=1e-5, atol=1e-6, err_msg=f"{k}, round {t}")
+    np.testing.assert_allclose(state.v["w"], v["w"], rtol=1e-5, atol=1e-9)
+
+
+def test_fedadagrad_first_step_hand_computed_and_resumes_from_its_state():
+    s = make_strategy("fedadagrad", W0)
+    _, w1 = play_round(s, 1, W0, {0: {"w": [3.0, 1.0], "b": [0.5]}})
+    d = np.array([2.0, -1.0])  # β₁ = 0: m = Δ, v = Δ², so each coordinate moves η Δ / (|Δ| + τ)
+    np.testing.assert_allclose(w1["w"], [1.0, 2.0] + 0.1 * d / (np.abs(d) + 1e-3), rtol=1e-6)
+    resumed = make_strategy("fedadagrad", W0)
+    resumed.load_state_dict(copy.deepcopy(s.state_dict()))
+    up2 = {0: {"w": w1["w"] + 1, "b": w1["b"]}, 1: {"w": w1["w"] - 0.5, "b": w1["b"] + 1}}
+    _, a = play_round(s, 2, w1, up2)
+    _, b = play_round(resumed, 2, w1, up2)
+    assert_same_arrays(a, b)
+
+
 @pytest.mark.parametrize("lr, beta", [(1.0, 0.9), (0.7, 0.5), (0.5, 0.0)])
 def test_momentum_step_follows_fedavgms_rule_in_float64(lr, beta):
     """Integer buffers too: their iterate is kept unrounded, the model carries its rounding."""
@@ -321,13 +357,14 @@ def test_momentum_with_unit_lr_and_no_momentum_is_the_mean_and_fedavgm_then_is_f
         assert_same_arrays(a, b)
 
 
-@pytest.mark.parametrize("which", ["adam", "yogi", "momentum"])
+@pytest.mark.parametrize("which", ["adam", "yogi", "adagrad", "momentum"])
 def test_optimiser_state_round_trips_and_steps_mutate_nothing(which):
     from fedsuite import server_opt as so
 
     step, state0, kw = {
         "adam": (so.adam_step, so.Moments(), OPT),
         "yogi": (so.yogi_step, so.Moments(), OPT),
+        "adagrad": (so.adagrad_step, so.Moments(), {"lr": 0.3, "beta1": 0.5, "tau": 1e-3}),
         "momentum": (so.momentum_step, so.Momentum(), {"lr": 0.7, "beta": 0.9}),
     }[which]
     w0, steps = opt_rounds(6)

@@ -1,0 +1,44 @@
+"""FedAdagrad (Reddi et al., ICLR 2021): Adagrad as the server optimiser on the mean client update.
+
+    Δ̄_t = Σ_{i∈S} n_i w_{i,K} / Σ n_i − w^t          (the validated, data-size-weighted mean − w^t)
+    m_t = β₁ m_{t−1} + (1 − β₁) Δ̄_t
+    v_t = v_{t−1} + Δ̄_t²                              (element-wise, m_0 = v_0 = 0)
+    w^{t+1} = w^t + η m_t / (√v_t + τ)
+
+The step is ``fedsuite.server_opt.adagrad_step`` (its docstring: arithmetic, integer buffers); the
+rule is the paper's Algorithm 2, no bias correction. None of the four papers evaluates FedAdagrad,
+so the defaults are η = 0.1, β₁ = 0 (Adagrad without momentum), τ = 1e-3, within Reddi et al.'s
+grids. State: m_t, v_t (``state_dict``: ``m_t``, ``v_t``).
+"""
+
+from pydantic import Field
+
+from clients.fedavg import FedAvgClient
+from fedsuite.params import Params
+from fedsuite.registry import register_method
+from fedsuite.server_opt import adagrad_step
+from strategies.adaptive import AdaptiveStrategy
+
+
+class FedAdagradParams(Params):
+    server_lr: float = Field(0.1, gt=0, description="server learning rate η")
+    beta1: float = Field(0.0, ge=0, lt=1, description="first-moment decay β₁ (0: Adagrad without momentum)")
+    tau: float = Field(1e-3, gt=0, description="adaptivity τ")
+
+
+class FedAdagradStrategy(AdaptiveStrategy):
+    """Adagrad on the validated, data-size-weighted mean."""
+
+    def step(self, server_round, w, mean):
+        p = self.params
+        return adagrad_step(self.moments, w, mean, lr=p.server_lr, beta1=p.beta1, tau=p.tau)
+
+
+register_method(
+    "fedadagrad",
+    strategy=FedAdagradStrategy,
+    client=FedAvgClient,
+    params=FedAdagradParams,
+    summary="Adagrad server optimiser on the mean client update",
+    paper="Reddi et al., ICLR 2021",
+)
