@@ -172,16 +172,22 @@ def test_fedadam_bias_correction_option_and_validated_mean():
     assert s.round_log.drop_reasons[1] == "non-finite values in arrays['w']"  # 2, 3: no reply
 
 
-def test_fedadam_state_round_trip_continues_identically():
-    up1 = {0: {"w": [2.0, 2.0], "b": [0.3]}, 1: {"w": [1.0, 1.0], "b": [0.5]}}
-    s = make_strategy("fedadam", W0)
-    _, w1 = play_round(s, 1, W0, up1)
-    resumed = make_strategy("fedadam", W0)
+def assert_round_two_resumes_from_state(name: str, s, w1: dict) -> None:
+    """Round 2 of strategy ``s`` (after round 1, which gave ``w1``) equals round 2 of a fresh ``name``
+    strategy given ``s``'s state: the state is all the round needs."""
+    resumed = make_strategy(name, W0)
     resumed.load_state_dict(copy.deepcopy(s.state_dict()))
     up2 = {0: {"w": w1["w"] + 1, "b": w1["b"]}, 1: {"w": w1["w"] - 0.5, "b": w1["b"] + 1}}
     _, a = play_round(s, 2, w1, up2)
     _, b = play_round(resumed, 2, w1, up2)
     assert_same_arrays(a, b)
+
+
+def test_fedadam_state_round_trip_continues_identically():
+    up1 = {0: {"w": [2.0, 2.0], "b": [0.3]}, 1: {"w": [1.0, 1.0], "b": [0.5]}}
+    s = make_strategy("fedadam", W0)
+    _, w1 = play_round(s, 1, W0, up1)
+    assert_round_two_resumes_from_state("fedadam", s, w1)
     assert s.state_dict()["m_t"] is not None and s.state_dict()["v_t"] is not None
 
 
@@ -309,12 +315,7 @@ def test_fedadagrad_first_step_hand_computed_and_resumes_from_its_state():
     _, w1 = play_round(s, 1, W0, {0: {"w": [3.0, 1.0], "b": [0.5]}})
     d = np.array([2.0, -1.0])  # β₁ = 0: m = Δ, v = Δ², so each coordinate moves η Δ / (|Δ| + τ)
     np.testing.assert_allclose(w1["w"], [1.0, 2.0] + 0.1 * d / (np.abs(d) + 1e-3), rtol=1e-6)
-    resumed = make_strategy("fedadagrad", W0)
-    resumed.load_state_dict(copy.deepcopy(s.state_dict()))
-    up2 = {0: {"w": w1["w"] + 1, "b": w1["b"]}, 1: {"w": w1["w"] - 0.5, "b": w1["b"] + 1}}
-    _, a = play_round(s, 2, w1, up2)
-    _, b = play_round(resumed, 2, w1, up2)
-    assert_same_arrays(a, b)
+    assert_round_two_resumes_from_state("fedadagrad", s, w1)
 
 
 @pytest.mark.parametrize("lr, beta", [(1.0, 0.9), (0.7, 0.5), (0.5, 0.0)])
