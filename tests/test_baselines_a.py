@@ -23,7 +23,6 @@ from clients.feddyn import FedDynClient
 from clients.fedprox import FedProxClient
 from clients.scaffold import ScaffoldClient, control_variate_update
 from conftest import FAST, UNIT_ROUND, assert_same_arrays, make_task, reply_message
-from fedsuite.arrays import weighted_mean
 from fedsuite.config import build_config
 from fedsuite.strategy import ServerSetup
 from fedsuite.training import run_local_training

@@ -20,7 +20,6 @@ from flwr.app import ConfigRecord
 from conftest import FAST, UNIT_ROUND, assert_same_arrays, make_task
 from fedsuite.config import build_config
 from fedsuite.strategy import RoundLog, ServerSetup
-from fedsuite.training import run_local_training
 from fedsuite.wire import ClientReply, to_record
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import MetricRecord, RecordDict
 
 from fedsuite.arrays import weighted_mean
 from fedsuite.config import build_config

@@ -7,7 +7,6 @@ fedinit ≡ fedavg + RI).
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
