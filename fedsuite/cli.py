@@ -106,6 +106,13 @@ def main_options(
     """Federated-learning research suite on Flower."""
 
 
+#: ``--engine`` of simulate, sweep and reproduce (config key ``engine``; it never changes a run's numbers)
+ENGINE_OPTION = typer.Option(None, "--engine", click_type=Names(("flower", "inprocess")),
+                             help="what runs the clients: flower (Flower's Simulation Engine, Ray; the default) or "
+                             "inprocess (every client called in the run's own process: no Ray, for tests, debugging "
+                             "and quick runs; the same numbers)")
+
+
 def _common_values(**options: Any) -> dict[str, Any]:
     return {k: v for k, v in options.items() if v is not None}
 
@@ -145,10 +152,7 @@ def simulate(
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted run in the same run directory"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run the clients on this Ray cluster "
                                               "(auto, host:port, ray://...; default: a private Ray for the run)"),
-    engine: Optional[str] = typer.Option(None, "--engine", click_type=Names(("flower", "inprocess")),
-                                         help="what runs the clients: flower (Flower's Simulation Engine, Ray) or "
-                                         "inprocess (every client called in this process: no Ray, for tests, "
-                                         "debugging and quick runs; the same numbers)"),
+    engine: Optional[str] = ENGINE_OPTION,
 ) -> None:
     """Run one federated simulation on Flower's Simulation Engine (or, with --engine inprocess, in this process).
 
@@ -448,6 +452,7 @@ def sweep(
     jobs: int = typer.Option(1, "--jobs", help="simulations at once"),
     num_gpus: Optional[float] = typer.Option(None, "--num-gpus", help="GPU share per simulated client, passed to every run"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run every simulation's clients on this Ray cluster"),
+    engine: Optional[str] = ENGINE_OPTION,
     last: int = typer.Option(10, "--last", help="a run's reading: the mean of its last k evaluations"),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="a grid key: the report names the best setting per value"),
     report_only: bool = typer.Option(False, "--report", help="only write the report from the runs on disk"),
@@ -463,7 +468,7 @@ def sweep(
     or, with --search, a Ray Tune search (ASHA stops poor trials early), each trial a fedsuite run.
     A run in the folder of another config than asked stops the command before it starts anything;
     a failed run is named and left as it is, or run again with --retry-failed."""
-    from fedsuite.reproduce.queue import ReproduceError
+    from fedsuite.reproduce.queue import ReproduceError, placement_options
     from fedsuite.sweep import run_sweep
 
     try:
@@ -489,9 +494,10 @@ def sweep(
             # not the grid's default folder: a grid and a search do not share one (fedsuite.sweep.study_in)
             folder = (out / (name or (f"{config.stem}-search" if config is not None else "search"))).resolve()
             code = run_search(search, space, samples, grace_rounds, config, set_, seed_list or [0], folder, jobs,
-                              num_gpus, ray_address, last, console)
+                              placement_options(num_gpus, ray_address, engine), last, console)
             raise typer.Exit(code)
-        code = run_sweep(config, set_, grid, seed_list, out, name, jobs, num_gpus, ray_address, last, group_by,
+        code = run_sweep(config, set_, grid, seed_list, out, name, jobs, placement_options(num_gpus, ray_address, engine),
+                         last, group_by,
                          report_only, console, retry_failed)
     except ReproduceError as exc:  # SweepError, or missing data
         fail(str(exc))
@@ -514,6 +520,7 @@ def reproduce(
     num_gpus: Optional[float] = typer.Option(None, "--num-gpus", help="GPU share per simulated client, passed to every run"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run every simulation's clients on this "
                                               "Ray cluster (host:port, auto)"),
+    engine: Optional[str] = ENGINE_OPTION,
     tables: list[Path] = typer.Option([], "--tables", help="another tables file (repeatable)"),
     report_only: bool = typer.Option(False, "--report", help="only write the report from the runs on disk"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="run failed runs again, each from its last "
@@ -524,10 +531,11 @@ def reproduce(
     A run on disk of another config than the target's stops the command before it starts anything;
     a failed run is named and left as it is, or run again with --retry-failed."""
     from fedsuite.reproduce import run_reproduce
-    from fedsuite.reproduce.queue import ReproduceError
+    from fedsuite.reproduce.queue import ReproduceError, placement_options
 
     try:
-        code = run_reproduce(target, rows, methods, seeds, scale, jobs, out, data_root, num_gpus, ray_address, tables,
+        code = run_reproduce(target, rows, methods, seeds, scale, jobs, out, data_root,
+                             placement_options(num_gpus, ray_address, engine), tables,
                              report_only, console, retry_failed)
     except ReproduceError as exc:
         fail(str(exc))

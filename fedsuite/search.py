@@ -232,12 +232,11 @@ def trainable(folder: Path, config: Path | None, base_set: Sequence[str], seed: 
 
 def run_search(search: str, space_items: Sequence[str], samples: int, grace_rounds: int | None,
                config: Path | None, base_set: Sequence[str], seeds: Sequence[int], folder: Path, jobs: int,
-               num_gpus: float | None, ray_address: str | None, last: int, console) -> int:
+               placement: Sequence[str], last: int, console) -> int:
     """The command: check, search, report. Returns the exit code (0 every trial completed or was
     stopped by ASHA, 1 a trial failed, 130 interrupted); :class:`SweepError` for bad input."""
     from fedsuite import reaper
     from fedsuite.processes import fedsuite_first
-    from fedsuite.reproduce.queue import placement_options
 
     if search not in SEARCHES:
         raise SweepError(f"--search must be one of {', '.join(SEARCHES)}, got {search!r}")
@@ -293,7 +292,7 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
                  _temp_dir=str(ray_tmpdir / "ray"))
         tuner = tune.Tuner(
             tune.with_resources(trainable(folder, config, base_set, seeds[0], rounds,
-                                          placement_options(num_gpus, ray_address), env), {"cpu": 1}),
+                                          placement, env), {"cpu": 1}),
             param_space={r.key: r.domain() for r in space},
             tune_config=tune.TuneConfig(metric="test_accuracy", mode="max", num_samples=samples, scheduler=scheduler,
                                         search_alg=BasicVariantGenerator(max_concurrent=jobs, random_state=seeds[0])),

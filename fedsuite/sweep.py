@@ -50,7 +50,7 @@ from rich.text import Text
 from fedsuite import rundir
 from fedsuite.config import BaseRunConfig, ConfigError, build_config, load_toml, parse_value
 from fedsuite.reproduce.queue import (ReproduceError, check_recorded, completed, name_failed, other_folder, pending,
-                                      placement_options, queue_and_report, simulate_command)
+                                      queue_and_report, simulate_command)
 from fedsuite.reproduce.report import aggregate
 
 
@@ -319,7 +319,7 @@ def study_in(folder: Path) -> str | None:
 
 
 def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence[str], seeds: Sequence[int] | None,
-              out: Path, name: str | None, jobs: int, num_gpus: float | None, ray_address: str | None, last: int,
+              out: Path, name: str | None, jobs: int, placement: Sequence[str], last: int,
               group_by: str | None, report_only: bool, console, retry_failed: bool = False) -> int:
     """The command: plan, check, queue, report. Returns the exit code (0 every run completed, 1 a
     run did not, 130 interrupted); raises :class:`SweepError` (or, for missing data, its base
@@ -372,6 +372,6 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
                                 f"{len(runs)} runs, {completed(runs)} already done, {len(todo)} to run, {jobs} at a "
                                 f"time -> {folder}"))
     name_failed(runs, retry_failed, console)
-    return queue_and_report(runs, jobs, placement_options(num_gpus, ray_address), console,
+    return queue_and_report(runs, jobs, placement, console,
                             lambda: write_report(runs, folder, last, group_by, name), retry_failed)
 

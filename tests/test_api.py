@@ -76,11 +76,13 @@ def api_run(setup) -> tuple[fedsuite.Run, str]:
 
 @pytest.fixture(scope="module")
 def sweep(setup) -> Path:
-    """``fedsuite sweep`` of two settings (lr) x one seed over the FAST file: its folder."""
+    """``fedsuite sweep`` of two settings (lr) x one seed over the FAST file, on the in-process engine
+    (``api_run`` is on Flower's, so the two are compared across engines): its folder."""
     folder, toml = setup
     res = subprocess.run([sys.executable, "-m", "fedsuite.cli", "sweep", "--config", str(toml), "--grid",
                           "lr=0.05,0.1", "--seeds", "7", "--last", "1", "--out", str(folder / "sweeps"),
-                          "--name", "lr"], env=_env(), capture_output=True, text=True, timeout=900)
+                          "--name", "lr", "--engine", "inprocess"], env=_env(), capture_output=True, text=True,
+                         timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return folder / "sweeps" / "lr"
 
@@ -118,11 +120,12 @@ def test_simulate_returns_the_run_with_its_files_as_python_objects(api_run):
 
 def test_simulate_equals_fedsuite_simulate_from_the_cli_bit_for_bit(api_run, sweep):
     """The sweep ran its lr=0.05 setting as ``python -m fedsuite.cli simulate --config fast.toml --set
-    lr=0.05 --set seed=7 ...``: the resolved config of ``api_run``, in another folder. Same seed, same
-    numbers: every metric but the wall time, and the final model's arrays."""
+    lr=0.05 --set seed=7 --engine inprocess ...``: the resolved config of ``api_run``, in another folder,
+    on the other engine. Same seed, same numbers: every metric but the wall time, and the final
+    model's arrays."""
     run, _ = api_run
     cli = fedsuite.load_run(sweep / "lr-0.05" / "s7")
-    where = ("output_dir", "run_name")
+    where = ("output_dir", "run_name", "engine")
     assert {k: v for k, v in cli.config.items() if k not in where} == {k: v for k, v in run.config.items() if k not in where}
     assert _without_time(read_metrics(cli.dir)) == _without_time(read_metrics(run.dir))
     pd.testing.assert_frame_equal(cli.metrics.drop(columns="wall_seconds"), run.metrics.drop(columns="wall_seconds"))

@@ -500,7 +500,8 @@ def test_recipe_femnist_by_writer_through_fedsuite_simulate(tmp_path):
 @pytest.mark.parametrize("recipe", ["cifar100", "tinyimagenet"])
 def test_recipe_trains_one_round(simulate, tmp_path, recipe):
     """CIFAR-100 (coarse labels, as FedMR) from parquet files and Tiny-ImageNet from a save_to_disk
-    folder: one round of a real simulation, the docs' dataset options at a tiny scale."""
+    folder: one round of a real simulation, the docs' dataset options at a tiny scale, on the in-process
+    engine (the data is what is tested here; the FEMNIST recipe above runs on Flower's)."""
     if recipe == "cifar100":
         src = write_parquet(cifar100_like(), tmp_path / "cifar100")
         options = {"path": str(src), "label_column": "coarse_label", "cache_dir": str(tmp_path / "hf-cache"),
@@ -512,7 +513,7 @@ def test_recipe_trains_one_round(simulate, tmp_path, recipe):
         classes = 200
     res = simulate(dataset="hf", dataset_options=options, model="cnn", partitioner="dirichlet", alpha=0.5,
                    min_partition_size=2, num_clients=4, clients_per_round=2, rounds=1, batch_size=16,
-                   data_root=str(tmp_path / "data"))
+                   data_root=str(tmp_path / "data"), engine="inprocess")
     assert [r["round"] for r in res.rows] == [0, 1]
     assert 0.0 <= res.summary["final_accuracy"] <= 1.0
     head = [k for k in res.arrays if k.endswith("weight")][-1]

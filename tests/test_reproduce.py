@@ -207,6 +207,10 @@ def test_every_cell_builds_a_config(targets, tmp_path):
     placed = fedmr[0].command(resume=True, placement=placement_options(0.25, "127.0.0.1:6379"))
     assert placed[-5:] == ["--num-gpus", "0.25", "--ray-address", "127.0.0.1:6379", "--resume"]
     assert "--ray-address" not in fedmr[0].command(resume=False, placement=placement_options(None, None))
+    inprocess = fedmr[0].command(resume=False, placement=placement_options(None, None, "inprocess"))
+    assert inprocess[-2:] == ["--engine", "inprocess"]
+    with pytest.raises(ReproduceError, match="--ray-address goes with --engine flower"):
+        placement_options(None, "127.0.0.1:6379", "inprocess")
 
 
 def test_the_cifar10_claims_targets_plan_the_papers_cells(targets, tmp_path):
@@ -822,13 +826,16 @@ def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
     tables.write_text(TINY.format(dataset="synthetic"))
     out = tmp_path / "out"
     common = ["--tables", str(tables), "--data-root", str(tmp_path / "data")]
-    on_cluster = ["--ray-address", worker_ray_cluster]  # the grid's runs; the reference runs on a private Ray
+    # the queue's runs on Flower's engine (this is the suite's killed-and-restarted queue on Flower);
+    # the reference on the in-process engine, whose numbers are Flower's bit for bit
+    on_cluster = ["--ray-address", worker_ray_cluster]
     runs = out / "tiny" / "paper" / "dir0.5"
     first, second = runs / "fedavg-s0", runs / "fedavg-s1"
 
     # the cell that will be interrupted, run without interruption (beside step 1, into another folder)
     ref_out = tmp_path / "reference"
-    ref = subprocess.Popen(_cmd("tiny", "--out", str(ref_out), "--methods", "fedavg", "--seeds", "1", *common),
+    ref = subprocess.Popen(_cmd("tiny", "--out", str(ref_out), "--methods", "fedavg", "--seeds", "1", *common,
+                                "--engine", "inprocess"),
                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
 
@@ -1256,7 +1263,7 @@ def test_reproduce_reuses_a_moved_run_and_stops_on_a_changed_target(simulate, da
 
 
 @pytest.mark.long
-def test_raising_a_targets_rounds_continues_its_completed_runs(tmp_path, worker_ray_cluster):
+def test_raising_a_targets_rounds_continues_its_completed_runs(tmp_path):
     """A target run at 2 rounds, then asked for 3: the queue continues the completed run from its
     round 2 (``extend``), and the result is the 3-round run started afresh, bit for bit. Asked for
     1 round, the run is named as longer than asked, left untouched, and the command exits 1."""
@@ -1264,7 +1271,7 @@ def test_raising_a_targets_rounds_continues_its_completed_runs(tmp_path, worker_
     tables.parent.mkdir()
     tiny = TINY.format(dataset="synthetic").replace(', "faults.delay_s=1.0"', "")
     common = ["--tables", str(tables), "--data-root", str(tmp_path / "data"), "--methods", "fedavg", "--seeds", "0",
-              "--ray-address", worker_ray_cluster]
+              "--engine", "inprocess"]
 
     def reproduce(rounds: int, out: Path) -> subprocess.CompletedProcess:
         tables.write_text(tiny.replace('"rounds=2"', f'"rounds={rounds}"'))
@@ -1361,8 +1368,8 @@ def run_claims_at_paper_scale(tmp_path: Path, placement: list[str],
 
 @pytest.mark.long
 @pytest.mark.xdist_group("claims-at-paper-scale")  # beside this file's other long test, not after it
-def test_the_claims_targets_run_at_paper_scale_on_generated_cifar(tmp_path, worker_ray_cluster):
-    planned = run_claims_at_paper_scale(tmp_path, ["--ray-address", worker_ray_cluster], ONE_CLAIM_EACH)
+def test_the_claims_targets_run_at_paper_scale_on_generated_cifar(tmp_path):
+    planned = run_claims_at_paper_scale(tmp_path, ["--engine", "inprocess"], ONE_CLAIM_EACH)
     assert sum(len(specs) for _, specs in planned) == 4
 
 

@@ -13,7 +13,11 @@
 * Ctrl-C (SIGINT) stops ``fedsuite simulate`` with exit code 130 and the ``--resume`` command that
   continues the run, which does (issue 42 item 4).
 
-Real processes throughout; the uninterrupted runs come from the session-cached ``simulate`` fixture.
+Real processes throughout: the killed, stopped and resumed runs are ``fedsuite simulate`` processes
+on Flower's Simulation Engine. The uninterrupted runs they are compared with come from the
+session-cached ``simulate`` fixture on the in-process engine (this file's ``pytestmark``), whose
+numbers are Flower's bit for bit (tests/test_registry_e2e.py), so a resumed Flower run is held
+against a run made the other way.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ METHODS: dict[str, dict[str, Any]] = {
 }
 #: the killed run that starts its own Ray (the product's default); the others use the worker's node
 PRIVATE_RAY = "fedinit"
+pytestmark = pytest.mark.inprocess  # the ``simulate`` fixture's uninterrupted references (module docstring)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -360,7 +365,7 @@ def _kill_in_start_window(proc: subprocess.Popen, run_dir: Path, delay: float, l
     return sorted(p.name for p in run_dir.iterdir())
 
 
-def test_a_run_killed_in_its_start_up_window_resumes_or_restarts(simulate, data_root, tmp_path):
+def test_a_run_killed_in_its_start_up_window_resumes_or_restarts(simulate, data_root, tmp_path, worker_ray_cluster):
     """Killed after the run folder exists but before config.json (seeded moments inside that
     window): ``--resume`` starts it anew and ends equal to the uninterrupted run, bit for bit; a
     fresh start of the same name works too. Before, the first said "no run to continue" and the
@@ -368,7 +373,7 @@ def test_a_run_killed_in_its_start_up_window_resumes_or_restarts(simulate, data_
     reference = simulate(rounds=2, strategy="fedavg")
     out = tmp_path / "runs"
     toml = _write_toml(tmp_path / "run.toml", {**FAST, "rounds": 2, "strategy": "fedavg", "data_root": str(data_root),
-                                                "output_dir": str(out), "run_name": "r"})
+                                                "output_dir": str(out), "run_name": "r", "ray_address": worker_ray_cluster})
     rng = random.Random("start-window")
     run_dir = out / "r"
     for attempt, again in enumerate((["--resume"], [])):

@@ -61,13 +61,13 @@ def test_ranges_are_read_as_the_tune_domains_they_name():
 
 
 @pytest.mark.long
-def test_an_asha_search_stops_a_poor_trial_early_and_keeps_every_trials_run(tmp_path, worker_ray_cluster):
+def test_an_asha_search_stops_a_poor_trial_early_and_keeps_every_trials_run(tmp_path):
     out = tmp_path / "out"
     folder = out / "lr-search"
     res = subprocess.run(_search("--search", "asha", "--samples", "4", "--space", "lr=choice:0.0005,0.1",
                                  "--grace-rounds", "1", *BASE, "--set", f"data_root={tmp_path / 'data'}",
                                  "--out", str(out), "--name", "lr-search", "--jobs", "2", "--last", "2",
-                                 "--ray-address", worker_ray_cluster),
+                                 "--engine", "inprocess"),
                          env=_env(), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     with (folder / "trials.csv").open() as fh:
@@ -119,7 +119,7 @@ def test_a_bad_search_is_one_line_before_anything_runs(tmp_path, args, words):
 
 
 @pytest.mark.long
-def test_a_search_run_again_names_what_changed_and_a_grid_keeps_out_of_its_folder(tmp_path, worker_ray_cluster):
+def test_a_search_run_again_names_what_changed_and_a_grid_keeps_out_of_its_folder(tmp_path):
     """One trial of one round. The same search with another base --set: refused in one line naming
     the trial's run folder and the field (today: "already holds a search's trials", whatever
     changed), nothing written; the same search as it was: refused, a search is not resumed whole. A
@@ -128,7 +128,7 @@ def test_a_search_run_again_names_what_changed_and_a_grid_keeps_out_of_its_folde
     folder = (out / "one").resolve()
     args = ["--search", "random", "--samples", "1", "--space", "lr=choice:0.05", "--set", "rounds=1", "--set",
             "num_clients=6", "--set", "clients_per_round=2", "--set", "batch_size=32", "--set",
-            f"data_root={tmp_path / 'data'}", "--out", str(out), "--name", "one", "--ray-address", worker_ray_cluster]
+            f"data_root={tmp_path / 'data'}", "--out", str(out), "--name", "one", "--engine", "inprocess"]
     res = subprocess.run(_search(*args), env=_env(), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (trial,) = [p for p in (folder / "trials").iterdir() if p.is_dir()]

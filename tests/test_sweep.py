@@ -35,6 +35,10 @@ from tests.conftest import tree_snapshot
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ["--set", "rounds=2", "--set", "num_clients=8", "--set", "clients_per_round=3", "--set", "batch_size=32",
         "--set", "faults.delay_s=0.5"]
+#: the queue's runs use the in-process engine: these tests are about the queue (kill, resume, reuse,
+#: report), and the engine gives Flower's numbers bit for bit (tests/test_registry_e2e.py); a queue of
+#: runs on Flower's engine, killed and restarted, is tests/test_reproduce.py's
+ENGINE = ["--engine", "inprocess"]
 
 
 def _env() -> dict[str, str]:
@@ -54,12 +58,12 @@ def test_values_split_on_top_level_commas_only():
 
 
 @pytest.mark.long
-def test_a_killed_sweep_resumes_and_reports_what_its_runs_give(tmp_path, worker_ray_cluster):
+def test_a_killed_sweep_resumes_and_reports_what_its_runs_give(tmp_path):
     out = tmp_path / "out"
     folder = out / "grid"
     args = ["--grid", "lr=0.05,0.1", "--grid", "strategy=fedavg,fedprox", "--seeds", "0,1", *BASE,
             "--set", f"data_root={tmp_path / 'data'}", "--out", str(out), "--name", "grid", "--last", "2",
-            "--group-by", "strategy", "--ray-address", worker_ray_cluster]
+            "--group-by", "strategy", *ENGINE]
     proc = subprocess.Popen(_sweep(*args, "--jobs", "2"), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     runs = lambda: sorted(p for p in folder.glob("*/s*") if p.is_dir())  # noqa: E731
@@ -107,7 +111,7 @@ def test_a_killed_sweep_resumes_and_reports_what_its_runs_give(tmp_path, worker_
 
 
 @pytest.mark.long
-def test_a_sweep_reuses_only_its_own_runs_and_names_a_failed_one(tmp_path, worker_ray_cluster):
+def test_a_sweep_reuses_only_its_own_runs_and_names_a_failed_one(tmp_path):
     """One setting that completes and one whose every client reply fails (round 1), 1 round each.
     Run again with another base --set: one line naming the first run and the field, and how many
     more runs differ, exit 2, nothing written. Run again as it was: nothing runs, the failed run is
@@ -119,7 +123,7 @@ def test_a_sweep_reuses_only_its_own_runs_and_names_a_failed_one(tmp_path, worke
     ok, bad = folder / "faults.client_error-0.0" / "s0", folder / "faults.client_error-1.0" / "s0"
     args = ["--grid", "faults.client_error=0.0,1.0", "--seeds", "0", "--set", "num_clients=6", "--set",
             "clients_per_round=2", "--set", "batch_size=32", "--set", f"data_root={tmp_path / 'data'}", "--out",
-            str(out), "--name", "grid", "--ray-address", worker_ray_cluster]
+            str(out), "--name", "grid", *ENGINE]
     sweep = lambda *more: subprocess.run(_sweep(*args, *more), env=_env(), capture_output=True, text=True,  # noqa: E731
                                          timeout=900)
     first = sweep("--set", "rounds=1")

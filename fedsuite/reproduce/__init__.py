@@ -26,14 +26,14 @@ from rich.text import Text
 
 from fedsuite import rundir
 from fedsuite.reproduce.queue import (ReproduceError, check_recorded, completed, name_failed, other_folder, pending,
-                                      placement_options, queue_and_report)
+                                      queue_and_report)
 from fedsuite.reproduce.report import write_report
 from fedsuite.reproduce.tables import SCALES, Target, load_targets, plan
 
 
 def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequence[str] | None,
                   seeds: Sequence[int] | None, scale: str, jobs: int, out: Path, data_root: str | None,
-                  num_gpus: float | None, ray_address: str | None, tables: Sequence[Path], report_only: bool,
+                  placement: Sequence[str], tables: Sequence[Path], report_only: bool,
                   console, retry_failed: bool = False) -> int:
     """The command (``target_name`` ``list``: the targets): plan, check, queue, report. Returns the
     exit code (0 every run completed, 1 a run did not, 130 interrupted); raises
@@ -70,7 +70,7 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
                                 f"{completed(specs)} already done, {len(todo)} to run, {jobs} at a time -> "
                                 f"{report_dir.parent}"))
     name_failed(specs, retry_failed, console)
-    return queue_and_report(specs, jobs, placement_options(num_gpus, ray_address), console,
+    return queue_and_report(specs, jobs, placement, console,
                             lambda: write_report(target, specs, scale, report_dir), retry_failed)
 
 

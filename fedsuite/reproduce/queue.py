@@ -67,11 +67,17 @@ def simulate_command(config: Path | None, overrides: Sequence[str], resume: bool
     return cmd + list(placement) + (["--resume"] if resume else [])
 
 
-def placement_options(num_gpus: float | None, ray_address: str | None) -> list[str]:
-    """``fedsuite simulate`` options passed to every run: the GPU share per client and the Ray
-    cluster. Neither changes what a run computes, so both may differ when a run is resumed."""
+def placement_options(num_gpus: float | None, ray_address: str | None, engine: str | None = None) -> list[str]:
+    """``fedsuite simulate`` options passed to every run: the GPU share per client, the Ray
+    cluster and the engine (``flower`` or ``inprocess``, which gives the same numbers bit for bit).
+    None changes what a run computes, so each may differ when a run is resumed. ``ReproduceError``
+    for a Ray cluster with the in-process engine, which uses no Ray (every run would fail on it)."""
+    if engine == "inprocess" and ray_address is not None:
+        raise ReproduceError("--engine inprocess calls every client in the run's own process, without Ray: "
+                             "--ray-address goes with --engine flower")
     return ([] if num_gpus is None else ["--num-gpus", f"{num_gpus:g}"]) + \
-        ([] if ray_address is None else ["--ray-address", ray_address])
+        ([] if ray_address is None else ["--ray-address", ray_address]) + \
+        ([] if engine is None else ["--engine", engine])
 
 
 def missing_data(specs: Sequence[Any]) -> list[str]:
