@@ -179,16 +179,18 @@ def group_runs(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return groups
 
 
-def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 1) -> tuple[list[dict[str, Any]], dict]:
-    """One row per group of seeds: final accuracy mean ± std (mean of the last ``last`` evaluations
-    per run), best accuracy, rounds to ``target`` accuracy (mean over the runs that reach it)."""
+def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 10) -> tuple[list[dict[str, Any]], dict]:
+    """One row per group of seeds: final accuracy mean ± std (each run's reading: the mean of its
+    last ``last`` evaluations, all of them if it has fewer; round 0, the initial model, is none:
+    :func:`evaluations`, as every report reads a run), best accuracy, rounds to ``target`` accuracy
+    (mean over the runs that reach it). ``last``'s default is ``fedsuite report``'s and ``sweep``'s."""
     groups = group_runs([load_run(Path(d)) for d in run_dirs])
     table = []
     curves: dict[str, list[list[dict[str, Any]]]] = {}
     for label, runs in groups.items():
         finals, bests, hits = [], [], []
         for run in runs:
-            accs = [(r["round"], r["test_accuracy"]) for r in run["rows"] if r.get("test_accuracy") is not None]
+            accs = evaluations(run["rows"])
             if not accs:
                 continue
             finals.append(float(np.mean(last_accuracies(accs, last))))
