@@ -13,7 +13,7 @@
 #   experiments/claims.sh SCALE save OUT [PAPER...]    # the in-flight runs' checkpoints into
 #                                                      # experiments/<paper>/results/claims-SCALE-inflight/
 #
-# OUT is the runs' folder (reproduce --out), DATA_ROOT the folder holding the data. The queue and
+# OUT is the runs' folder (reproduce --output-dir), DATA_ROOT the folder holding the data. The queue and
 # the reports use this checkout's `fedsuite` (.venv). At the cifar10 scale every run of a paper is
 # computed by one frozen commit, so that other work does not change its numbers mid-way: the first
 # run of a paper pins this checkout's HEAD in experiments/<paper>/results/claims-cifar10.commit
@@ -118,7 +118,7 @@ report() {  # OUT's report of one paper and its finished runs' records -> the co
 write_report() {
     local paper=$1 out=$2 dest="experiments/$1/results/$RECORDS" run rel
     local runs="$2/$1/$REPRODUCE_SCALE" target="$1-$SUFFIX"
-    "$FEDSUITE" reproduce "$target" --scale "$REPRODUCE_SCALE" --out "$out" --report
+    "$FEDSUITE" reproduce "$target" --scale "$REPRODUCE_SCALE" --output-dir "$out" --report
     rm -rf "$dest" && mkdir -p "$dest/runs"
     cp "$runs/$target/"{report.md,report.csv,claims.csv} "$dest/"
     cp "$runs/$target/"*.png "$dest/" 2>/dev/null || true  # no figure before a run ends
@@ -133,11 +133,13 @@ write_report() {
 
 run_unit() {  # run_unit PAPER SEED PART OUT DATA: that seed's runs; PART "rows=R" or "methods=M" (reproduce's
               # --rows R / --methods M) runs only that part of them, empty: all of them
-    local paper=$1 seed=$2 part=$3 out=$4 data=$5 target="$1-$SUFFIX" fedsuite=$FEDSUITE
+    local paper=$1 seed=$2 part=$3 out=$4 data=$5 target="$1-$SUFFIX" fedsuite=$FEDSUITE out_option=--output-dir
     [ -z "${FROZEN:-}" ] || fedsuite=$(frozen_code "$paper")
+    # a frozen commit older than the option's rename spells it --out (grep reads the whole help: no SIGPIPE)
+    "$fedsuite" reproduce --help | grep -- --output-dir > /dev/null || out_option=--out
     echo "=== $(date -u +%FT%TZ) $target seed $seed${part:+ ($part)} (${fedsuite%/.venv/bin/fedsuite})"
     "$fedsuite" reproduce "$target" --scale "$REPRODUCE_SCALE" --seeds "$seed" ${part:+"--${part%%=*}" "${part#*=}"} \
-        --jobs 1 --data-root "$data" --out "$out" || echo "=== $target seed $seed${part:+ ($part)}: exit $?"
+        --jobs 1 --data-root "$data" "$out_option" "$out" || echo "=== $target seed $seed${part:+ ($part)}: exit $?"
     report "$paper" "$out"
 }
 

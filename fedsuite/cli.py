@@ -13,10 +13,19 @@ directory, ``--resume``), ``runtime`` (the data and hardware checks), ``results`
 Text is printed as written, never read as rich markup (``cli_support``: plain help, plain consoles).
 Every option and argument has a help text; a parameter with a fixed set of values takes a
 :class:`~fedsuite.cli_support.Names` type, whose set ``--help`` shows (tests/test_cli_text.py).
+
+One spelling per idea across the commands: ``-h``/``--help`` on ``fedsuite`` and every command (set
+once, on the app); ``--output-dir``, the folder a command writes its output in (simulate: the run's
+folder; sweep: the sweep's; reproduce: a target's runs and reports; report: its files), and
+``--out`` only for a single file (partition's figure); ``--data-root`` and ``--engine`` with one
+help text wherever they are; ``--seeds`` read by one function (``cli_support.parse_seeds``:
+``--seeds 0 1 2`` and ``--seeds 0,1,2`` alike); ``--last`` with one default (a run's reading, as
+``report`` and ``sweep`` take it).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import signal
@@ -29,6 +38,7 @@ from rich.table import Table
 
 from fedsuite.cli_support import (
     CONFIG_KEYS,
+    SEEDS_FORMS,
     ConfigOptionsCommand,
     ManyValuesCommand,
     Names,
@@ -36,6 +46,7 @@ from fedsuite.cli_support import (
     OneLineUsageGroup,
     err_console,
     fail,
+    parse_seeds,
     plain_console,
 )
 
@@ -43,7 +54,11 @@ from fedsuite.cli_support import (
 # needs them: `fedsuite simulate` first starts its simulation process, whose imports then run on
 # the second core while this process does its own (fedsuite.launch.start_simulation_process).
 
+#: ``-h`` and ``--help`` on ``fedsuite`` and, through click's context, on every command
+HELP_OPTION_NAMES = ["-h", "--help"]
+
 app = typer.Typer(cls=OneLineUsageGroup, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  context_settings={"help_option_names": HELP_OPTION_NAMES},
                   help="Federated-learning research suite on Flower.")
 console = plain_console()
 
@@ -113,6 +128,17 @@ ENGINE_OPTION = typer.Option(None, "--engine", click_type=Names(("flower", "inpr
                              "and quick runs; the same numbers)")
 
 
+#: ``--data-root`` of simulate, sweep and reproduce (config key ``data_root``; simulate shows the
+#: config's default, sweep and reproduce pass it to every run, else each run's config says)
+DATA_ROOT_OPTION = typer.Option(None, "--data-root", show_default="the runs' config's data_root",
+                                help="where the datasets are (config key data_root)")
+
+#: ``--last`` of report and sweep: one reading of a run (``fedsuite.results.run_value``) for both
+LAST_DEFAULT = 10
+LAST_OPTION = typer.Option(LAST_DEFAULT, "--last", help="a run's reading: the mean of its last k evaluations "
+                           "(all of them if it has fewer)")
+
+
 def _common_values(**options: Any) -> dict[str, Any]:
     return {k: v for k, v in options.items() if v is not None}
 
@@ -139,9 +165,11 @@ def simulate(
     lr: Optional[float] = typer.Option(None, help="local learning rate"),
     model: Optional[str] = typer.Option(None, click_type=Names(registry_names("models")), help="model name"),
     seed: Optional[int] = typer.Option(None, help="random seed"),
-    output_dir: Optional[str] = typer.Option(None, help="parent folder of run directories"),
-    run_name: Optional[str] = typer.Option(None, help="run directory name (default: "
+    output_dir: Optional[str] = typer.Option(None, "--output-dir", help="parent folder of the run's folder "
+                                             "(OUTPUT_DIR/RUN_NAME)"),
+    run_name: Optional[str] = typer.Option(None, "--run-name", help="the run's folder name (default: "
                                            "<strategy>-<dataset>-s<seed>-<date>-<time>)"),
+    data_root: Optional[str] = DATA_ROOT_OPTION,
     num_cpus: Optional[int] = typer.Option(None, help="CPU cores per simulated client"),
     num_gpus: Optional[float] = typer.Option(None, help="GPU share per simulated client"),
     eval_every: Optional[int] = typer.Option(None, help="evaluate the global model every k rounds"),
@@ -166,8 +194,8 @@ def simulate(
         strategy=strategy, dataset=dataset, partitioner=partitioner, alpha=alpha,
         classes_per_client=classes_per_client, num_clients=num_clients, clients_per_round=clients_per_round,
         fraction=fraction, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, model=model,
-        seed=seed, output_dir=output_dir, run_name=run_name, num_cpus=num_cpus, num_gpus=num_gpus,
-        eval_every=eval_every, ray_address=ray_address, engine=engine,
+        seed=seed, output_dir=output_dir, run_name=run_name, data_root=data_root, num_cpus=num_cpus,
+        num_gpus=num_gpus, eval_every=eval_every, ray_address=ray_address, engine=engine,
     )
     for option, value in (("relaxed_init", relaxed_init), ("neuron_lr", neuron_lr)):
         if value is not None:
@@ -198,7 +226,7 @@ def check_writable_folder(folder: Path, field: str) -> None:
         fail(f"{field}: {problem}")
 
 
-#: the figure formats ``--out`` may name (matplotlib's raster and vector backends)
+#: the figure formats partition's ``--out`` file may have (matplotlib's raster and vector backends)
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
 
@@ -271,7 +299,8 @@ def partition(
     classes_per_client: Optional[int] = typer.Option(None, help="classes per client (pathological)"),
     num_clients: Optional[int] = typer.Option(None, help="number of clients"),
     seed: Optional[int] = typer.Option(None, help="random seed (fixes the partition)"),
-    out: Path = typer.Option(Path("partition.png"), help="where to save the label-histogram plot"),
+    out: Path = typer.Option(Path("partition.png"), "--out", help="the file the label-histogram plot is saved to "
+                             f"({', '.join(FIGURE_SUFFIXES)}; no suffix: .png)"),
     show: int = typer.Option(20, min=0, help="clients shown in the table"),
 ) -> None:
     """Per-client label histogram of a dataset/partition choice (table + saved plot).
@@ -318,9 +347,10 @@ def partition(
 def report(
     run_dirs: list[Path] = typer.Argument(..., help="run directories (several seeds of one setting are grouped)"),
     target: Optional[float] = typer.Option(None, help="target accuracy in %, for rounds-to-target"),
-    last: int = typer.Option(1, help="final accuracy = mean of the last k evaluations of each run"),
-    out: Path = typer.Option(Path("report"), help="folder for report.md, report.json, accuracy.png "
-                             "(and diagnostics-<run>.png per run with pool diagnostics)"),
+    last: int = LAST_OPTION,
+    output_dir: Path = typer.Option(Path("report"), "--output-dir", help="the folder the report's files are "
+                                    "written in: report.md, report.json, accuracy.png (and diagnostics-<run>.png "
+                                    "per run with pool diagnostics)"),
 ) -> None:
     """Table of final accuracy (mean ± std over seeds), rounds to a target, and figures; names the
     code (fedsuite, commit, packages) and hardware that produced the runs."""
@@ -337,7 +367,7 @@ def report(
         rows, curves = make_report(run_dirs, target=None if target is None else target / 100, last=last)
     except ResultsError as exc:
         fail(str(exc))
-    check_writable_folder(out.resolve(), "--out")
+    check_writable_folder(output_dir.resolve(), "--output-dir")
     headers, cells = report_table(rows, target)
     table = Table(title="fedsuite report")
     for h in headers:
@@ -348,8 +378,8 @@ def report(
     for line in provenance_lines(run_dirs):
         if line:
             console.print(line, highlight=False, soft_wrap=True)
-    figures = write_report(out, run_dirs, rows, curves, headers, cells)
-    console.print(f"-> {out / 'report.md'}, " + ", ".join(str(f) for f in figures))
+    figures = write_report(output_dir, run_dirs, rows, curves, headers, cells)
+    console.print(f"-> {output_dir / 'report.md'}, " + ", ".join(str(f) for f in figures))
 
 
 @app.command(cls=OneLineUsageCommand)
@@ -440,20 +470,25 @@ def gateway(
     os.execv(command[0], command)
 
 
-@app.command(cls=OneLineUsageCommand)
+@app.command(cls=ManyValuesCommand)
 def sweep(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="base TOML config (may hold a [sweep] section)"),
     set_: list[str] = typer.Option([], "--set", help="base override: key=value, as for simulate (repeatable)"),
     grid: list[str] = typer.Option([], "--grid", help="a grid key and its values: lr=0.01,0.05 (repeatable)"),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="seeds of every setting: 0,1,2 (default: [sweep] seeds, else 0)"),
-    out: Path = typer.Option(Path("runs/sweeps"), "--out", help="parent folder of the sweep's folder"),
-    name: Optional[str] = typer.Option(None, "--name", help="the sweep's folder name (default: the config file's name, "
-                                       "else sweep; a search's: NAME-search, else search)"),
+    seeds: Optional[list[str]] = typer.Option(None, "--seeds", metavar="SEEDS",
+                                              help=f"seeds of every setting: {SEEDS_FORMS} (default: [sweep] "
+                                              "seeds, else 0)"),
+    output_dir: Path = typer.Option(Path("runs/sweeps"), "--output-dir", help="parent folder of the sweep's folder "
+                                    "(OUTPUT_DIR/NAME)"),
+    name: Optional[str] = typer.Option(None, "--name", help="the sweep's folder name, under --output-dir (default: "
+                                       "the config file's name, else sweep; a search's: the config file's name "
+                                       "and -search, else search)"),
+    data_root: Optional[str] = DATA_ROOT_OPTION,
     jobs: int = typer.Option(1, "--jobs", help="simulations at once"),
     num_gpus: Optional[float] = typer.Option(None, "--num-gpus", help="GPU share per simulated client, passed to every run"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run every simulation's clients on this Ray cluster"),
     engine: Optional[str] = ENGINE_OPTION,
-    last: int = typer.Option(10, "--last", help="a run's reading: the mean of its last k evaluations"),
+    last: int = LAST_OPTION,
     group_by: Optional[str] = typer.Option(None, "--group-by", help="a grid key: the report names the best setting per value"),
     report_only: bool = typer.Option(False, "--report", help="only write the report from the runs on disk"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="run failed runs again, each from its last "
@@ -471,12 +506,9 @@ def sweep(
     from fedsuite.reproduce.queue import ReproduceError, placement_options
     from fedsuite.sweep import run_sweep
 
-    try:
-        seed_list = None if seeds is None else [int(s) for s in seeds.split(",") if s.strip()]
-    except ValueError:
-        fail(f"--seeds expects integers separated by commas, got {seeds!r}")
-    if seed_list is not None and (not seed_list or any(s < 0 for s in seed_list)):
-        fail(f"--seeds expects non-negative integers separated by commas, got {seeds!r}")
+    seed_list = parse_seeds(seeds)
+    if data_root is not None:  # a base setting of every run, before --set (which wins, as on simulate)
+        set_ = [f"data_root={json.dumps(data_root)}", *set_]
     if search is None and (space or grace_rounds is not None):
         fail("--space and --grace-rounds belong to a search: add --search random|asha")
     if search is not None and (grid or group_by or report_only):
@@ -492,11 +524,11 @@ def sweep(
             if jobs < 1 or last < 1:
                 fail("--jobs and --last must be at least 1")
             # not the grid's default folder: a grid and a search do not share one (fedsuite.sweep.study_in)
-            folder = (out / (name or (f"{config.stem}-search" if config is not None else "search"))).resolve()
+            folder = (output_dir / (name or (f"{config.stem}-search" if config is not None else "search"))).resolve()
             code = run_search(search, space, samples, grace_rounds, config, set_, seed_list or [0], folder, jobs,
                               placement_options(num_gpus, ray_address, engine), last, console)
             raise typer.Exit(code)
-        code = run_sweep(config, set_, grid, seed_list, out, name, jobs, placement_options(num_gpus, ray_address, engine),
+        code = run_sweep(config, set_, grid, seed_list, output_dir, name, jobs, placement_options(num_gpus, ray_address, engine),
                          last, group_by,
                          report_only, console, retry_failed)
     except ReproduceError as exc:  # SweepError, or missing data
@@ -504,19 +536,21 @@ def sweep(
     raise typer.Exit(code)
 
 
-@app.command(cls=ManyValuesCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@app.command(cls=ManyValuesCommand)
 def reproduce(
     target: str = typer.Argument(..., click_type=Names(reproduce_targets),
                                  help="a target name (see `fedsuite reproduce list`), or `list`"),
     rows: Optional[list[str]] = typer.Option(None, "--rows", help="only these rows (names as in `list`): --rows a b"),
     methods: Optional[list[str]] = typer.Option(None, "--methods", help="only these methods (columns)"),
-    seeds: Optional[list[int]] = typer.Option(None, "--seeds", help="seeds: --seeds 0 1 2 (default: the target's, per scale)"),
+    seeds: Optional[list[str]] = typer.Option(None, "--seeds", metavar="SEEDS",
+                                              help=f"seeds: {SEEDS_FORMS} (default: the target's, per scale)"),
     scale: str = typer.Option("paper", "--scale", click_type=Names(reproduce_scales),
                               help="paper: the paper's settings; cpu: the target's "
                               "CPU-sized variant (orderings only)"),
     jobs: int = typer.Option(1, "--jobs", help="simulations at once"),
-    out: Path = typer.Option(Path("runs/reproduce"), "--out", help="folder for runs and reports"),
-    data_root: Optional[str] = typer.Option(None, "--data-root", help="data_root of every run (where the datasets are)"),
+    output_dir: Path = typer.Option(Path("runs/reproduce"), "--output-dir", help="parent folder of the runs and "
+                                    "reports (OUTPUT_DIR/<paper>/<scale>/...)"),
+    data_root: Optional[str] = DATA_ROOT_OPTION,
     num_gpus: Optional[float] = typer.Option(None, "--num-gpus", help="GPU share per simulated client, passed to every run"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run every simulation's clients on this "
                                               "Ray cluster (host:port, auto)"),
@@ -534,7 +568,7 @@ def reproduce(
     from fedsuite.reproduce.queue import ReproduceError, placement_options
 
     try:
-        code = run_reproduce(target, rows, methods, seeds, scale, jobs, out, data_root,
+        code = run_reproduce(target, rows, methods, parse_seeds(seeds), scale, jobs, output_dir, data_root,
                              placement_options(num_gpus, ray_address, engine), tables,
                              report_only, console, retry_failed)
     except ReproduceError as exc:

@@ -2,9 +2,9 @@
 the consoles that print text as given (:func:`plain_console`), usage errors said the same way
 (:class:`OneLineUsageGroup`, :class:`OneLineUsageCommand`), help that shows every parameter's help,
 choices and default (:class:`PlainHelp`, :class:`Names`, :class:`ConfigOptionsCommand`), options
-that take several values after one flag (:class:`ManyValuesCommand`, ``fedsuite reproduce``'s
-``--seeds 0 1 2``) and a run's progress bar (:class:`RunProgress`). Light imports only:
-``fedsuite.cli`` imports this at start-up.
+that take several values after one flag (:class:`ManyValuesCommand`: ``--seeds 0 1 2``), the one
+reading of ``--seeds`` (:func:`parse_seeds`, ``sweep``'s and ``reproduce``'s) and a run's progress
+bar (:class:`RunProgress`). Light imports only: ``fedsuite.cli`` imports this at start-up.
 
 No text is ever read as rich markup or emoji codes: help is click's plain text (the app has
 ``rich_markup_mode=None``), and every console is a :func:`plain_console`, so a message holding
@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from typing import Any, Callable, Iterable, NoReturn, Union
+from typing import Any, Callable, Iterable, NoReturn, Optional, Sequence, Union
 
 import click
 import typer
@@ -43,6 +43,32 @@ def fail(message: str, code: int = 2) -> NoReturn:
     The only error prefix of the CLI: click's usage errors come here too."""
     err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(code)
+
+
+#: the two spellings of ``--seeds`` (and both at once: ``--seeds 0,1 2``), as its error names them
+SEEDS_FORMS = "--seeds 0 1 2 or --seeds 0,1,2"
+
+
+def parse_seeds(values: Optional[Sequence[str]]) -> Optional[list[int]]:
+    """``--seeds`` of ``fedsuite sweep`` and ``fedsuite reproduce``: the values given after the flag
+    (:class:`ManyValuesCommand` hands each as one value), each a seed or seeds separated by commas,
+    so ``--seeds 0 1 2``, ``--seeds 0,1,2`` and ``--seeds 0,1 2`` are the seeds 0, 1, 2. None (or
+    nothing) when the option was not given: the command's default. A value that is not a
+    non-negative integer, or no seed at all (``--seeds ,``), is one line, exit 2 (:func:`fail`)."""
+    if not values:
+        return None
+    seeds: list[int] = []
+    for value in values:
+        for piece in value.split(","):
+            piece = piece.strip()
+            if not piece:  # "0,1," or "0, 1": an empty piece between commas is no seed
+                continue
+            if not re.fullmatch(r"[0-9]+", piece):
+                fail(f"--seeds takes non-negative integers ({SEEDS_FORMS}), got {piece!r}")
+            seeds.append(int(piece))
+    if not seeds:
+        fail(f"--seeds takes non-negative integers ({SEEDS_FORMS}), got {' '.join(values)!r}")
+    return seeds
 
 
 class RunProgress:
@@ -281,7 +307,9 @@ class ConfigOptionsCommand(OneLineUsageCommand):
 class ManyValuesCommand(OneLineUsageCommand):
     """A command whose options in :attr:`many` take one or more values after one flag, as in
     ``--seeds 0 1 2`` (a click option takes one value per flag: the values are handed to it as
-    ``--seeds 0 --seeds 1 --seeds 2``)."""
+    ``--seeds 0 --seeds 1 --seeds 2``): ``fedsuite reproduce`` (``--rows``, ``--methods``,
+    ``--seeds``) and ``fedsuite sweep`` (``--seeds``; it has no ``--rows`` or ``--methods``, which
+    click refuses as any unknown option)."""
 
     many = ("--rows", "--methods", "--seeds")
 

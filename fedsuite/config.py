@@ -376,7 +376,7 @@ def config_differences(recorded: dict[str, Any], cfg: BaseRunConfig) -> list[tup
     ``--resume`` continues. They are the fields that do not make a run another experiment:
     ``rounds`` (a run asked for more rounds is continued, one asked for fewer is named as longer:
     ``fedsuite.rundir.state``), where it lives (``output_dir``, ``run_name``: a folder moved or
-    copied, as ``experiments/claims.sh`` copies committed records into a fresh ``--out``;
+    copied, as ``experiments/claims.sh`` copies committed records into a fresh ``--output-dir``;
     ``data_root``: the data moved) and what runs it (``num_cpus``, ``num_gpus``, ``device``,
     ``ray_address``: a queue's ``--num-gpus`` and ``--ray-address`` may change between two of its
     starts; ``engine``: both give the same numbers; ``eval_batch_size``, ``stall_timeout_s``, ``tensorboard``).

@@ -11,7 +11,7 @@ both ends included) or ``choice:V1,V2,...`` (values read as ``--set`` reads them
 range and every choice are validated as run settings before anything runs.
 
 Each trial is one ``fedsuite simulate`` run (one seed: ``--seeds`` names it) in
-``<out>/<name>/trials/<trial>``, started by a Tune trainable (:class:`FedsuiteTrial`) that reports
+``<output-dir>/<name>/trials/<trial>``, started by a Tune trainable (:class:`FedsuiteTrial`) that reports
 every evaluation of the run to Tune as ``test_accuracy`` at ``round``. With ``asha``, Tune's
 asynchronous successive halving (:class:`ray.tune.schedulers.ASHAScheduler`, reduction factor 2,
 first rung at ``--grace-rounds``) stops a trial whose accuracy at a rung is below the median of
@@ -22,7 +22,7 @@ rounds and checkpoint, and ``fedsuite simulate --config <trial>/config.json --re
 Ray for its clients, or puts them on ``--ray-address`` (and ``--num-gpus`` is passed to every run).
 The sampling is seeded with the trials' seed, so the same command samples the same settings.
 
-A search's folder is ``<out>/<name>``, by default ``<config name>-search`` (``search`` without a
+A search's folder is ``<output-dir>/<name>``, by default ``<config name>-search`` (``search`` without a
 config file): not the folder a grid of the same config file writes, since a grid and a search
 write the same ``report.md`` and one folder holds one of them (a grid's folder is refused:
 ``fedsuite.sweep.study_in``). A search is not resumed as a whole: a second search into a folder
@@ -262,7 +262,7 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
                          "are): give another --name, or remove the folder")
     problem = rundir.folder_problem(folder)
     if problem is not None:
-        raise SweepError(f"--out: {problem}")
+        raise SweepError(f"--output-dir: {problem}")
     from fedsuite.reproduce.queue import missing_data
 
     cfg = build_config(config, list(base_set))

@@ -12,7 +12,7 @@ or, in the config file, a ``[sweep]`` section (command-line ``--grid`` and ``--s
     seeds = [0, 1, 2]
 
 Every setting (one value per key: the grid's Cartesian product) runs once per seed, as a
-``fedsuite simulate`` run in ``<out>/<name>/<setting>/s<seed>``. The runs go through the queue of
+``fedsuite simulate`` run in ``<output-dir>/<name>/<setting>/s<seed>``. The runs go through the queue of
 ``fedsuite reproduce`` (:func:`fedsuite.reproduce.queue.run_queue`): ``--jobs`` at a time, finished runs
 skipped, interrupted ones resumed, Ctrl-C and kill safe. Before anything runs, every run's config is
 validated (an unknown key, a value that fails validation, an empty grid: one line, exit 2), every
@@ -27,7 +27,7 @@ writes its own ``report.md`` and is refused in a grid's folder, and a grid in a 
 (:func:`study_in`). A search's default folder is ``<config name>-search``, a grid's the config's
 name, so the two do not meet unless ``--name`` says so.
 
-The report (``<out>/<name>/report.md``, ``report.csv``, ``accuracy.png``) has per setting the
+The report (``<output-dir>/<name>/report.md``, ``report.csv``, ``accuracy.png``) has per setting the
 mean ± std over its completed seeds of the reading (each run's mean of its last ``--last``
 evaluations, :func:`fedsuite.results.run_value`), the best accuracy, the seeds that completed, and
 the best setting per group (``--group-by KEY``: per value of that grid key; else the best of all);
@@ -319,7 +319,7 @@ def study_in(folder: Path) -> str | None:
 
 
 def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence[str], seeds: Sequence[int] | None,
-              out: Path, name: str | None, jobs: int, placement: Sequence[str], last: int,
+              output_dir: Path, name: str | None, jobs: int, placement: Sequence[str], last: int,
               group_by: str | None, report_only: bool, console, retry_failed: bool = False) -> int:
     """The command: plan, check, queue, report. Returns the exit code (0 every run completed, 1 a
     run did not, 130 interrupted); raises :class:`SweepError` (or, for missing data, its base
@@ -340,14 +340,14 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
     if group_by is not None and group_by not in grid:
         raise SweepError(f"--group-by {group_by!r} is not a grid key; allowed: {', '.join(grid)}")
     name = name or (config.stem if config is not None else "sweep")
-    folder = (out / name).resolve()
+    folder = (output_dir / name).resolve()
     if study_in(folder) == "search":
         raise SweepError(f"{folder} holds a search (trials/), whose report.md a grid's would replace: give the grid "
                          "another --name")
     # the runs read the config file itself, or, when it has a [sweep] section, a copy without it
     runs_config = config if stripped is None else folder / "base.toml"
     runs = plan(runs_config, base_set, grid, seed_list, folder, base=stripped)
-    remedy = other_folder("another --name or --out")
+    remedy = other_folder("another --name or --output-dir")
     if report_only:
         check_recorded(runs, remedy)
     else:
@@ -356,7 +356,7 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
     # one makes and removes a probe folder in it)
     problem = rundir.folder_problem(folder)
     if problem is not None:
-        raise SweepError(f"--out: {problem}")
+        raise SweepError(f"--output-dir: {problem}")
     if stripped is not None:  # written once every setting and every run on disk have passed
         import tomli_w
 

@@ -80,7 +80,7 @@ def sweep(setup) -> Path:
     (``api_run`` is on Flower's, so the two are compared across engines): its folder."""
     folder, toml = setup
     res = subprocess.run([sys.executable, "-m", "fedsuite.cli", "sweep", "--config", str(toml), "--grid",
-                          "lr=0.05,0.1", "--seeds", "7", "--last", "1", "--out", str(folder / "sweeps"),
+                          "lr=0.05,0.1", "--seeds", "7", "--last", "1", "--output-dir", str(folder / "sweeps"),
                           "--name", "lr", "--engine", "inprocess"], env=_env(), capture_output=True, text=True,
                          timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

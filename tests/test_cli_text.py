@@ -9,6 +9,12 @@
   ``error:`` line, exit code 2, every character kept, nothing in them styled even on a colour
   terminal, no traceback (``[/x]`` was a rich ``MarkupError`` traceback).
 * ``fedsuite list`` prints plain text, not the docstrings' RST.
+* One spelling per idea across the commands (issue 41 item 1): ``-h`` is ``--help`` on ``fedsuite``
+  and every command; ``simulate``, ``sweep`` and ``reproduce`` take ``--output-dir``, ``--data-root``
+  (one help text, and it reaches every run's config) and ``--engine``; ``--out`` names a file only
+  (partition's figure); ``--seeds 0 1 2``, ``--seeds 0,1,2`` and ``--seeds 0,1 2`` are the same seeds
+  on ``sweep`` and ``reproduce``, with the same one-line error; ``report`` and ``sweep`` read a run
+  with one ``--last`` default (all its evaluations when it has fewer).
 
 The SIGINT message of ``fedsuite simulate`` (a real run, interrupted, then continued with the command
 it printed) is in tests/test_resume.py.
@@ -16,6 +22,8 @@ it printed) is in tests/test_resume.py.
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import re
 import subprocess
@@ -155,10 +163,12 @@ SWEEP_TOML = "[sweep]\nbogus = 1\n"
 ERRORS = [
     (["list", ":smile:"], "unknown list ':smile:'; allowed: strategies, datasets, partitioners, models"),
     (["report", "[bold]x", "a[/x]"], "not fedsuite run directories (no config.json): [bold]x, a[/x]"),
-    (["sweep", "--seeds", "[/x]"], "--seeds expects integers separated by commas, got '[/x]'"),
-    (["sweep", "-c", "{dir}/x.toml", "--grid", "lr=0.1", "--out", "{dir}/sweeps"],
+    (["sweep", "--seeds", "[/x]"], "--seeds takes non-negative integers (--seeds 0 1 2 or --seeds 0,1,2), got '[/x]'"),
+    (["reproduce", "x", "--seeds", "0", "[/x]"],
+     "--seeds takes non-negative integers (--seeds 0 1 2 or --seeds 0,1,2), got '[/x]'"),
+    (["sweep", "-c", "{dir}/x.toml", "--grid", "lr=0.1", "--output-dir", "{dir}/sweeps"],
      "{dir}/x.toml: [sweep] takes grid = {key = [values]} and seeds = [ints]"),
-    (["sweep", "--search", "random", "--space", "lr=uniform:A:B", "--out", "{dir}/sweeps"],
+    (["sweep", "--search", "random", "--space", "lr=uniform:A:B", "--output-dir", "{dir}/sweeps"],
      "--space expects key=log:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or choice:V1,V2,..., got 'lr=uniform:A:B'"),
     (["simulate", "--rounds", "[bold]x"], "Invalid value for '--rounds': '[bold]x' is not a valid integer."),
     (["partition", "--dataset", "[bold]x :smile:", "--out", "{dir}/p.png"],
@@ -223,3 +233,146 @@ def test_list_prints_plain_text_not_rst():
     assert "<root>/MNIST/raw" in squash(result.stdout)  # was ``<root>/MNIST/raw``
     markdown = runner.invoke(app, ["list", "datasets", "--markdown"]).stdout  # Markdown: a code span, as in README.md
     assert "``<root>/MNIST/raw``" in markdown
+
+
+# ------------------------------------------------------------------------------------------------
+# one spelling per idea: -h, --output-dir, --data-root, --engine, --out, --seeds, --last
+# ------------------------------------------------------------------------------------------------
+
+#: the commands that write runs: their options of one idea are spelled alike
+RUN_COMMANDS = [("simulate",), ("sweep",), ("reproduce",)]
+
+
+def _option(path: tuple[str, ...], name: str) -> click.Option | None:
+    return next((p for p in COMMANDS[path].params if isinstance(p, click.Option) and name in p.opts), None)
+
+
+@pytest.mark.parametrize("path", list(COMMANDS), ids=lambda p: " ".join(("fedsuite", *p, "-h")))
+def test_dash_h_is_help_on_every_command(path):
+    result = runner.invoke(app, [*path, "-h"])
+    text = result.stdout + (result.stderr or "")
+    assert result.exit_code == 0, text
+    assert text == _help(path)
+    assert any(names == "-h, --help" for names, _ in _records(text)), text
+    # set once, on the app (click hands it to every command's context), not per command
+    assert "help_option_names" not in (COMMANDS[path].context_settings if path else {})
+
+
+def test_the_run_commands_spell_output_dir_data_root_and_engine_alike():
+    for name in ("--output-dir", "--data-root", "--engine"):
+        helps = set()
+        for path in RUN_COMMANDS:
+            option = _option(path, name)
+            assert option is not None, f"fedsuite {path[0]} has no {name}"
+            assert squash(option.help) in squash(_record_of(option, _records(_help(path))))
+            helps.add(option.help)
+        if name != "--output-dir":  # the parent folder of different things: each help says which
+            assert len(helps) == 1, helps
+    assert _option(("report",), "--output-dir") is not None  # the folder the report's files go in
+    for path, command in COMMANDS.items():  # --out: a single file, partition's figure, and nothing else
+        out = _option(path, "--out") if path else None
+        if path == ("partition",):
+            assert out is not None and "file" in out.help, out
+        else:
+            assert out is None, f"fedsuite {' '.join(path)} has --out"
+    for args in (["sweep", "--out", "x"], ["reproduce", "list", "--out", "x"], ["report", "x", "--out", "y"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and "No such option '--out'" in result.stdout + (result.stderr or "")
+
+
+def test_data_root_reaches_every_run_config(tmp_path, monkeypatch):
+    """simulate: into the config as its other options (a --set still wins); sweep: a base setting
+    of every run, before the base --set; reproduce: passed to every run."""
+    import fedsuite.reproduce
+    import fedsuite.runner
+    import fedsuite.sweep
+    from fedsuite.config import build_config
+
+    calls: dict[str, tuple] = {}
+
+    def record(name):
+        def fake(*args, **kwargs):
+            calls[name] = args
+            return 0
+        return fake
+
+    monkeypatch.setattr(fedsuite.runner, "run_simulation", record("simulate"))
+    monkeypatch.setattr(fedsuite.sweep, "run_sweep", record("sweep"))
+    monkeypatch.setattr(fedsuite.reproduce, "run_reproduce", record("reproduce"))
+    data = str(tmp_path / "my data")
+    assert runner.invoke(app, ["simulate", "--data-root", data]).exit_code == 0
+    config, set_, values = calls["simulate"]
+    assert values["data_root"] == data and build_config(config, set_, values).data_root == data
+    assert runner.invoke(app, ["sweep", "--data-root", data, "--set", "rounds=3"]).exit_code == 0
+    base_set = calls["sweep"][1]
+    assert build_config(None, base_set).data_root == data and base_set[1:] == ["rounds=3"]
+    assert runner.invoke(app, ["sweep", "--data-root", data, "--set", "data_root=/elsewhere"]).exit_code == 0
+    assert build_config(None, calls["sweep"][1]).data_root == "/elsewhere"  # --set wins, as on simulate
+    assert runner.invoke(app, ["reproduce", "list", "--data-root", data]).exit_code == 0
+    assert calls["reproduce"][7] == data
+
+
+#: the commands that take --seeds, with the arguments before it, and where their function gets the seeds
+SEEDS_COMMANDS = {"sweep": (["sweep", "--grid", "lr=0.1"], "fedsuite.sweep", "run_sweep"),
+                  "reproduce": (["reproduce", "tiny"], "fedsuite.reproduce", "run_reproduce")}
+
+
+def _seeds_given(command: str, seeds: list[str], monkeypatch) -> tuple[list[int] | None, str, int]:
+    """(the seeds the command's function got, or None if it was not called; the text; the exit code)."""
+    import importlib
+
+    args, module, function = SEEDS_COMMANDS[command]
+    got: list = []
+    monkeypatch.setattr(importlib.import_module(module), function, lambda *a, **k: got.append(a[3]) or 0)
+    result = runner.invoke(app, [*args, *seeds])
+    return (got[0] if got else None), result.stdout + (result.stderr or ""), result.exit_code
+
+
+@pytest.mark.parametrize("command", list(SEEDS_COMMANDS))
+@pytest.mark.parametrize("seeds", [["--seeds", "0", "1", "2"], ["--seeds", "0,1,2"], ["--seeds", "0,1", "2"],
+                                   ["--seeds=0,1,2"], ["--seeds", "0", "--seeds", "1,2"]],
+                         ids=lambda s: " ".join(s))
+def test_seeds_take_either_form_on_sweep_and_reproduce(command, seeds, monkeypatch):
+    got, text, code = _seeds_given(command, seeds, monkeypatch)
+    assert code == 0 and got == [0, 1, 2], text
+    assert _seeds_given(command, [], monkeypatch)[0] is None  # not given: the command's default
+
+
+@pytest.mark.parametrize("seeds, bad", [(["a"], "a"), (["-1"], "-1"), (["0,-1"], "-1"), (["1.5"], "1.5"),
+                                        (["0", "x"], "x"), (["0,1", "2,b"], "b"), ([","], ","), (["+1"], "+1")],
+                         ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_a_bad_seed_is_the_same_one_line_error_on_sweep_and_reproduce(seeds, bad, monkeypatch):
+    for command in SEEDS_COMMANDS:
+        got, text, code = _seeds_given(command, ["--seeds", *seeds], monkeypatch)
+        assert code == 2 and got is None, text
+        assert text == f"error: --seeds takes non-negative integers (--seeds 0 1 2 or --seeds 0,1,2), got {bad!r}\n"
+    for command in SEEDS_COMMANDS:  # no value at all: the same usage error too
+        got, text, code = _seeds_given(command, ["--seeds"], monkeypatch)
+        assert code == 2 and got is None and text == "error: --seeds expects one or more values\n", text
+
+
+def test_report_and_sweep_read_a_run_with_one_last_default():
+    from fedsuite.results import report
+
+    report_last, sweep_last = _option(("report",), "--last"), _option(("sweep",), "--last")
+    assert report_last.default == sweep_last.default == 10 == inspect.signature(report).parameters["last"].default
+    assert report_last.help == sweep_last.help and "all of them if it has fewer" in report_last.help
+
+
+def test_report_reads_all_evaluations_of_a_run_with_fewer_than_last(tmp_path):
+    """Three evaluations, --last's default 10: the reading is their mean, as a sweep reads the run;
+    round 0 (the initial model) is not one of them."""
+    from fedsuite.config import build_config
+    from fedsuite.results import evaluations, read_metrics, run_value
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(build_config().active_dump()))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "test_accuracy": a}) + "\n"
+                                               for r, a in ((0, 0.1), (1, 0.3), (2, 0.4), (3, 0.5))))
+    result = runner.invoke(app, ["report", str(run), "--output-dir", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.stdout + (result.stderr or "")
+    assert "40.00 ± 0.00" in result.stdout, result.stdout
+    rows = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert rows[0]["final_mean"] == pytest.approx(0.4)
+    assert run_value(evaluations(read_metrics(run)), "accuracy", 10)[0] == pytest.approx(40.0)  # the sweep's reading

@@ -622,7 +622,7 @@ def test_sim_fedmr_diagnostics_row_and_figures(simulate, tmp_path):
         assert sorted(row["slot_clients"]) == row["cohort"]
     png = b"\x89PNG"
     assert (res.run_dir / "diagnostics.png").read_bytes()[:4] == png
-    out = CliRunner().invoke(app, ["report", str(res.run_dir), "--out", str(tmp_path)])
+    out = CliRunner().invoke(app, ["report", str(res.run_dir), "--output-dir", str(tmp_path)])
     assert out.exit_code == 0, out.stdout
     assert (tmp_path / f"diagnostics-{res.run_dir.name}.png").read_bytes()[:4] == png
 

@@ -233,7 +233,7 @@ def test_fedsuite_report_names_the_code_that_produced_its_runs(simulate, resumed
     one = simulate(**RUN)
     (entry,) = one.summary["provenance"]
     run_dir, other = resumed
-    res = CliRunner().invoke(cli.app, ["report", str(one.run_dir), "--out", str(tmp_path / "one")])
+    res = CliRunner().invoke(cli.app, ["report", str(one.run_dir), "--output-dir", str(tmp_path / "one")])
     assert res.exit_code == 0, res.output
     line = f"Produced by {labels(entry)}."
     assert line.startswith(f"Produced by fedsuite {version('fedsuite')} at ")
@@ -250,7 +250,7 @@ def test_fedsuite_report_names_the_code_that_produced_its_runs(simulate, resumed
     summary = json.loads((older / "summary.json").read_text())
     del summary["provenance"]
     (older / "summary.json").write_text(json.dumps(summary))
-    res = CliRunner().invoke(cli.app, ["report", str(one.run_dir), str(run_dir), str(older), "--out", str(tmp_path / "all")])
+    res = CliRunner().invoke(cli.app, ["report", str(one.run_dir), str(run_dir), str(older), "--output-dir", str(tmp_path / "all")])
     assert res.exit_code == 0, res.output
     md = (tmp_path / "all" / "report.md").read_text()
     second = json.loads((run_dir / "summary.json").read_text())["provenance"][1]

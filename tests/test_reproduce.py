@@ -762,7 +762,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     tables = tmp_path / "tiny" / "tables.toml"
     tables.parent.mkdir()
     tables.write_text(TINY.format(dataset="fmnist"))
-    base = ["--tables", str(tables), "--out", str(tmp_path / "out"), "--data-root", str(tmp_path / "nodata")]
+    base = ["--tables", str(tables), "--output-dir", str(tmp_path / "out"), "--data-root", str(tmp_path / "nodata")]
     for args, words in ((["nope"], "unknown target 'nope'"), (["tiny", "--rows", "x"], "unknown row x"),
                         (["tiny", "--methods", "fedyogi"], "unknown method fedyogi"),
                         (["tiny", "--jobs", "0"], "--jobs must be at least 1")):
@@ -792,11 +792,11 @@ def test_options_take_several_values_after_one_flag_and_a_usage_error_is_one_lin
     tables = tmp_path / "tiny" / "tables.toml"
     tables.parent.mkdir()
     tables.write_text(TINY.format(dataset="synthetic"))
-    base = ["reproduce", "tiny", "--tables", str(tables), "--out", str(tmp_path / "out")]
+    base = ["reproduce", "tiny", "--tables", str(tables), "--output-dir", str(tmp_path / "out")]
     result = CliRunner().invoke(app, [*base, "--seeds", "0", "1", "--methods", "fedavg", "fedprox", "--report"])
     assert result.exit_code == 0, result.output
     assert [r["seeds_planned"] for r in csv.DictReader((tmp_path / "out/tiny/paper/tiny/report.csv").open())] == ["2", "2"]
-    for args, words in ((["--seeds"], "--seeds expects one or more values"), (["--seeds", "a"], "'a' is not a valid"),
+    for args, words in ((["--seeds"], "--seeds expects one or more values"), (["--seeds", "a"], "got 'a'"),
                         (["--scale", "gpu"], "unknown scale 'gpu'"), (["--bogus"], "No such option '--bogus'"),
                         (["--jobs", "x"], "'x' is not a valid integer")):
         result = CliRunner().invoke(app, [*base, *args])
@@ -834,13 +834,13 @@ def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
 
     # the cell that will be interrupted, run without interruption (beside step 1, into another folder)
     ref_out = tmp_path / "reference"
-    ref = subprocess.Popen(_cmd("tiny", "--out", str(ref_out), "--methods", "fedavg", "--seeds", "1", *common,
+    ref = subprocess.Popen(_cmd("tiny", "--output-dir", str(ref_out), "--methods", "fedavg", "--seeds", "1", *common,
                                 "--engine", "inprocess"),
                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
 
     # 1. one run at a time; SIGKILL the command's process group once the second run is mid-way
-    proc = subprocess.Popen(_cmd("tiny", "--out", str(out), "--jobs", "1", *common, *on_cluster), env=_env(),
+    proc = subprocess.Popen(_cmd("tiny", "--output-dir", str(out), "--jobs", "1", *common, *on_cluster), env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 900  # a guard against a hang, not a timing: the suite shares 2 cores
     while time.monotonic() < deadline and proc.poll() is None:
@@ -858,7 +858,7 @@ def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
     before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
 
     # 2. the same command again, two runs at a time
-    again = subprocess.run(_cmd("tiny", "--out", str(out), "--jobs", "2", *common, *on_cluster), env=_env(),
+    again = subprocess.run(_cmd("tiny", "--output-dir", str(out), "--jobs", "2", *common, *on_cluster), env=_env(),
                            capture_output=True, text=True, timeout=900)
     text = again.stdout + again.stderr
     assert again.returncode == 0, text
@@ -901,7 +901,7 @@ def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
     assert (report / "dir0.5.png").stat().st_size > 0
 
     # --report alone rewrites the same report from the runs on disk
-    out2 = subprocess.run(_cmd("tiny", "--out", str(out), "--report", *common), env=_env(),
+    out2 = subprocess.run(_cmd("tiny", "--output-dir", str(out), "--report", *common), env=_env(),
                           capture_output=True, text=True, timeout=120)
     assert out2.returncode == 0 and list(csv.DictReader((report / "report.csv").open())) == rows
 
@@ -1190,12 +1190,12 @@ def test_the_queue_stops_in_one_line_on_runs_of_another_config(tmp_path):
     assert str(err.value) == (
         f"{specs[2].run_dir} holds a run of another config (alpha: recorded 0.1, asked 0.5; lr: recorded 0.1, "
         "asked 0.05), and 1 more run of this queue differ; nothing was started: ask for the recorded config, or "
-        "give the new runs another folder (another --out)")
+        "give the new runs another folder (another --output-dir)")
 
 
 def test_every_committed_claims_record_is_the_run_its_target_asks_for(targets, tmp_path):
-    """The records ``experiments/claims.sh`` commits (and copies back into a fresh ``--out`` before
-    it queues) were run under another ``--out`` and ``--data-root``: they are still the runs their
+    """The records ``experiments/claims.sh`` commits (and copies back into a fresh ``--output-dir`` before
+    it queues) were run under another ``--output-dir`` and ``--data-root``: they are still the runs their
     targets ask for, so the queue skips them. A failed one is named at the start, with the round
     and the reason its summary.json records, and how to run it again."""
     failed = []
@@ -1241,7 +1241,7 @@ def test_reproduce_reuses_a_moved_run_and_stops_on_a_changed_target(simulate, da
     out = tmp_path / "out"
     run_dir = out / "tiny" / "paper" / "dir0.5" / f"fedavg-s{FAST['seed']}"
     shutil.copytree(done.run_dir, run_dir, ignore=shutil.ignore_patterns(".flwr"))
-    args = ["reproduce", "tiny", "--tables", str(tables), "--out", str(out), "--methods", "fedavg",
+    args = ["reproduce", "tiny", "--tables", str(tables), "--output-dir", str(out), "--methods", "fedavg",
             "--seeds", str(FAST["seed"]), "--data-root", str(data_root)]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.stdout + res.stderr
@@ -1258,7 +1258,7 @@ def test_reproduce_reuses_a_moved_run_and_stops_on_a_changed_target(simulate, da
         assert res.exit_code == 2, res.stdout + res.stderr
         assert res.stdout == "" and res.stderr == (
             f"error: {run_dir.resolve()} holds a run of another config (alpha: recorded 0.5, asked 0.1); nothing was "
-            "started: ask for the recorded config, or give the new runs another folder (another --out)\n"), res.stderr
+            "started: ask for the recorded config, or give the new runs another folder (another --output-dir)\n"), res.stderr
         assert tree_snapshot(out) == before
 
 
@@ -1275,7 +1275,7 @@ def test_raising_a_targets_rounds_continues_its_completed_runs(tmp_path):
 
     def reproduce(rounds: int, out: Path) -> subprocess.CompletedProcess:
         tables.write_text(tiny.replace('"rounds=2"', f'"rounds={rounds}"'))
-        return subprocess.run(_cmd("tiny", "--out", str(out), *common), env=_env(), capture_output=True, text=True,
+        return subprocess.run(_cmd("tiny", "--output-dir", str(out), *common), env=_env(), capture_output=True, text=True,
                               timeout=900)
 
     out, ref_out = tmp_path / "out", tmp_path / "reference"

@@ -390,14 +390,14 @@ def _run_dir(tmp_path: Path, config: dict, metrics: str) -> Path:
 def test_report_on_a_truncated_metrics_file(tmp_path):
     cfg = build_config().active_dump()
     d = _run_dir(tmp_path, cfg, '{"round": 0, "test_accuracy": 0.1}\n{"round": 1, "test_acc')
-    code, text, exc = _cli("report", str(d), "--out", str(tmp_path / "rep"))
+    code, text, exc = _cli("report", str(d), "--output-dir", str(tmp_path / "rep"))
     _assert_one_line_error(code, text, exc, "line 2")
     assert "metrics.jsonl" in text
 
 
 def test_report_on_an_empty_config(tmp_path):
     d = _run_dir(tmp_path, {}, '{"round": 0, "test_accuracy": 0.1}\n')
-    code, text, exc = _cli("report", str(d), "--out", str(tmp_path / "rep"))
+    code, text, exc = _cli("report", str(d), "--output-dir", str(tmp_path / "rep"))
     _assert_one_line_error(code, text, exc, "is not a fedsuite run config")
     assert "config.json" in text
 
@@ -530,10 +530,10 @@ def test_report_refuses_a_reading_that_does_not_exist(tmp_path, args, fragment):
     """``--last 0`` and ``--last -1`` printed a mean over the wrong evaluations with exit 0."""
     d = _run_dir(tmp_path, build_config().active_dump(), '{"round": 0, "test_accuracy": 0.1}\n'
                  '{"round": 1, "test_accuracy": 0.3}\n{"round": 2, "test_accuracy": 0.4}\n')
-    code, text, exc = _cli("report", str(d), *args, "--out", str(tmp_path / "rep"))
+    code, text, exc = _cli("report", str(d), *args, "--output-dir", str(tmp_path / "rep"))
     _assert_one_line_error(code, text, exc, fragment)
     assert not (tmp_path / "rep").exists()
-    code, text, _ = _cli("report", str(d), "--last", "2", "--out", str(tmp_path / "rep"))
+    code, text, _ = _cli("report", str(d), "--last", "2", "--output-dir", str(tmp_path / "rep"))
     assert code == 0 and "35.00" in text, text  # the real mean of the last two evaluations
 
 
@@ -674,15 +674,15 @@ def test_bad_files_and_unwritable_paths_are_one_line_before_any_run_folder(tmp_p
 
 def test_report_and_tables_files_are_checked_like_the_run(tmp_path):
     d = _run_dir(tmp_path, build_config().active_dump(), '{"round": 0, "test_accuracy": 0.1}\n')
-    code, text, exc = _cli("report", str(d), "--out", "/proc/fedsuite-report")
+    code, text, exc = _cli("report", str(d), "--output-dir", "/proc/fedsuite-report")
     _assert_one_line_error(code, text, exc, "cannot be created")
     tables = _not_utf8(tmp_path / "tables.toml")
     out = subprocess.run([sys.executable, "-m", "fedsuite.cli", "reproduce", "list", "--tables", str(tables)],
                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 2 and "not UTF-8" in out.stderr and "Traceback" not in out.stderr, out.stderr
-    out = subprocess.run([sys.executable, "-m", "fedsuite.cli", "reproduce", "fedmr-claims", "--out", "/sys/x"],
+    out = subprocess.run([sys.executable, "-m", "fedsuite.cli", "reproduce", "fedmr-claims", "--output-dir", "/sys/x"],
                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert out.returncode == 2 and "--out: a folder cannot be created in /sys" in out.stderr, out.stderr
+    assert out.returncode == 2 and "--output-dir: a folder cannot be created in /sys" in out.stderr, out.stderr
 
 
 @pytest.fixture

@@ -66,7 +66,7 @@ def test_an_asha_search_stops_a_poor_trial_early_and_keeps_every_trials_run(tmp_
     folder = out / "lr-search"
     res = subprocess.run(_search("--search", "asha", "--samples", "4", "--space", "lr=choice:0.0005,0.1",
                                  "--grace-rounds", "1", *BASE, "--set", f"data_root={tmp_path / 'data'}",
-                                 "--out", str(out), "--name", "lr-search", "--jobs", "2", "--last", "2",
+                                 "--output-dir", str(out), "--name", "lr-search", "--jobs", "2", "--last", "2",
                                  "--engine", "inprocess"),
                          env=_env(), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -111,7 +111,7 @@ def test_an_asha_search_stops_a_poor_trial_early_and_keeps_every_trials_run(tmp_
 def test_a_bad_search_is_one_line_before_anything_runs(tmp_path, args, words):
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["sweep", "--search", "asha", *args, *BASE, "--set",
-                                   f"data_root={tmp_path / 'data'}", "--out", str(out)])
+                                   f"data_root={tmp_path / 'data'}", "--output-dir", str(out)])
     text = res.stdout + (res.stderr or "")
     assert res.exit_code == 2 and words in text and "Traceback" not in text, text
     assert len([line for line in text.splitlines() if line.strip()]) <= 3, text  # one message (maybe wrapped)
@@ -128,7 +128,7 @@ def test_a_search_run_again_names_what_changed_and_a_grid_keeps_out_of_its_folde
     folder = (out / "one").resolve()
     args = ["--search", "random", "--samples", "1", "--space", "lr=choice:0.05", "--set", "rounds=1", "--set",
             "num_clients=6", "--set", "clients_per_round=2", "--set", "batch_size=32", "--set",
-            f"data_root={tmp_path / 'data'}", "--out", str(out), "--name", "one", "--engine", "inprocess"]
+            f"data_root={tmp_path / 'data'}", "--output-dir", str(out), "--name", "one", "--engine", "inprocess"]
     res = subprocess.run(_search(*args), env=_env(), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (trial,) = [p for p in (folder / "trials").iterdir() if p.is_dir()]
@@ -144,7 +144,7 @@ def test_a_search_run_again_names_what_changed_and_a_grid_keeps_out_of_its_folde
         res = CliRunner().invoke(app, ["sweep", *args, *more])
         assert res.exit_code == 2 and res.stdout == "", res.stdout + res.stderr
         assert res.stderr.startswith(f"error: {error}") and len(res.stderr.splitlines()) == 1, res.stderr
-    res = CliRunner().invoke(app, ["sweep", "--grid", "lr=0.05", "--set", "rounds=1", "--out", str(out), "--name", "one"])
+    res = CliRunner().invoke(app, ["sweep", "--grid", "lr=0.05", "--set", "rounds=1", "--output-dir", str(out), "--name", "one"])
     assert res.exit_code == 2 and res.stderr == (
         f"error: {folder} holds a search (trials/), whose report.md a grid's would replace: give the grid another "
         "--name\n"), res.stdout + res.stderr
@@ -158,11 +158,11 @@ def test_a_search_and_a_grid_of_one_config_default_to_folders_of_their_own(tmp_p
     config = tmp_path / "mine.toml"
     config.write_text("rounds = 1\n")
     out = tmp_path / "out"
-    grid = CliRunner().invoke(app, ["sweep", "--config", str(config), "--grid", "lr=0.05,0.1", "--out", str(out),
+    grid = CliRunner().invoke(app, ["sweep", "--config", str(config), "--grid", "lr=0.05,0.1", "--output-dir", str(out),
                                     "--report"])  # a grid's report, of runs not run yet
     assert grid.exit_code == 0 and (out / "mine" / "report.md").is_file(), grid.stdout + grid.stderr
     search = ["sweep", "--search", "random", "--config", str(config), "--space", "lr=choice:0.05", "--set",
-              "dataset=fmnist", "--set", f"data_root={tmp_path / 'no-data'}", "--out", str(out)]
+              "dataset=fmnist", "--set", f"data_root={tmp_path / 'no-data'}", "--output-dir", str(out)]
     res = CliRunner().invoke(app, search)
     assert res.exit_code == 2 and "missing data, nothing was started" in res.stderr, res.stdout + res.stderr
     res = CliRunner().invoke(app, [*search, "--name", "mine"])

@@ -62,7 +62,7 @@ def test_a_killed_sweep_resumes_and_reports_what_its_runs_give(tmp_path):
     out = tmp_path / "out"
     folder = out / "grid"
     args = ["--grid", "lr=0.05,0.1", "--grid", "strategy=fedavg,fedprox", "--seeds", "0,1", *BASE,
-            "--set", f"data_root={tmp_path / 'data'}", "--out", str(out), "--name", "grid", "--last", "2",
+            "--set", f"data_root={tmp_path / 'data'}", "--output-dir", str(out), "--name", "grid", "--last", "2",
             "--group-by", "strategy", *ENGINE]
     proc = subprocess.Popen(_sweep(*args, "--jobs", "2"), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -122,7 +122,7 @@ def test_a_sweep_reuses_only_its_own_runs_and_names_a_failed_one(tmp_path):
     folder = out / "grid"
     ok, bad = folder / "faults.client_error-0.0" / "s0", folder / "faults.client_error-1.0" / "s0"
     args = ["--grid", "faults.client_error=0.0,1.0", "--seeds", "0", "--set", "num_clients=6", "--set",
-            "clients_per_round=2", "--set", "batch_size=32", "--set", f"data_root={tmp_path / 'data'}", "--out",
+            "clients_per_round=2", "--set", "batch_size=32", "--set", f"data_root={tmp_path / 'data'}", "--output-dir",
             str(out), "--name", "grid", *ENGINE]
     sweep = lambda *more: subprocess.run(_sweep(*args, *more), env=_env(), capture_output=True, text=True,  # noqa: E731
                                          timeout=900)
@@ -137,7 +137,7 @@ def test_a_sweep_reuses_only_its_own_runs_and_names_a_failed_one(tmp_path):
     assert changed.returncode == 2 and changed.stdout == "", changed.stdout + changed.stderr
     assert changed.stderr == (f"error: {ok} holds a run of another config (alpha: recorded 0.5, asked 0.1), and 1 "
                               "more run of this queue differ; nothing was started: ask for the recorded config, or "
-                              "give the new runs another folder (another --name or --out)\n"), changed.stderr
+                              "give the new runs another folder (another --name or --output-dir)\n"), changed.stderr
     assert tree_snapshot(out) == before
 
     runs_before = {run: tree_snapshot(run) for run in (ok, bad)}
@@ -163,7 +163,7 @@ def test_a_sweep_reuses_only_its_own_runs_and_names_a_failed_one(tmp_path):
     assert rundir.summary(bad)["failure"]["message"] == failure
 
     report = tree_snapshot(folder)
-    search = subprocess.run(_sweep("--search", "random", "--space", "lr=choice:0.05", "--set", "rounds=1", "--out",
+    search = subprocess.run(_sweep("--search", "random", "--space", "lr=choice:0.05", "--set", "rounds=1", "--output-dir",
                                    str(out), "--name", "grid"), env=_env(), capture_output=True, text=True, timeout=300)
     assert search.returncode == 2 and search.stderr == (
         f"error: {folder} holds a grid sweep, whose report.md a search's would replace: give the search another "
@@ -180,7 +180,7 @@ def test_a_sweep_section_in_the_config_file(tmp_path):
     config.write_text('rounds = 1\nnum_clients = 6\nclients_per_round = 2\n\n[sweep]\n'
                       'grid = { fedprox.mu = [0.0, 0.1] }\nseeds = [3]\n')
     res = subprocess.run(_sweep("--config", str(config), "--set", "strategy=fedprox", "--set",
-                                f"data_root={tmp_path / 'data'}", "--out", str(tmp_path / "out"), "--jobs", "2"),
+                                f"data_root={tmp_path / 'data'}", "--output-dir", str(tmp_path / "out"), "--jobs", "2"),
                          env=_env(), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     folder = tmp_path / "out" / "mine"
@@ -197,7 +197,7 @@ def test_a_sweep_section_with_seeds_only_takes_the_grid_from_the_command_line(tm
     """A [sweep] section is never a config key for the runs; a refused setting writes nothing."""
     config = tmp_path / "seeds.toml"
     config.write_text("rounds = 1\n\n[sweep]\nseeds = [4, 5]\n")
-    res = subprocess.run(_sweep("--config", str(config), "--grid", "lr=0.1,-1", "--out", str(tmp_path / "out")),
+    res = subprocess.run(_sweep("--config", str(config), "--grid", "lr=0.1,-1", "--output-dir", str(tmp_path / "out")),
                          env=_env(), capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "setting lr=-1" in res.stderr and "sweep" not in res.stderr.split("lr=-1")[1], res.stderr
     assert not (tmp_path / "out").exists()
@@ -218,10 +218,10 @@ def test_a_sweep_section_with_seeds_only_takes_the_grid_from_the_command_line(tm
     (["--grid", "lr=0.1", "--grid", "lr=0.2"], "names 'lr' twice"),
     (["--grid", "seed=1,2"], "seed is not a grid key"),
     (["--grid", "lr=0.1", "--group-by", "strategy"], "--group-by 'strategy' is not a grid key"),
-    (["--grid", "lr=0.1", "--seeds", "a,b"], "--seeds expects integers"),
+    (["--grid", "lr=0.1", "--seeds", "a,b"], "--seeds takes non-negative integers"),
 ])
 def test_a_bad_grid_is_one_line_before_anything_runs(tmp_path, args, words):
-    res = subprocess.run(_sweep(*args, "--out", str(tmp_path / "out")), env=_env(), capture_output=True, text=True,
+    res = subprocess.run(_sweep(*args, "--output-dir", str(tmp_path / "out")), env=_env(), capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     assert words in res.stderr and "Traceback" not in res.stderr, res.stderr

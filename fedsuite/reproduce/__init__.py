@@ -1,7 +1,7 @@
 """``fedsuite reproduce``: a paper's table as one resumable, parallel queue of runs, and its report.
 
 ``fedsuite reproduce TARGET`` (:func:`run_reproduce`; the options are ``fedsuite.cli.reproduce``'s)
-plans one ``fedsuite simulate`` run per (row, method, seed) of a paper's table under ``--out``,
+plans one ``fedsuite simulate`` run per (row, method, seed) of a paper's table under ``--output-dir``,
 checks that every dataset the runs need is on disk, works through the queue with ``--jobs``
 simulations at once, and writes the report. One idea per module:
 
@@ -32,7 +32,7 @@ from fedsuite.reproduce.tables import SCALES, Target, load_targets, plan
 
 
 def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequence[str] | None,
-                  seeds: Sequence[int] | None, scale: str, jobs: int, out: Path, data_root: str | None,
+                  seeds: Sequence[int] | None, scale: str, jobs: int, output_dir: Path, data_root: str | None,
                   placement: Sequence[str], tables: Sequence[Path], report_only: bool,
                   console, retry_failed: bool = False) -> int:
     """The command (``target_name`` ``list``: the targets): plan, check, queue, report. Returns the
@@ -48,9 +48,9 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
         raise ReproduceError(f"--jobs must be at least 1, got {jobs}")
     if report_only and retry_failed:
         raise ReproduceError("--report only writes the report; --retry-failed belongs to a queue that runs")
-    problem = rundir.folder_problem(out)
+    problem = rundir.folder_problem(output_dir)
     if problem is not None:
-        raise ReproduceError(f"--out: {problem}")
+        raise ReproduceError(f"--output-dir: {problem}")
     targets = load_targets(tables)
     if target_name == "list":
         print_targets(targets, console)
@@ -58,14 +58,14 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
     if target_name not in targets:
         raise ReproduceError(f"unknown target {target_name!r}; allowed: {', '.join(sorted(targets))}")
     target = targets[target_name]
-    specs = plan(target, scale, out, rows, methods, seeds, data_root)
-    report_dir = (out / target.paper_key / scale / target.name).resolve()
+    specs = plan(target, scale, output_dir, rows, methods, seeds, data_root)
+    report_dir = (output_dir / target.paper_key / scale / target.name).resolve()
     if report_only:
-        check_recorded(specs, other_folder("another --out"))
+        check_recorded(specs, other_folder("another --output-dir"))
         path = write_report(target, specs, scale, report_dir)
         console.print(f"report -> {path}")
         return 0
-    todo = pending(specs, retry_failed, other_folder("another --out"))  # the checks: nothing starts unless they pass
+    todo = pending(specs, retry_failed, other_folder("another --output-dir"))  # the checks: nothing starts unless they pass
     console.print(Text.assemble((target.name, "bold"), f" ({scale} scale): {len(specs)} runs, "
                                 f"{completed(specs)} already done, {len(todo)} to run, {jobs} at a time -> "
                                 f"{report_dir.parent}"))

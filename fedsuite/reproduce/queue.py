@@ -132,7 +132,7 @@ def other_folder(options: str) -> str:
     return f"ask for the recorded config, or give the new runs another folder ({options})"
 
 
-def pending(specs: Sequence[Any], retry_failed: bool = False, remedy: str = other_folder("another --out")) -> list[Any]:
+def pending(specs: Sequence[Any], retry_failed: bool = False, remedy: str = other_folder("another --output-dir")) -> list[Any]:
     """The runs still to run (neither completed nor failed; failed too with ``retry_failed``), once
     every run on disk is the one asked for (:func:`check_recorded`) and every dataset they need is
     on disk; else :class:`ReproduceError` naming the run and its fields, or listing what data is

@@ -8,7 +8,7 @@ has none). :func:`parse_tables` validates a file (a missing or malformed key is 
 file and the key); :func:`plan` turns a selection of rows x methods x seeds into one
 :class:`RunSpec` (a ``fedsuite simulate`` run) each, every cell's config validated.
 
-Runs live at ``<out>/<paper>/<scale>/<setting>/<method>-s<seed>`` (``<paper>`` is the tables
+Runs live at ``<output-dir>/<paper>/<scale>/<setting>/<method>-s<seed>`` (``<paper>`` is the tables
 file's folder name, ``<setting>`` the row's ``setting``, default its name), so rows of different
 tables that name the same setting share their runs. A ``<paper>-claims`` target holds a paper's
 headline orderings as rows with ``claims``. Every claimed ordering needs the paper's own difference
