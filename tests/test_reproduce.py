@@ -216,18 +216,24 @@ def test_every_cell_builds_a_config(targets, tmp_path):
 def test_the_cifar10_claims_targets_plan_the_papers_cells(targets, tmp_path):
     """Issue 39's CIFAR-10 targets: the papers' cells on CIFAR-10 at paper scale (FedMR's CNN where
     the paper's model does not fit, named in each note), 3 seeds, 500 rounds where the paper runs
-    500, FedDyn in both weight-decay readings; no cpu scale."""
+    500, FedDyn in both weight-decay readings, FedMR's α = 0.1 cell at both momenta (the paper's
+    0.9, the authors' code's 0.5, whose differences are the 0.9 cell's, named); no cpu scale."""
     def cells(name: str) -> dict[tuple[str, str], Any]:
         return {(s.row.name, s.method): build_config(s.config, s.overrides)
                 for s in plan(targets[name], "paper", tmp_path, data_root=str(tmp_path))}
 
     fedmr = cells("fedmr-claims-cifar10")
-    assert sorted(fedmr) == sorted((row, m) for row in ("cnn-c10-0.1", "cnn-c10-0.5")
+    assert sorted(fedmr) == sorted((row, m) for row in ("cnn-c10-0.1", "cnn-c10-0.1-m0.5", "cnn-c10-0.5")
                                    for m in ("fedavg", "fedmut", "fedmr"))
     for (row, method), cfg in fedmr.items():  # the paper's CNN setting (spec §4), evaluated every 5 rounds
+        momentum = 0.5 if row.endswith("-m0.5") else 0.9
         assert (cfg.dataset, cfg.model, cfg.num_clients, cfg.cohort_size, cfg.local_epochs, cfg.batch_size,
-                cfg.lr, cfg.momentum, cfg.rounds, cfg.eval_every) == ("cifar10", "cnn", 100, 10, 5, 50, 0.01, 0.9, 500, 5)
-        assert cfg.alpha == float(row.split("-")[-1]) and cfg.strategy == method
+                cfg.lr, cfg.momentum, cfg.rounds, cfg.eval_every) == ("cifar10", "cnn", 100, 10, 5, 50, 0.01, momentum,
+                                                                      500, 5)
+        assert cfg.alpha == float(row.removesuffix("-m0.5").split("-")[-1]) and cfg.strategy == method
+    (at_half,) = [r for r in targets["fedmr-claims-cifar10"].rows if r.name == "cnn-c10-0.1-m0.5"]
+    assert {pair: value for pair, (value, _) in at_half.paper_differences.items()} == pytest.approx(
+        {("fedmr", "fedavg"): 54.63 - 50.66, ("fedmr", "fedmut"): 54.63 - 52.88, ("fedmut", "fedavg"): 52.88 - 50.66})
     assert fedmr["cnn-c10-0.1", "fedmr"].fedmr.first_stage_rounds == 0
     target = targets["fedmr-claims-cifar10"]
     assert target.last * 5 == 95 and target.seeds == [1, 2, 3]  # rounds 410-500, as spec A8's last 10 every 10
