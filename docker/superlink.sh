@@ -1,5 +1,5 @@
 #!/bin/sh
-# The SuperLink container: TLS always, SuperNode authentication on (Flower 1.41's CLI-managed node
+# The SuperLink container: TLS always, SuperNode authentication on (Flower 1.42's CLI-managed node
 # authentication: https://flower.ai/docs/framework/how-to-authenticate-supernodes.html).
 #
 # Flower's SuperLink serves the Fleet, Control and Runtime APIs on one port, and its Control API

@@ -1,7 +1,7 @@
 """Credentials for a Deployment Engine federation: a CA, the SuperLink's TLS certificate and the
 SuperNodes' authentication key pairs (``fedsuite certs``).
 
-What Flower 1.41 expects, and where each file goes (Flower docs: "Enable TLS connections",
+What Flower 1.42 expects, and where each file goes (Flower docs: "Enable TLS connections",
 https://flower.ai/docs/framework/how-to-enable-tls-connections.html, and "Authenticate SuperNodes",
 https://flower.ai/docs/framework/how-to-authenticate-supernodes.html):
 
@@ -15,7 +15,7 @@ https://flower.ai/docs/framework/how-to-authenticate-supernodes.html):
 * ``supernodes/<name>.key`` / ``supernodes/<name>.pub``: a SuperNode's EC P-384 key pair in OpenSSH
   format. The private key goes to that SuperNode only (``--auth-supernode-private-key``); the public
   key is registered with a SuperLink started with ``--enable-supernode-auth``
-  (``flwr supernode register supernodes/<name>.pub <connection>``). In 1.41 that registration, kept in
+  (``flwr supernode register supernodes/<name>.pub <connection>``). In 1.41 and 1.42 that registration, kept in
   the SuperLink's database, is the list of allowed SuperNodes (the earlier ``--auth-list-public-keys``
   CSV is refused by ``flower-superlink``); a SuperNode whose key is not registered is refused.
 

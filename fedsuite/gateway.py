@@ -1,6 +1,6 @@
 """The federation's gateway: the one port a federation opens to other machines (``fedsuite gateway``).
 
-Flower 1.41's SuperLink serves three APIs on one HTTP port:
+Flower 1.42's SuperLink serves three APIs on one HTTP port:
 
 * ``/v1/fleet/``: the **Fleet API**. SuperNodes register, pull work and push results; with
   ``--enable-supernode-auth`` each request is signed by the SuperNode's private key, and only
