@@ -5,7 +5,8 @@
 #            layout (DATA_ROOT/cifar-10-batches-py; the committed results used a lossy JPEG copy)
 #
 #   experiments/claims.sh SCALE run OUT DATA_ROOT      # the queue, unit by unit (a stop leaves whole
-#                                                      # runs' checkpoints); run it again to go on
+#                                                      # runs' checkpoints); run it again to go on;
+#                                                      # NICE=19 in front: only the CPU other work leaves
 #   experiments/claims.sh SCALE report OUT [PAPER...]  # each report (+ CSVs, figures) and the finished
 #                                                      # runs' records into experiments/<paper>/results/claims-SCALE/
 #                                                      # (the committed records are copied into OUT first,
@@ -175,6 +176,20 @@ pin() {  # this worker (0 or 1) onto its half of the cores, as `reproduce --jobs
     [ -z "$cores" ] || taskset -pc "$cores" "$BASHPID" > /dev/null
 }
 
+autogroups() {  # NICE=19 experiments/claims.sh ... run: the queue takes only the CPU that other work
+                # leaves. Under sched_autogroup (Linux's default for desktops and many servers) a nice
+                # value counts only inside its autogroup (the process's session), and every run the
+                # queue starts is a session of its own; so the queue renices itself (`run`), and this
+                # sets the autogroup of each process at that nice value (its runs, Ray's workers) to it,
+                # every 15 s while the queue runs
+    while kill -0 "$$" 2> /dev/null; do
+        for p in $(ps -eo pid=,ni= | awk -v n="$1" '$2 == n {print $1}'); do
+            [ ! -w "/proc/$p/autogroup" ] || echo "$1" > "/proc/$p/autogroup" 2> /dev/null || true
+        done
+        sleep 15
+    done
+}
+
 worker() {  # units one after another until the list is done, one run at a time, on this worker's cores
     local out=$1 data=$2 unit paper seed part
     pin "$3"
@@ -188,6 +203,7 @@ case "${1:-}" in
 run)
     for paper in "${PAPERS[@]}"; do restore "$paper" "$2"; done
     rm -rf "$2/.units" && mkdir -p "$2/.units" && echo 0 > "$2/.units/next"
+    if [ -n "${NICE:-}" ]; then renice -n "$NICE" -p $$ > /dev/null; autogroups "$NICE" & fi
     worker "$2" "$3" 0 &
     worker "$2" "$3" 1 &
     wait ;;
