@@ -1,8 +1,8 @@
 """Part-A baselines: FedProx, SCAFFOLD, FedDyn, FedAdam, FedAvgM, FedYogi, FedExP, FedNova.
 
 Unit tests first: each update rule against a small hand-computed case (strategy level through the
-real ``configure_train``/``aggregate_train`` path with hand-built replies; client level with
-``make_task``). Then equivalences with FedAvg through real simulations (spec fedmrur.md §5
+round's protocol, ``configure_round``/``aggregate_round``, with hand-built replies by partition id;
+client level with ``make_task``). Then equivalences with FedAvg through real simulations (spec fedmrur.md §5
 "Equivalences", fedinit.md §8 item 11, fedmr.md §8 item 20).
 """
 
@@ -15,18 +15,18 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from flwr.app import ConfigRecord, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import MetricRecord, RecordDict
 
 from clients.fedavg import FedAvgClient
 from clients.feddyn import FedDynClient
 from clients.fedprox import FedProxClient
 from clients.scaffold import ScaffoldClient, control_variate_update
-from conftest import FAST, UNIT_ROUND, assert_same_arrays, make_task, reply_message
+from conftest import FAST, UNIT_ROUND, assert_same_arrays, make_task
 from fedsuite.config import build_config
+from fedsuite.replies import Reply
 from fedsuite.strategy import ServerSetup
 from fedsuite.training import run_local_training
-from fedsuite.wire import to_ndarrays, to_record
+from fedsuite.wire import to_record
 from strategies.fedexp import fedexp_step_size
 from strategies.fednova import nova_norm
 
@@ -38,7 +38,7 @@ F32 = np.float32
 
 
 # ------------------------------------------------------------------------------------------------
-# helpers: a strategy on a hand-built 2-parameter "model", driven through Flower messages
+# helpers: a strategy on a hand-built 2-parameter "model", driven through its round's protocol
 # ------------------------------------------------------------------------------------------------
 
 
@@ -51,15 +51,12 @@ def make_strategy(name: str, w0: dict, num_clients: int = 4, cohort: int | None 
 
 
 def play_round(strategy, server_round: int, current: dict, uploads: dict, n=None, steps=None, extras=None):
-    """configure_train with ``current``, then reply ``uploads[pid]`` for every sampled pid.
+    """configure_round with ``current``, then reply ``uploads[pid]`` for every sampled pid.
 
-    Returns (messages sent, new global arrays as numpy or None)."""
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # as inside a ServerApp
-    sent = list(strategy.configure_train(server_round, to_record({k: np.asarray(v, F32) for k, v in current.items()}),
-                                         ConfigRecord({}), None))
-    replies = []
-    for msg in sent:
-        pid = strategy.setup.node_to_pid[msg.metadata.dst_node_id]
+    Returns (what was sent, {partition id: content}; the new global arrays)."""
+    sent = strategy.configure_round(server_round, {k: np.asarray(v, F32) for k, v in current.items()})
+    replies = {}
+    for pid in sent:
         if pid not in uploads:
             continue
         content = RecordDict({"arrays": to_record({k: np.asarray(v, F32) for k, v in uploads[pid].items()})})
@@ -67,18 +64,18 @@ def play_round(strategy, server_round: int, current: dict, uploads: dict, n=None
             content[name] = to_record({k: np.asarray(v, F32) for k, v in arrays.items()})
         content["metrics"] = MetricRecord({"num-examples": int((n or {}).get(pid, 10)), "train-loss": 1.0,
                                            "num-steps": float((steps or {}).get(pid, 5)), "partition-id": pid})
-        replies.append(reply_message(msg.metadata.dst_node_id, content))
-    arrays, _ = strategy.aggregate_train(server_round, replies)
-    return sent, (None if arrays is None else to_ndarrays(arrays))
+        replies[pid] = Reply(content)
+    arrays, _ = strategy.aggregate_round(server_round, replies)
+    return sent, arrays
 
 
 W0 = {"w": [1.0, 2.0], "b": [0.5]}
 
 
-def test_helpers_drive_the_real_message_path():
+def test_helpers_drive_the_strategys_round():
     s = make_strategy("fedavg", W0)
     sent, new = play_round(s, 1, W0, {0: {"w": [3, 2], "b": [1]}, 1: {"w": [1, 6], "b": [0]}}, n={0: 10, 1: 30})
-    assert len(sent) == 4
+    assert sorted(sent) == [0, 1, 2, 3]  # every partition of the cohort got its content
     np.testing.assert_allclose(new["w"], [1.5, 5.0])
     np.testing.assert_allclose(new["b"], [0.25])
 
@@ -94,7 +91,7 @@ def test_scaffold_server_step_control_variate_and_payload():
     dcv = {0: {"delta-cv": {"w": [0.4, 0.0], "b": [1.0]}}, 1: {"delta-cv": {"w": [0.0, -0.8], "b": [1.0]}}}
     sent, new = play_round(s, 1, W0, up, n={0: 10, 1: 30}, extras=dcv)
     # round 1: every client receives c = 0 as "server-cv"
-    assert all(np.array_equal(m.content["server-cv"]["w"].numpy(), [0, 0]) for m in sent)
+    assert all(np.array_equal(content["server-cv"]["w"].numpy(), [0, 0]) for content in sent.values())
     # uniform mean of Δ = ([1,0],[0,2])/2 = [0.5, 1]; w + 2 Δ̄
     np.testing.assert_allclose(new["w"], [2.0, 4.0])
     np.testing.assert_allclose(new["b"], [1.5])
@@ -102,7 +99,7 @@ def test_scaffold_server_step_control_variate_and_payload():
     np.testing.assert_allclose(s.c["w"], [0.1, -0.2], rtol=1e-6)
     np.testing.assert_allclose(s.c["b"], [0.5])
     sent, _ = play_round(s, 2, new, {0: new})
-    np.testing.assert_allclose(sent[0].content["server-cv"]["w"].numpy(), [0.1, -0.2], rtol=1e-6)
+    np.testing.assert_allclose(sent[0]["server-cv"]["w"].numpy(), [0.1, -0.2], rtol=1e-6)
     # checkpoint round trip
     s2 = make_strategy("scaffold", W0, num_clients=4)
     s2.load_state_dict(copy.deepcopy(s.state_dict()))
@@ -413,15 +410,13 @@ def drive_optimiser(case: str, rounds: int = 12) -> str:
          "n": np.arange(4, dtype=np.int64)}
     s = cfg.method.strategy(ServerSetup(cfg=cfg, node_to_pid={1000: 0}, initial=dict(w)))
     digest = hashlib.sha256()
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     for t in range(1, rounds + 1):
-        (msg,) = s.configure_train(t, to_record(w), ConfigRecord({}), None)
+        assert list(s.configure_round(t, w)) == [0]
         up = {k: (a + rng.integers(1, 9, size=a.shape) if a.dtype == np.int64
                   else a + rng.normal(scale=0.1, size=a.shape)).astype(a.dtype) for k, a in w.items()}
         content = RecordDict({"arrays": to_record(up), "metrics": MetricRecord(
             {"num-examples": 10, "train-loss": 1.0, "num-steps": 5.0, "partition-id": 0})})
-        arrays, _ = s.aggregate_train(t, [reply_message(1000, content)])
-        w = to_ndarrays(arrays)
+        w, _ = s.aggregate_round(t, {0: Reply(content)})
         for k, a in w.items():
             digest.update(k.encode() + str(a.dtype).encode() + np.ascontiguousarray(a).tobytes())
     return digest.hexdigest()[:16]
