@@ -11,8 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import MetricRecord, RecordDict
 
 from clients.fedavg import FedAvgClient
 from fedsuite.training import ClientRule
@@ -29,11 +28,12 @@ from fedsuite import models, registry, runtime
 from fedsuite.arrays import weighted_mean
 from fedsuite.config import ConfigError, build_config
 from fedsuite.plugins import active_plugins
+from fedsuite.replies import Reply
 from fedsuite.strategy import ServerSetup
 from fedsuite.training import run_local_training
 from fedsuite.wire import to_ndarrays, to_record
 from strategies.fedavg import FedAvgStrategy
-from tests.conftest import FAST, assert_same_arrays, make_task, reply_message
+from tests.conftest import FAST, assert_same_arrays, make_task
 
 
 #: the methods' maths, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
@@ -347,24 +347,23 @@ def _server(tmp_path, data_root, **extra):
 
 
 def _starts(strategy, server_round, arrays):
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # as inside a ServerApp
-    msgs = strategy.configure_train(server_round, to_record(arrays), ConfigRecord({}), None)
-    return {strategy.setup.node_to_pid[m.metadata.dst_node_id]: to_ndarrays(m.content["start"]) for m in msgs}
+    """The start point ``"start"`` each sampled partition is sent, by partition id."""
+    contents = strategy.configure_round(server_round, arrays)
+    return {pid: to_ndarrays(content["start"]) for pid, content in contents.items()}
 
 
 def _fake_round(strategy, server_round, arrays, seed):
     """Send, then reply with w_{i,K} = w_{i,0} + noise; returns (starts, raw w_{i,K}, new global)."""
     starts = _starts(strategy, server_round, arrays)
     rng = np.random.default_rng(seed)
-    raw, replies = {}, []
+    raw, replies = {}, {}
     for pid, start in sorted(starts.items()):
         w_k = {k: (start[k] + 0.01 * rng.standard_normal(v.shape).astype(v.dtype)) if k in start else v
                for k, v in arrays.items()}
         raw[pid] = w_k
-        content = RecordDict({"arrays": to_record(w_k), "metrics": MetricRecord({"num-examples": 10.0})})
-        replies.append(reply_message(strategy.pid_to_node[pid], content))
-    new, _ = strategy.aggregate_train(server_round, replies)
-    return starts, raw, to_ndarrays(new)
+        replies[pid] = Reply(RecordDict({"arrays": to_record(w_k), "metrics": MetricRecord({"num-examples": 10.0})}))
+    new, _ = strategy.aggregate_round(server_round, replies)
+    return starts, raw, new
 
 
 def test_server_state_bookkeeping_and_checkpoint(tmp_path, data_root):
