@@ -1,7 +1,8 @@
 """FedMR, FedMut, Indep, IndepAggr (spec fedmr.md §8).
 
-Order: pure recombination / mutation maths, then the server rules driven with hand-built Flower
-messages (no training), then real Flower simulations (5 distinct configs, shared via the cache).
+Order: pure recombination / mutation maths, then the server rules driven through the round's
+protocol (``configure_round``/``aggregate_round``) with hand-built replies by partition id (no
+training), then real Flower simulations (5 distinct configs, shared via the cache).
 """
 
 from __future__ import annotations
@@ -13,17 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import MetricRecord, RecordDict
 
 from fedsuite.arrays import uniform_mean
 from fedsuite.config import build_config
+from fedsuite.replies import Reply
 from fedsuite.strategy import ServerSetup
 from fedsuite.wire import CHECKSUM_REQUEST, record_checksum, to_ndarrays, to_record
 from strategies.fedmr import FedMRStrategy, draw_permutations, make_units, recombine, segment_ids
 from strategies.fedmut import FedMutStrategy, mutate, mutation_beta, mutation_coefficients
 from strategies.indep import IndepAggrStrategy, IndepStrategy
-from tests.conftest import FAST, UNIT_ROUND, assert_same_arrays, reply_message
+from tests.conftest import FAST, UNIT_ROUND, assert_same_arrays
 
 
 #: the methods' maths, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
@@ -275,34 +276,37 @@ def fake_train(received: dict[str, np.ndarray], pid: int, server_round: int) -> 
     return out
 
 
-def reply_to(msg: Message, arrays: dict[str, np.ndarray], n: int, checksum: int | None = None) -> Message:
-    metrics = {"num-examples": n, "train-loss": 1.0, "num-steps": 3.0, "partition-id": msg.metadata.dst_node_id - 500,
-               "received-checksum": record_checksum(msg.content["arrays"]) if checksum is None else checksum}
-    return reply_message(msg.metadata.dst_node_id, RecordDict({"arrays": to_record(arrays), "metrics": MetricRecord(metrics)}))
+def reply_to(pid: int, content: RecordDict, arrays: dict[str, np.ndarray], n: int,
+             checksum: int | None = None) -> Reply:
+    """Partition ``pid``'s reply to the ``content`` it was sent: ``arrays``, ``n`` examples and the
+    checksum of what it received (or ``checksum``)."""
+    metrics = {"num-examples": n, "train-loss": 1.0, "num-steps": 3.0, "partition-id": pid,
+               "received-checksum": record_checksum(content["arrays"]) if checksum is None else checksum}
+    return Reply(RecordDict({"arrays": to_record(arrays), "metrics": MetricRecord(metrics)}))
 
 
-def configure(strategy, server_round: int) -> list[Message]:
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # as inside a ServerApp
-    return list(strategy.configure_train(server_round, to_record(strategy.global_arrays), ConfigRecord({}), None))
+def configure(strategy, server_round: int) -> dict[int, RecordDict]:
+    """configure_round from the strategy's w^t: {partition id: the content sent to it}."""
+    return strategy.configure_round(server_round, strategy.global_arrays)
 
 
 def play_round(strategy, server_round: int, drop: set[int] = frozenset(), shuffle: int | None = None, sizes=None):
-    """configure_train -> fake clients -> aggregate_train. Returns (sent {pid: (slot, arrays)},
+    """configure_round -> fake clients -> aggregate_round. Returns (sent {pid: (slot, arrays)},
     uploaded {pid: arrays}, returned global)."""
-    msgs = configure(strategy, server_round)
-    sent, uploaded, replies = {}, {}, []
-    for m in msgs:
-        pid = m.metadata.dst_node_id - 500
-        received = to_ndarrays(m.content["arrays"])
-        sent[pid] = (int(m.content["config"]["slot"]), received)
+    contents = configure(strategy, server_round)
+    sent, uploaded, replies = {}, {}, {}
+    for pid, content in contents.items():
+        received = to_ndarrays(content["arrays"])
+        sent[pid] = (int(content["config"]["slot"]), received)
         if pid in drop:
             continue
         uploaded[pid] = fake_train(received, pid, server_round)
-        replies.append(reply_to(m, uploaded[pid], (sizes or {}).get(pid, 10 + pid)))
+        replies[pid] = reply_to(pid, content, uploaded[pid], (sizes or {}).get(pid, 10 + pid))
     if shuffle is not None:
-        replies = [replies[i] for i in np.random.default_rng(shuffle).permutation(len(replies))]
-    arrays, _ = strategy.aggregate_train(server_round, replies)
-    return sent, uploaded, to_ndarrays(arrays)
+        order = list(replies)
+        replies = {order[i]: replies[order[i]] for i in np.random.default_rng(shuffle).permutation(len(order))}
+    arrays, _ = strategy.aggregate_round(server_round, replies)
+    return sent, uploaded, arrays
 
 
 def payloads_identical(sent) -> bool:
@@ -362,7 +366,7 @@ def test_stage1_weighting_num_examples_is_fedavg_mean():
 
 
 def test_reordered_replies_give_the_same_pool():
-    """§8.2 item 12: replies map to slots by sender, so their order does not matter."""
+    """§8.2 item 12: replies map to slots by partition id, so their order does not matter."""
     a, b = make_strategy(FedMRStrategy, "fedmr"), make_strategy(FedMRStrategy, "fedmr")
     for r in (1, 2, 3):
         _, _, ga = play_round(a, r)
@@ -418,12 +422,12 @@ def test_bytes_per_round_equal_fedavg():
 def test_checksum_mismatch_is_detected():
     """Every payload asks for the client's checksum; a wrong one and a missing one are mismatches."""
     s = make_strategy(FedMRStrategy, "fedmr")
-    msgs = configure(s, 1)
-    assert all(m.content["config"][CHECKSUM_REQUEST] is True for m in msgs)
-    replies = [reply_to(m, fake_train(to_ndarrays(m.content["arrays"]), 0, 1), 10, checksum=(12345 if i == 0 else None))
-               for i, m in enumerate(msgs)]
-    del replies[1].content["metrics"]["received-checksum"]  # a client that ignored the request
-    s.aggregate_train(1, replies)
+    contents = configure(s, 1)
+    assert all(c["config"][CHECKSUM_REQUEST] is True for c in contents.values())
+    replies = {pid: reply_to(pid, c, fake_train(to_ndarrays(c["arrays"]), 0, 1), 10, checksum=(12345 if i == 0 else None))
+               for i, (pid, c) in enumerate(contents.items())}
+    del replies[list(replies)[1]].content["metrics"]["received-checksum"]  # a client that ignored the request
+    s.aggregate_round(1, replies)
     assert s.round_log.columns["checksum_mismatches"] == 2
     assert len(set(s.round_log.columns["payload_checksums"])) == 1
 
@@ -459,11 +463,11 @@ def test_no_training_keeps_every_pool_model_at_w0():
     global stays w^0 in both stages."""
     s = make_strategy(FedMRStrategy, "fedmr", first_stage_rounds=1)
     for r in (1, 2, 3):
-        msgs = configure(s, r)
-        for m in msgs:
-            assert_same_arrays(to_ndarrays(m.content["arrays"]), s.template)
-        replies = [reply_to(m, to_ndarrays(m.content["arrays"]), 10) for m in msgs]
-        glob = to_ndarrays(s.aggregate_train(r, replies)[0])
+        contents = configure(s, r)
+        for c in contents.values():
+            assert_same_arrays(to_ndarrays(c["arrays"]), s.template)
+        replies = {pid: reply_to(pid, c, to_ndarrays(c["arrays"]), 10) for pid, c in contents.items()}
+        glob, _ = s.aggregate_round(r, replies)
         assert_same_arrays(glob, s.template)
         for model in s.pool:
             assert_same_arrays(model, s.template)
@@ -646,14 +650,13 @@ def test_pool_methods_keep_neuron_lr_diagnostics(cls, name):
               "neuron_lr.preset": "paper_main"}
     s = cls(ServerSetup(cfg=build_config(values=values), node_to_pid={500 + p: p for p in range(NUM_CLIENTS)},
                         initial=random_model(np.random.default_rng(1000))))
-    replies, pids = [], []
-    for m in configure(s, 1):
-        pid = m.metadata.dst_node_id - 500
-        reply = reply_to(m, fake_train(to_ndarrays(m.content["arrays"]), pid, 1), 10)
+    replies = {}
+    for pid, content in configure(s, 1).items():
+        reply = reply_to(pid, content, fake_train(to_ndarrays(content["arrays"]), pid, 1), 10)
         reply.content["metrics"]["nlr-mu-l1"] = 1.0 + pid
-        replies.append(reply)
-        pids.append(pid)
-    s.aggregate_train(1, replies)
+        replies[pid] = reply
+    pids = list(replies)
+    s.aggregate_round(1, replies)
     columns = round_columns(s)
     assert "payload_checksums" in columns and "checksum_mismatches" in columns
     assert columns["nlr-mu-l1"] == pytest.approx(1.0 + np.mean(pids))
@@ -712,8 +715,8 @@ def test_pool_diagnostics_columns():
     ServerApp evaluates), the models sent next are all that global. Round 3 (stage 2): the models
     sent next are the recombined ones, scored one by one; movement is ||v_s − w_s|| per slot."""
     s, evaluate = diagnostics_strategy(first_stage_rounds=2)
-    msgs = configure(s, 1)
-    s.aggregate_train(1, [reply_to(m, to_ndarrays(m.content["arrays"]), 10) for m in msgs])
+    contents = configure(s, 1)
+    s.aggregate_round(1, {pid: reply_to(pid, c, to_ndarrays(c["arrays"]), 10) for pid, c in contents.items()})
     col = round_columns(s)
     assert col["pool_distance"] == 0.0 and set(col["pool_layer_distance"]) == set(s.template)
     assert all(v == 0.0 for v in col["pool_layer_distance"].values())
