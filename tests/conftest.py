@@ -273,19 +273,6 @@ def make_task(cfg_values: dict[str, Any] | None = None, *, pid: int = 0, server_
     return task, cfg
 
 
-def reply_message(node_id: int, content=None, error: str | None = None):
-    """A Flower reply Message from ``node_id`` (as a ClientApp would send), for strategy-level tests."""
-    from flwr.app import Error, Message, MessageType, RecordDict
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    instruction = Message(RecordDict({}), dst_node_id=node_id, message_type=MessageType.TRAIN)
-    TaskIdentity.node_id = node_id
-    if error is not None:
-        return Message(Error(code=0, reason=error), reply_to=instruction)
-    return Message(content, reply_to=instruction)
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into groups
 def pytest_collection_modifyitems(items):
     """Keep each test file on one xdist worker (its tests share cached simulations), but let the
