@@ -13,8 +13,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord
-from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 
 from clients.fedavg import FedAvgClient
@@ -39,7 +37,6 @@ from fedsuite.models import build_model, count_parameters
 from fedsuite.plugins import active_plugins
 from fedsuite.strategy import ServerSetup
 from fedsuite.training import run_local_training
-from fedsuite.wire import to_record
 from tests.conftest import assert_same_arrays, make_task
 
 
@@ -527,13 +524,11 @@ def _method_round(method: str, preset: str | None):
                         build_model=lambda: models.make_model(cfg, bundle),
                         partition_size=lambda pid: len(runtime.client_indices(cfg, bundle, pid)))
     strategy = cfg.method.strategy(setup)
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # as inside a ServerApp
-    msg = list(strategy.configure_train(1, to_record(initial), ConfigRecord({}), None))[0]
-    pid = setup.node_to_pid[msg.metadata.dst_node_id]
+    pid, content = next(iter(strategy.configure_round(1, initial).items()))  # what the first client receives
     extras = {name: {k: torch.from_numpy(a.numpy().copy()) for k, a in rec.items()}
-              for name, rec in msg.content.array_records.items() if name != "arrays"}
-    task, cfg = make_task(values, pid=pid, extras=extras, config=dict(msg.content["config"]))
-    task.model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+              for name, rec in content.array_records.items() if name != "arrays"}
+    task, cfg = make_task(values, pid=pid, extras=extras, config=dict(content["config"]))
+    task.model.load_state_dict(content["arrays"].to_torch_state_dict())
     task.received = {k: v.detach().clone() for k, v in task.model.state_dict().items()}
     rule = cfg.method.client(plugins=active_plugins(cfg))
     torch.manual_seed(4321)
