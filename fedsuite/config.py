@@ -3,7 +3,10 @@
 One set of names end to end: a field ``local_epochs`` is the TOML key ``local_epochs``, the CLI
 option ``--local-epochs`` and the Flower run-config key ``local_epochs``. A method's own
 hyperparameters live in the section named after the method (``[fedprox] mu = 0.01``,
-``--set fedprox.mu=0.01``); the plug-ins have sections ``[relaxed_init]`` and ``[neuron_lr]``.
+``--set fedprox.mu=0.01``); the plug-ins have sections ``[relaxed_init]`` and ``[neuron_lr]``. A
+config file may hold the sections of several methods (the defaults of whichever runs); a setting
+given for one run (``--set``, an option, a keyword) must be one that run uses
+(:func:`check_settings_used`), and a queue passes each of its runs only its own (:func:`own_settings`).
 
 Bad input raises :class:`ConfigError` (defined in ``fedsuite.errors``) whose message is one line
 naming the field and what is allowed; the CLI prints it and exits with code 2 before anything is
@@ -328,6 +331,52 @@ def build_config(
         key, text = item.split("=", 1)
         apply_override(data, key.strip(), parse_value(text.strip()))
     return validate(data)
+
+
+def setting_keys(overrides: list[str] | tuple[str, ...] = (), values: dict[str, Any] | None = None) -> list[str]:
+    """The dotted keys that ``--set`` items (``fedprox.mu=0.1``; a section given whole,
+    ``fedprox={mu=0.1}``, as each key it holds) and ``values`` (typed options, ``fedsuite.simulate``'s
+    keywords: ``{"fedprox": {"mu": 0.1}}`` or ``{"fedprox.mu": 0.1}``) set, in order."""
+    keys: list[str] = []
+    for item in overrides:
+        key, _, text = item.partition("=")
+        keys += flat_config({key.strip(): parse_value(text.strip())})
+    return keys + list(flat_config(dict(values or {})))
+
+
+def unused_setting(cfg: BaseRunConfig, key: str) -> str | None:
+    """Why the run ``cfg`` does not use the setting ``key`` (dotted), or None where it does: a key of
+    another method's section than the run's strategy, or of a plug-in the run does not switch on
+    (``registry.plugin_params``: by its own section, or by its method, as fedinit switches on
+    relaxed_init). Keys outside the methods' and plug-ins' sections are always used."""
+    section = key.split(".", 1)[0]
+    if section in registry.methods() and section != cfg.strategy:
+        return f"{key} is a setting of {section}; this run's strategy is {cfg.strategy}"
+    if section in registry.plugins() and section not in cfg.plugin_settings:
+        return (f"{key} is a setting of the {section} plug-in, which this run (strategy {cfg.strategy}) does not "
+                "switch on")
+    return None
+
+
+def check_settings_used(cfg: BaseRunConfig, keys: list[str]) -> None:
+    """:class:`ConfigError` (one line, :func:`unused_setting`'s) for the first of ``keys``, the settings
+    given for this run (``--set``, options, keywords: :func:`setting_keys`), that the run does not use:
+    it would be dropped without a word. A config file's sections are not given for one run: a file
+    may hold the sections of several methods (docs/configuration.md)."""
+    for key in keys:
+        problem = unused_setting(cfg, key)
+        if problem is not None:
+            raise ConfigError(problem)
+
+
+def own_settings(cfg: BaseRunConfig, overrides: list[str]) -> list[str]:
+    """The ``--set`` items of a queued run (a sweep's, a search trial's, a reproduce target's cell)
+    that the run ``cfg`` uses: the base settings of a queue may name several methods' sections (a
+    target's row sets ``fedsam.rho`` and ``mofedsam.rho`` for every method of the row), and each
+    run's ``fedsuite simulate`` accepts only its own (:func:`check_settings_used`). ``cfg``: the
+    run's config built from all of ``overrides``; the items kept build the same run."""
+    return [item for item in overrides
+            if all(unused_setting(cfg, key) is None for key in setting_keys([item]))]
 
 
 def _merge(dst: dict[str, Any], src: dict[str, Any]) -> None:

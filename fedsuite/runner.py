@@ -103,14 +103,17 @@ def resolve_config(config: Path | None, overrides: Sequence[str], values: dict[s
     """The run's config, as :func:`run_simulation` takes its inputs: defaults < ``config`` <
     ``values`` < ``overrides`` (``config.build_config``), a section given as a dict setting only the
     keys it holds; with ``resume``, the recorded config of the run they name is the base, and only
-    ``config.RESUME_MUTABLE`` may differ from it (``rundir.resume_config``). ``ConfigError`` if not valid."""
+    ``config.RESUME_MUTABLE`` may differ from it (``rundir.resume_config``). ``ConfigError`` if not
+    valid, or if ``values`` or ``overrides`` set a method's or plug-in's setting that the run does not
+    use (``config.check_settings_used``: ``fedprox.mu`` on a FedAvg run), which it would drop."""
     from fedsuite import rundir
-    from fedsuite.config import build_config, flat_config
+    from fedsuite.config import build_config, check_settings_used, flat_config, setting_keys
 
     values = flat_config(values)  # {"fedprox": {"mu": 0.1}} -> {"fedprox.mu": 0.1}
     cfg = build_config(config, list(overrides), values)
     if resume:  # the run's record is the base; the caller may change only RESUME_MUTABLE
         cfg = rundir.resume_config(cfg, config, list(overrides), values)
+    check_settings_used(cfg, setting_keys(list(overrides), values))
     return cfg
 
 

@@ -53,7 +53,8 @@ from typing import Any, Sequence
 from rich.text import Text
 
 from fedsuite import rundir
-from fedsuite.config import BaseRunConfig, ConfigError, build_config, parse_value
+from fedsuite.config import (BaseRunConfig, ConfigError, build_config, check_settings_used, own_settings, parse_value,
+                             setting_keys, unused_setting)
 from fedsuite.sweep import SweepError, _text, _toml_value, setting_label, split_values, study_in
 
 SEARCHES = ("random", "asha")
@@ -115,18 +116,34 @@ def parse_space(items: Sequence[str]) -> list[Range]:
 
 def check_space(space: Sequence[Range], base_set: Sequence[str], config: Path | None) -> int:
     """Validate both ends of every range and every choice as run settings (:class:`SweepError`
-    naming the key and the field); returns the runs' number of rounds."""
+    naming the key and the field); returns the runs' number of rounds. A key of a method's or
+    plug-in's section must be one that the base's strategy, or a strategy of the space's
+    ``strategy`` choice, uses (``fedsuite.config.unused_setting``): else no trial's run would use it
+    (a trial that draws a strategy that does not use it runs without it: :func:`trial_run`); and so
+    must each base ``--set`` of such a section."""
     if not space:
         raise SweepError("the search space is empty: give at least one --space key=log:LOW:HIGH (or uniform, int, "
                          "choice)")
+    strategies = next((r.values for r in space if r.key == "strategy"), ())
     rounds = None
+    cfgs = []  # a config per value of the space: the trials' runs are made of these
     for rng in space:
         for value in rng.values:
+            item = f"{rng.key}={_toml_value(value)}"
             try:
-                cfg = build_config(config, [*base_set, f"{rng.key}={_toml_value(value)}"])
+                cfg = build_config(config, [*base_set, item])
+                for strategy in strategies:  # the base's strategy may not use it where one of these does
+                    if any(unused_setting(cfg, key) for key in setting_keys([item])):
+                        cfg = build_config(config, [*base_set, f"strategy={_toml_value(strategy)}", item])
+                check_settings_used(cfg, setting_keys([item]))
             except ConfigError as exc:
                 raise SweepError(f"--space {rng.key}={_text(value)}: {str(exc).splitlines()[0]}") from None
             rounds = cfg.rounds
+            cfgs.append(cfg)
+    for item in base_set:  # a base setting no trial's run would use would change nothing, without a word
+        if not any(own_settings(cfg, [item]) for cfg in cfgs):
+            why = next(filter(None, (unused_setting(cfgs[0], k) for k in setting_keys([item]))))
+            raise SweepError(f"--set {item}: no trial of the search would use it ({why})")
     return int(rounds)
 
 
@@ -139,9 +156,23 @@ class FedsuiteTrial:
 
 
 def trial_overrides(base_set: Sequence[str], setting: dict[str, Any], seed: int, run_dir: Path) -> list[str]:
-    """The ``--set`` overrides of a trial's run: the base, the trial's setting, the seed and where it lives."""
+    """The ``--set`` overrides of a trial's setting: the base, the trial's setting, the seed and where it lives."""
     return [*base_set, *(f"{k}={_toml_value(v)}" for k, v in setting.items()), f"seed={seed}",
             f"output_dir={json.dumps(str(run_dir.parent))}", f"run_name={json.dumps(run_dir.name)}"]
+
+
+def trial_run(config: Path | None, base_set: Sequence[str], setting: dict[str, Any], seed: int,
+              run_dir: Path) -> tuple[dict[str, Any], list[str], BaseRunConfig]:
+    """A trial's run as it runs: (the setting its run uses, its ``--set`` overrides, its config). A
+    sampled key or base setting of a section the run does not use (``fedprox.mu`` in a trial that
+    drew ``strategy=fedavg``) is left out of both, as a queue leaves it out of its runs
+    (``fedsuite.config.own_settings``): ``fedsuite simulate`` refuses it."""
+    items = trial_overrides(base_set, setting, seed, run_dir)
+    cfg = build_config(config, items)
+    used = {k: v for k, v in setting.items()
+            if all(unused_setting(cfg, key) is None for key in setting_keys([f"{k}={_toml_value(v)}"]))}
+    own = own_settings(cfg, items)
+    return used, own, (cfg if own == items else build_config(config, own))
 
 
 @dataclass
@@ -166,7 +197,7 @@ def earlier_trials(folder: Path, config: Path | None, base_set: Sequence[str], s
         try:
             setting = json.loads(path.read_text())["setting"]
             run_dir = path.with_suffix("")
-            trials.append(EarlierTrial(run_dir, build_config(config, trial_overrides(base_set, setting, seed, run_dir))))
+            trials.append(EarlierTrial(run_dir, trial_run(config, base_set, setting, seed, run_dir)[2]))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):  # ConfigError is a ValueError
             continue
     return trials
@@ -186,7 +217,7 @@ def trainable(folder: Path, config: Path | None, base_set: Sequence[str], seed: 
     class Trial(tune.Trainable, FedsuiteTrial):
         def setup(self, setting: dict[str, Any]) -> None:
             self.run_dir = folder / "trials" / self.trial_id
-            items = trial_overrides(base_set, setting, seed, self.run_dir)
+            setting, items, _ = trial_run(config, base_set, setting, seed, self.run_dir)
             self.run_dir.parent.mkdir(parents=True, exist_ok=True)
             self.log = (self.run_dir.parent / f"{self.run_dir.name}.log").open("ab")
             self.proc = subprocess.Popen(simulate_command(config, items, False, placement), stdout=self.log,

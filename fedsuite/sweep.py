@@ -48,7 +48,8 @@ import numpy as np
 from rich.text import Text
 
 from fedsuite import rundir
-from fedsuite.config import BaseRunConfig, ConfigError, build_config, load_toml, parse_value
+from fedsuite.config import (BaseRunConfig, ConfigError, build_config, check_settings_used, load_toml, own_settings,
+                             parse_value, setting_keys, unused_setting)
 from fedsuite.reproduce.queue import (ReproduceError, check_recorded, completed, name_failed, other_folder, pending,
                                       queue_and_report, simulate_command)
 from fedsuite.reproduce.report import aggregate
@@ -149,7 +150,11 @@ class SweepRun:
 def plan(config: Path | None, base_set: Sequence[str], grid: dict[str, list[Any]], seeds: Sequence[int],
          folder: Path, base: dict[str, Any] | None = None) -> list[SweepRun]:
     """Every (setting, seed) run, seed-major (a queue stopped part-way leaves whole seeds), each
-    config validated: a setting that fails is a :class:`SweepError` naming it and the field.
+    config validated: a setting that fails is a :class:`SweepError` naming it and the field, and so is
+    a grid key that a setting's run would not use (``fedprox.mu`` beside ``strategy=fedavg``: the
+    grid would run one FedAvg run under several names). A base ``--set`` of a method's or plug-in's
+    section goes only to the runs that use it (``fedsuite.config.own_settings``); a config file may
+    hold the sections of several methods, as for ``fedsuite simulate``.
     ``base``: the settings ``config`` will hold, when it is not written yet (validated from here)."""
     if not grid:
         raise SweepError("the grid is empty: give at least one --grid key=value1,value2 (or [sweep] grid in the config)")
@@ -158,18 +163,38 @@ def plan(config: Path | None, base_set: Sequence[str], grid: dict[str, list[Any]
     if "seed" in grid:
         raise SweepError("seed is not a grid key: the seeds are --seeds")
     settings = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+    def build(items: list[str]) -> BaseRunConfig:
+        return build_config(None, items, base=base) if base is not None else build_config(config, items)
+
     runs = []
+    unused_base: dict[str, str] = {}  # base --set items no run has used so far, with why the first run does not
     for seed in seeds:
         for setting in settings:
             run_dir = (folder / setting_folder(setting) / f"s{seed}").resolve()
             items = [*base_set, *(f"{k}={_toml_value(v)}" for k, v in setting.items()), f"seed={seed}",
                      f"output_dir={json.dumps(str(run_dir.parent))}", f"run_name={json.dumps(run_dir.name)}"]
             try:
-                cfg = build_config(None, items, base=base) if base is not None else build_config(config, items)
+                cfg = build(items)
+                for key in setting:  # a grid key its run would drop: one run under several names
+                    check_settings_used(cfg, setting_keys([f"{key}={_toml_value(setting[key])}"]))
+                # the base settings of other methods' sections (--set fedprox.mu=0.1 beside
+                # --grid strategy=fedavg,fedprox) are left out of the runs that do not use them
+                own = own_settings(cfg, items)
+                for item in base_set:
+                    if item in own:
+                        unused_base[item] = ""
+                    elif item not in unused_base:
+                        unused_base[item] = next(filter(None, (unused_setting(cfg, k) for k in setting_keys([item]))))
+                if own != items:  # the config the run's own command line builds
+                    items, cfg = own, build(own)
             except ConfigError as exc:
                 raise SweepError(f"setting {setting_label(setting)}: {str(exc).splitlines()[0]}") from None
             dataset = (cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True))
             runs.append(SweepRun(setting, seed, run_dir, config, items, cfg.rounds, dataset, cfg))
+    unused = [(item, why) for item, why in unused_base.items() if why]
+    if unused:  # dropped from every run: it would change nothing, without a word
+        raise SweepError(f"--set {unused[0][0]}: no run of the sweep uses it (its first run: {unused[0][1]})")
     if len({r.run_dir for r in runs}) != len(runs):
         raise SweepError("two settings of the grid share a folder name; give the grid distinct values")
     return runs

@@ -194,3 +194,68 @@ def test_config_json_is_written_by_runs(tmp_path):
     dump = cfg.active_dump()
     json.dumps(dump)
     assert dump["strategy"] == "fedavg"
+
+
+# ------------------------------------------------------------------------------------------------
+# a setting given for a run that its method and plug-ins do not use (issue 42, sweeps and search 5)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["--strategy", "fedavg", "--set", "fedprox.mu=0.1"], "fedprox.mu is a setting of fedprox; this run's strategy "
+                                                          "is fedavg"),
+    (["--set", "fedprox={mu=0.1}"], "fedprox.mu is a setting of fedprox; this run's strategy is fedavg"),
+    (["--strategy", "scaffold", "--set", "relaxed_init.storage=server-state"],
+     "relaxed_init.storage is a setting of the relaxed_init plug-in, which this run (strategy scaffold) does not "
+     "switch on"),
+])
+def test_simulate_refuses_a_setting_its_method_does_not_use_before_the_run_folder(tmp_path, args, error):
+    """``--set fedprox.mu=0.1`` with ``--strategy fedavg`` ran FedAvg and dropped the setting without a
+    word: one line, exit 2, and no run folder."""
+    proc = run_cli("simulate", *args, "--output-dir", str(tmp_path / "runs"), "--run-name", "r", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr == f"error: {error}\n", proc.stdout + proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_rule_a_config_file_holds_defaults_a_setting_is_the_runs_own(tmp_path):
+    """docs/configuration.md's rule. A config file may hold the sections of several methods and
+    plug-ins (experiments/baselines/cpu_fmnist.toml: one file for every baseline); a run uses its
+    method's and those of the plug-ins it switches on. A setting given for the run (``--set``, an
+    option, a keyword of ``fedsuite.simulate``: ``values``) must be one the run uses, on every path
+    that runs simulate's code."""
+    from fedsuite.runner import resolve_config
+
+    baselines = ROOT / "experiments" / "baselines" / "cpu_fmnist.toml"
+    assert {"fedprox", "scaffold", "feddyn"} <= set(tomllib.loads(baselines.read_text()))
+    for strategy in ("fedavg", "fedprox", "scaffold"):
+        assert resolve_config(baselines, [f"strategy={strategy}"], {}).strategy == strategy
+    assert resolve_config(None, ["strategy=fedprox", "fedprox.mu=0.1"], {}).fedprox.mu == 0.1
+    assert resolve_config(None, [], {"strategy": "fedprox", "fedprox": {"mu": 0.1}}).fedprox.mu == 0.1
+    # a plug-in the run switches on, by its own setting (--relaxed-init) or by its method (fedinit)
+    assert resolve_config(None, ["relaxed_init.storage=server-state"], {"relaxed_init.beta": 0.1}).relaxed_init.beta == 0.1
+    assert resolve_config(None, ["strategy=fedinit", "relaxed_init.storage=server-state"], {}).strategy == "fedinit"
+    assert resolve_config(None, ["strategy=fednlr", "neuron_lr.stats_batch_size=100"], {}).strategy == "fednlr"
+    for overrides, values, error in (
+            (["fedprox.mu=0.1"], {}, "fedprox.mu is a setting of fedprox; this run's strategy is fedavg"),
+            ([], {"fedprox": {"mu": 0.1}}, "fedprox.mu is a setting of fedprox; this run's strategy is fedavg"),
+            (["strategy=fedmr"], {"scaffold.server_lr": 1.0}, "scaffold.server_lr is a setting of scaffold; this run's "
+                                                           "strategy is fedmr"),
+            (["neuron_lr.log_base=2"], {}, "neuron_lr.log_base is a setting of the neuron_lr plug-in, which this run "
+                                           "(strategy fedavg) does not switch on")):
+        with pytest.raises(ConfigError) as exc:
+            resolve_config(baselines, overrides, values)
+        assert str(exc.value) == error
+
+
+def test_every_reproduce_cell_passes_simulates_setting_check(tmp_path):
+    """A target's rows set the sections of several methods for all of them (fedmrur's rows:
+    fedmrur.rho, mofedsam.rho, fedsam.rho): each run's command line must carry only its own, or
+    its simulate would refuse it."""
+    from fedsuite.reproduce.tables import SCALES, load_targets, plan
+    from fedsuite.runner import resolve_config
+
+    for target in load_targets().values():
+        for scale in SCALES if target.has_cpu_scale else ("paper",):
+            for spec in plan(target, scale, tmp_path):
+                cfg = resolve_config(spec.config, spec.overrides, {})
+                assert cfg.active_dump() == spec.cfg.active_dump(), (target.name, spec.label)

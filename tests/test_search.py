@@ -170,3 +170,22 @@ def test_a_search_and_a_grid_of_one_config_default_to_folders_of_their_own(tmp_p
         f"error: {(out / 'mine').resolve()} holds a grid sweep, whose report.md a search's would replace: give "
         "the search another --name\n"), res.stdout + res.stderr
     assert sorted(p.name for p in out.iterdir()) == ["mine"]
+
+
+def test_a_trials_run_gets_the_settings_its_strategy_uses(tmp_path):
+    """A space that draws the strategy and a key of one method's section: a trial that drew another
+    strategy runs without that key (its record's setting says so), as a grid's run gets only its
+    own method's settings; the key is checked against the strategy that uses it."""
+    from fedsuite.runner import resolve_config
+    from fedsuite.search import check_space, trial_run
+
+    space = parse_space(["strategy=choice:fedavg,fedprox", "fedprox.mu=uniform:0:1"])
+    assert check_space(space, ["rounds=3"], None) == 3
+    with pytest.raises(SweepError, match="--set scaffold.server_lr=0.5: no trial of the search would use it"):
+        check_space(space, ["scaffold.server_lr=0.5"], None)
+    run_dir = tmp_path / "trials" / "t1"
+    used, items, cfg = trial_run(None, ["lr=0.1"], {"strategy": "fedavg", "fedprox.mu": 0.5}, 0, run_dir)
+    assert used == {"strategy": "fedavg"} and not any(i.startswith("fedprox") for i in items)
+    assert resolve_config(None, items, {}).active_dump() == cfg.active_dump()
+    used, items, cfg = trial_run(None, ["lr=0.1"], {"strategy": "fedprox", "fedprox.mu": 0.5}, 0, run_dir)
+    assert used == {"strategy": "fedprox", "fedprox.mu": 0.5} and cfg.fedprox.mu == 0.5

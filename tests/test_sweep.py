@@ -227,3 +227,36 @@ def test_a_bad_grid_is_one_line_before_anything_runs(tmp_path, args, words):
     assert words in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert len([line for line in res.stderr.splitlines() if line.strip()]) <= 2, res.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_each_run_gets_the_settings_of_its_own_method(tmp_path):
+    """A base setting of one method's section (``--set fedprox.mu=0.1``, or a config file holding
+    every baseline's section) beside ``--grid strategy=fedavg,fedprox``: each run's command line
+    carries only the settings its method and plug-ins use, which ``fedsuite simulate`` now demands.
+    A grid key that some of its settings' runs would not use is refused: those runs would be one
+    run under several names."""
+    from fedsuite.runner import resolve_config
+    from fedsuite.sweep import SweepError, plan
+
+    runs = plan(None, ["fedprox.mu=0.1", "relaxed_init.storage=server-state"],
+                {"strategy": ["fedavg", "fedprox", "fedinit"]}, [0], tmp_path)
+    by = {r.setting["strategy"]: r for r in runs}
+    assert "fedprox.mu=0.1" not in by["fedavg"].overrides and "fedprox.mu=0.1" in by["fedprox"].overrides
+    assert "relaxed_init.storage=server-state" in by["fedinit"].overrides  # fedinit switches relaxed_init on
+    assert "relaxed_init.storage=server-state" not in by["fedprox"].overrides
+    for run in runs:  # the command line each run's simulate gets passes its checks, and runs the planned config
+        assert resolve_config(run.config, run.overrides, {}).active_dump() == run.cfg.active_dump(), run.label
+    assert by["fedprox"].cfg.fedprox.mu == 0.1
+
+    baselines = ROOT / "experiments" / "baselines" / "cpu_fmnist.toml"
+    for run in plan(baselines, [], {"strategy": ["fedavg", "fedprox", "scaffold"]}, [0], tmp_path / "b"):
+        assert resolve_config(run.config, run.overrides, {}).strategy == run.setting["strategy"]
+
+    with pytest.raises(SweepError) as exc:
+        plan(None, [], {"strategy": ["fedavg", "fedprox"], "fedprox.mu": [0.01, 0.1]}, [0], tmp_path / "c")
+    assert str(exc.value).startswith("setting strategy=fedavg fedprox.mu=0.01: fedprox.mu is a setting of fedprox; "
+                                     "this run's strategy is fedavg"), exc.value
+    with pytest.raises(SweepError) as exc:  # a base setting no run uses: it would change nothing
+        plan(None, ["fedprox.mu=0.1"], {"lr": [0.05, 0.1]}, [0], tmp_path / "d")
+    assert str(exc.value) == ("--set fedprox.mu=0.1: no run of the sweep uses it (its first run: fedprox.mu is a "
+                              "setting of fedprox; this run's strategy is fedavg)"), exc.value

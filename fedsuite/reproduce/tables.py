@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from fedsuite import registry
-from fedsuite.config import BaseRunConfig, ConfigError, build_config
+from fedsuite.config import BaseRunConfig, ConfigError, build_config, own_settings
 from fedsuite.reproduce.queue import ReproduceError, simulate_command
 from fedsuite.reproduce.verdicts import paper_difference
 
@@ -345,7 +345,9 @@ def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = Non
          methods: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
          data_root: str | None = None) -> list[RunSpec]:
     """The runs of the selected rows x methods x seeds, each config validated (a bad cell raises
-    :class:`ReproduceError` naming it). Rows sharing a setting share runs (listed once)."""
+    :class:`ReproduceError` naming it). Rows sharing a setting share runs (listed once). A run's
+    overrides are the cell's less the settings of sections its run does not use
+    (``fedsuite.config.own_settings``): ``fedsuite simulate`` refuses those."""
     if scale not in SCALES:
         raise ReproduceError(f"unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
     if scale == "cpu" and not target.has_cpu_scale:
@@ -375,6 +377,11 @@ def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = Non
                     items.append(f"data_root={json.dumps(data_root)}")
                 try:
                     cfg = build_config(row.config, items)
+                    # a row's or the target's settings may name other methods' sections (fedmrur's
+                    # rows set fedsam.rho and mofedsam.rho for every method): each run gets its own
+                    own = own_settings(cfg, items)
+                    if own != items:
+                        items, cfg = own, build_config(row.config, own)
                 except ConfigError as exc:
                     raise ReproduceError(f"{target.name}, row {row.name}, method {method}: "
                                          f"{str(exc).splitlines()[0]}") from None
