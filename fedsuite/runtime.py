@@ -63,6 +63,14 @@ def _load_bundle(name: str, root: str, options: tuple):
     return load_dataset(name, root, **dict(options))
 
 
+def forget_data() -> None:
+    """Drop the datasets and partitions this process holds (:func:`load_bundle`'s cache): a queue
+    that checked its runs' data (``fedsuite.reproduce.queue.check_runs``) does not keep it while
+    its runs load their own."""
+    _load_bundle.cache_clear()
+    _partition.cache_clear()
+
+
 def client_indices(cfg: BaseRunConfig, bundle, partition_id: int) -> np.ndarray:
     """The training-sample indices of client ``partition_id`` (pure function of the config)."""
     return _partition(cfg.dataset, str(data_root(cfg)), _freeze(cfg.dataset_options), cfg.partitioner,

@@ -7,8 +7,10 @@ from a space of ranges::
         --space strategy=choice:fedavg,fedprox --set rounds=100
 
 A range is ``log:LOW:HIGH`` (log-uniform), ``uniform:LOW:HIGH``, ``int:LOW:HIGH`` (an integer,
-both ends included) or ``choice:V1,V2,...`` (values read as ``--set`` reads them). Both ends of a
-range and every choice are validated as run settings before anything runs.
+both ends included) or ``choice:V1,V2,...`` (values read as ``--set`` reads them). Before anything
+runs, both ends of a range and every choice are validated as run settings, and they and the base
+settings pass the checks ``fedsuite simulate`` makes before its run folder exists (the hardware
+asked for; data, partition and a model that can take the data: ``fedsuite.reproduce.queue.check_runs``).
 
 Each trial is one ``fedsuite simulate`` run (one seed: ``--seeds`` names it) in
 ``<output-dir>/<name>/trials/<trial>``, started by a Tune trainable (:class:`FedsuiteTrial`) that reports
@@ -114,19 +116,18 @@ def parse_space(items: Sequence[str]) -> list[Range]:
     return list(ranges.values())
 
 
-def check_space(space: Sequence[Range], base_set: Sequence[str], config: Path | None) -> int:
-    """Validate both ends of every range and every choice as run settings (:class:`SweepError`
-    naming the key and the field); returns the runs' number of rounds. A key of a method's or
-    plug-in's section must be one that the base's strategy, or a strategy of the space's
-    ``strategy`` choice, uses (``fedsuite.config.unused_setting``): else no trial's run would use it
-    (a trial that draws a strategy that does not use it runs without it: :func:`trial_run`); and so
-    must each base ``--set`` of such a section."""
+def space_configs(space: Sequence[Range], base_set: Sequence[str], config: Path | None) -> list[tuple[str, BaseRunConfig]]:
+    """``("--space key=value", its run's config)`` for both ends of every range and every choice, each
+    validated as a run setting on the base (:class:`SweepError` naming the key and the field). A key
+    of a method's or plug-in's section must be one that the base's strategy, or a strategy of the
+    space's ``strategy`` choice, uses (``fedsuite.config.unused_setting``): else no trial's run
+    would use it (a trial that draws a strategy that does not use it runs without it:
+    :func:`trial_run`); its config is then the one with such a strategy."""
     if not space:
         raise SweepError("the search space is empty: give at least one --space key=log:LOW:HIGH (or uniform, int, "
                          "choice)")
     strategies = next((r.values for r in space if r.key == "strategy"), ())
-    rounds = None
-    cfgs = []  # a config per value of the space: the trials' runs are made of these
+    cfgs = []
     for rng in space:
         for value in rng.values:
             item = f"{rng.key}={_toml_value(value)}"
@@ -138,13 +139,20 @@ def check_space(space: Sequence[Range], base_set: Sequence[str], config: Path | 
                 check_settings_used(cfg, setting_keys([item]))
             except ConfigError as exc:
                 raise SweepError(f"--space {rng.key}={_text(value)}: {str(exc).splitlines()[0]}") from None
-            rounds = cfg.rounds
-            cfgs.append(cfg)
-    for item in base_set:  # a base setting no trial's run would use would change nothing, without a word
+            cfgs.append((f"--space {rng.key}={_text(value)}", cfg))
+    return cfgs
+
+
+def check_space(space: Sequence[Range], base_set: Sequence[str], config: Path | None) -> int:
+    """Validate the space (:func:`space_configs`) and that every base ``--set`` of a method's or
+    plug-in's section is used by some trial (else it would change nothing, without a word);
+    :class:`SweepError` naming what is wrong. Returns the runs' number of rounds."""
+    cfgs = [cfg for _, cfg in space_configs(space, base_set, config)]
+    for item in base_set:
         if not any(own_settings(cfg, [item]) for cfg in cfgs):
             why = next(filter(None, (unused_setting(cfgs[0], k) for k in setting_keys([item]))))
             raise SweepError(f"--set {item}: no trial of the search would use it ({why})")
-    return int(rounds)
+    return int(cfgs[-1].rounds)
 
 
 class FedsuiteTrial:
@@ -294,12 +302,15 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
     problem = rundir.folder_problem(folder)
     if problem is not None:
         raise SweepError(f"--output-dir: {problem}")
-    from fedsuite.reproduce.queue import missing_data
+    from fedsuite.reproduce.queue import check_runs, missing_data
 
-    cfg = build_config(config, list(base_set))
-    problems = missing_data([_DataNeed(cfg)])
+    # simulate's checks before its run folder exists, for the base and every value of the space
+    planned = [_Planned("the search's base settings", build_config(config, list(base_set))),
+               *(_Planned(label, cfg) for label, cfg in space_configs(space, base_set, config))]
+    problems = missing_data(planned)
     if problems:
         raise SweepError("missing data, nothing was started:\n  " + "\n  ".join(problems))
+    check_runs(planned, placement)
 
     import ray
     from ray import tune
@@ -352,16 +363,16 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
 
 
 @dataclass
-class _DataNeed:
-    """What :func:`fedsuite.reproduce.queue.missing_data` reads of a run: its dataset and label."""
+class _Planned:
+    """What the checks before a search (``fedsuite.reproduce.queue.missing_data`` and ``check_runs``)
+    read of its runs: a label, a config and its dataset."""
 
+    label: str
     cfg: Any
 
     @property
     def dataset(self) -> tuple[str, str, str]:
         return self.cfg.dataset, self.cfg.data_root, json.dumps(self.cfg.dataset_options, sort_keys=True)
-
-    label = "the search's runs"
 
 
 def read_trials(folder: Path) -> list[dict[str, Any]]:

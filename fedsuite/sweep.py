@@ -18,8 +18,11 @@ skipped, interrupted ones resumed, Ctrl-C and kill safe. Before anything runs, e
 validated (an unknown key, a value that fails validation, an empty grid: one line, exit 2), every
 run already in the folder is checked to be the run asked for (a sweep run again after its base
 ``--set`` or config file changed finds runs of the old setting: one line naming a run folder and
-the fields that differ, exit 2, nothing started; ``fedsuite.reproduce.queue.check_recorded``), and
-every dataset the runs need is checked. A run that failed is named at the start, one line each,
+the fields that differ, exit 2, nothing started; ``fedsuite.reproduce.queue.check_recorded``),
+every dataset the runs need is checked, and every run to run is checked as its ``fedsuite simulate``
+would check it before its run folder exists (the hardware it asks for; a model that cannot take the
+data, ``--grid model=mlp,cnn`` on feature vectors: one line naming the setting, exit 2;
+``fedsuite.reproduce.queue.check_runs``). A run that failed is named at the start, one line each,
 and left as it is; ``--retry-failed`` runs it again from its last checkpoint.
 
 A sweep's folder holds one grid: a search (``fedsuite sweep --search``, :mod:`fedsuite.search`)
@@ -376,7 +379,7 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
     if report_only:
         check_recorded(runs, remedy)
     else:
-        todo = pending(runs, retry_failed, remedy)
+        todo = pending(runs, retry_failed, remedy, placement, lambda run: f"setting {setting_label(run.setting)}")
     # the checks above only read: a refused sweep leaves its folder as it was, to its mtime (this
     # one makes and removes a probe folder in it)
     problem = rundir.folder_problem(folder)

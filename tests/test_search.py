@@ -172,6 +172,27 @@ def test_a_search_and_a_grid_of_one_config_default_to_folders_of_their_own(tmp_p
     assert sorted(p.name for p in out.iterdir()) == ["mine"]
 
 
+SMALL = ["--set", "num_clients=6", "--set", "clients_per_round=2", "--set", "batch_size=32", "--engine", "inprocess"]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--space", "lr=choice:0.05,0.1", "--set", "model=cnn"], "model 'cnn' needs image input"),
+    (["--space", "model=choice:mlp,cnn"], "--space model=cnn: model 'cnn' needs image input"),
+    (["--space", "fedprox.mu=uniform:0:1"], "fedprox.mu is a setting of fedprox; this run's strategy is fedavg"),
+    (["--space", "lr=choice:0.05", "--set", "fedprox.mu=0.1"], "--set fedprox.mu=0.1: no trial of the search would "
+                                                                "use it"),
+])
+def test_a_search_that_simulate_would_refuse_is_one_line_before_anything_runs(tmp_path, args, words):
+    """Every check ``fedsuite simulate`` makes before its run folder exists is made for the search's
+    fixed part and every value of its space before a trial starts."""
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["sweep", "--search", "random", *args, "--set", "rounds=1", *SMALL, "--set",
+                                   f"data_root={tmp_path / 'data'}", "--output-dir", str(out)])
+    assert res.exit_code == 2 and res.stdout == "", res.stdout + res.stderr
+    assert res.stderr.startswith("error: ") and words in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
+    assert not out.exists()
+
+
 def test_a_trials_run_gets_the_settings_its_strategy_uses(tmp_path):
     """A space that draws the strategy and a key of one method's section: a trial that drew another
     strategy runs without that key (its record's setting says so), as a grid's run gets only its

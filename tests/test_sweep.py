@@ -229,6 +229,44 @@ def test_a_bad_grid_is_one_line_before_anything_runs(tmp_path, args, words):
     assert not (tmp_path / "out").exists()
 
 
+SMALL = ["--set", "rounds=1", "--set", "num_clients=6", "--set", "clients_per_round=2", "--set", "batch_size=32"]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--grid", "model=mlp,cnn"], ["setting model=cnn", "model 'cnn' needs image input"]),
+    (["--grid", "num_cpus=1,1000"], ["setting num_cpus=1000", "num_cpus=1000 is the CPU cores of one client"]),
+    (["--grid", "lr=0.05", "--set", "model=cnn"], ["setting lr=0.05", "model 'cnn' needs image input"]),
+])
+def test_a_setting_simulate_would_refuse_is_one_line_before_anything_runs(tmp_path, args, words):
+    """Every check ``fedsuite simulate`` makes before its run folder exists (here the data check's
+    "a model that cannot take the data" and the hardware check) is made for every run of the grid
+    before the queue starts: the runs started, failed, and the report said "not run"."""
+    out = tmp_path / "out"
+    res = subprocess.run(_sweep(*args, *SMALL, "--set", f"data_root={tmp_path / 'data'}", "--output-dir", str(out),
+                                *ENGINE), env=_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
+    assert res.stderr.startswith("error: ") and len(res.stderr.splitlines()) == 1, res.stderr
+    assert all(w in res.stderr for w in words), res.stderr
+    assert not out.exists()
+
+
+def test_a_reproduce_queue_makes_simulates_checks_before_it_starts(tmp_path):
+    """The same checks for a reproduce target's runs (one queue: ``fedsuite.reproduce.queue.pending``)."""
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text('paper = "a tiny table"\n\n[targets.tiny]\ntitle = "t"\nours = "fedprox"\nseeds = [0]\n'
+                      'set = ["model=cnn", "rounds=1", "num_clients=6", "clients_per_round=2"]\n\n'
+                      '[targets.tiny.methods]\nfedavg = { set = ["strategy=fedavg"] }\n'
+                      'fedprox = { set = ["strategy=fedprox"] }\n\n[[targets.tiny.rows]]\nname = "a"\n')
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "fedsuite.cli", "reproduce", "tiny", "--tables", str(tables),
+                          "--output-dir", str(out), "--data-root", str(tmp_path / "data"), *ENGINE],
+                         env=_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
+    assert res.stderr.startswith("error: a fedavg s0: ") and "model 'cnn' needs image input" in res.stderr, res.stderr
+    assert len(res.stderr.splitlines()) == 1 and not list(out.rglob("*")), res.stderr
+
+
 def test_each_run_gets_the_settings_of_its_own_method(tmp_path):
     """A base setting of one method's section (``--set fedprox.mu=0.1``, or a config file holding
     every baseline's section) beside ``--grid strategy=fedavg,fedprox``: each run's command line

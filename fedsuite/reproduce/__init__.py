@@ -65,7 +65,8 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
         path = write_report(target, specs, scale, report_dir)
         console.print(f"report -> {path}")
         return 0
-    todo = pending(specs, retry_failed, other_folder("another --output-dir"))  # the checks: nothing starts unless they pass
+    # the checks, simulate's for every run among them: nothing starts unless they pass
+    todo = pending(specs, retry_failed, other_folder("another --output-dir"), placement)
     console.print(Text.assemble((target.name, "bold"), f" ({scale} scale): {len(specs)} runs, "
                                 f"{completed(specs)} already done, {len(todo)} to run, {jobs} at a time -> "
                                 f"{report_dir.parent}"))

@@ -13,7 +13,10 @@ checks before it starts) ``fedsuite sweep --search``. A queued run is anything w
   nothing started or written: it is never continued, skipped as done or read into a report as the
   new setting's. A folder without ``config.json`` (a run killed in its first seconds) records no
   run and is started anew, as before;
-* then every dataset the runs need is checked (:func:`missing_data`);
+* then every dataset the runs need is checked (:func:`missing_data`), and every run to run is
+  checked as its ``fedsuite simulate`` would check it before its run folder exists (:func:`check_runs`:
+  the hardware it asks for, and a partition and model its data can take), so that a run that would
+  fail at once stops the queue in one line before anything starts;
 * a run whose ``summary.json`` says ``completed`` with the rounds asked is skipped; a run directory
   that holds a ``config.json`` but no finished summary is continued with ``fedsuite simulate
   --resume`` (the run restarts from its last per-round checkpoint, so a killed queue loses at most
@@ -97,6 +100,58 @@ def missing_data(specs: Sequence[Any]) -> list[str]:
     return problems
 
 
+#: what ``fedsuite simulate`` options of :func:`placement_options` set in a run's config
+PLACEMENT_KEYS = {"--num-gpus": ("num_gpus", float), "--ray-address": ("ray_address", str), "--engine": ("engine", str)}
+
+
+def placed(cfg: Any, placement: Sequence[str]) -> Any:
+    """``cfg`` as its run runs it under ``placement`` (:func:`placement_options`: the options every
+    run of a queue is given on its command line)."""
+    update = {}
+    for option, value in zip(placement[::2], placement[1::2]):
+        key, kind = PLACEMENT_KEYS[option]
+        update[key] = kind(value)
+    return cfg.model_copy(update=update) if update else cfg
+
+
+def check_runs(specs: Sequence[Any], placement: Sequence[str] = (),
+               subject: Callable[[Any], str] = lambda spec: spec.label) -> None:
+    """The checks ``fedsuite simulate`` makes before its run folder exists, beyond its config's
+    validation (which :func:`fedsuite.reproduce.tables.plan` and ``fedsuite.sweep.plan`` make), for
+    every run of ``specs`` as ``placement`` places it: the hardware it asks for
+    (``runtime.check_hardware``: a client's CPU cores, GPUs that exist, a reachable Ray cluster) and
+    its data, partition and model (``runtime.check_data``: "a model that cannot take the data",
+    ``--model cnn`` on feature vectors). Else :class:`ReproduceError`, one line naming the run
+    (``subject``: a sweep names the setting) and simulate's reason: a run that would fail at once is
+    refused before the queue starts, not run and reported "not run". Each distinct check is made
+    once (seeds share hardware; settings share data and model); call it once the data is known to be
+    on disk (:func:`missing_data`). Writes nothing but the partitions a first run caches under its
+    ``data_root``, as simulate's own check does."""
+    from fedsuite import runtime
+    from fedsuite.config import ConfigError
+    from fedsuite.errors import DataError
+
+    done: set[tuple] = set()
+    try:
+        for spec in specs:
+            cfg = placed(spec.cfg, placement)
+            hardware = ("hardware", cfg.num_cpus, cfg.num_gpus, cfg.device, cfg.ray_address)
+            data = ("data", cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True), cfg.partitioner,
+                    cfg.num_clients, cfg.seed, cfg.alpha, cfg.min_partition_size, cfg.classes_per_client,
+                    cfg.shards_per_client, cfg.partition_by, cfg.model)
+            for key, check in ((hardware, runtime.check_hardware), (data, runtime.check_data)):
+                if key in done:
+                    continue
+                try:
+                    check(cfg)
+                except (ConfigError, DataError) as exc:
+                    raise ReproduceError(f"{subject(spec)}: {str(exc).strip().splitlines()[0]}; nothing was started") \
+                        from None
+                done.add(key)
+    finally:
+        runtime.forget_data()  # the runs load their data in their own processes
+
+
 def runnable(retry_failed: bool) -> tuple[str, ...]:
     """The states (``rundir.state``) of the runs a queue runs: new, partial (resumed or extended),
     debris (started anew), and failed with ``retry_failed``."""
@@ -132,16 +187,20 @@ def other_folder(options: str) -> str:
     return f"ask for the recorded config, or give the new runs another folder ({options})"
 
 
-def pending(specs: Sequence[Any], retry_failed: bool = False, remedy: str = other_folder("another --output-dir")) -> list[Any]:
+def pending(specs: Sequence[Any], retry_failed: bool = False, remedy: str = other_folder("another --output-dir"),
+            placement: Sequence[str] = (), subject: Callable[[Any], str] = lambda spec: spec.label) -> list[Any]:
     """The runs still to run (neither completed nor failed; failed too with ``retry_failed``), once
-    every run on disk is the one asked for (:func:`check_recorded`) and every dataset they need is
-    on disk; else :class:`ReproduceError` naming the run and its fields, or listing what data is
-    missing and the expected layout, nothing started."""
+    every run on disk is the one asked for (:func:`check_recorded`), every dataset they need is on
+    disk and each passes the checks its ``fedsuite simulate`` would make before it starts
+    (:func:`check_runs`, under ``placement``); else :class:`ReproduceError` naming the run and its
+    fields, listing what data is missing and the expected layout, or naming the run (``subject``)
+    and simulate's reason, nothing started."""
     check_recorded(specs, remedy)
     todo = [s for s in specs if rundir.state(s.run_dir, s.rounds) in runnable(retry_failed)]
     problems = missing_data(todo)
     if problems:
         raise ReproduceError("missing data, nothing was started:\n  " + "\n  ".join(problems))
+    check_runs(todo, placement, subject)
     return todo
 
 
