@@ -28,7 +28,9 @@ and left as it is; ``--retry-failed`` runs it again from its last checkpoint.
 A sweep's folder holds one grid: a search (``fedsuite sweep --search``, :mod:`fedsuite.search`)
 writes its own ``report.md`` and is refused in a grid's folder, and a grid in a search's
 (:func:`study_in`). A search's default folder is ``<config name>-search``, a grid's the config's
-name, so the two do not meet unless ``--name`` says so.
+name, so the two do not meet unless ``--name`` says so. While a grid or a search runs, it holds its
+folder (:class:`FolderLock`): a second command into it meanwhile is refused in one line naming the
+first's PID.
 
 The report (``<output-dir>/<name>/report.md``, ``report.csv``, ``accuracy.png``) has per setting the
 mean ± std over its completed seeds of the reading (each run's mean of its last ``--last``
@@ -40,8 +42,10 @@ the figure has one band per setting. Runs that did not complete are named with t
 from __future__ import annotations
 
 import csv
+import fcntl
 import itertools
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -346,6 +350,60 @@ def study_in(folder: Path) -> str | None:
     return None
 
 
+def lock_holder(folder: Path) -> int | None:
+    """The PID of the process holding an ``flock`` on ``folder`` (Linux's ``/proc/locks``), or None
+    where it cannot be told."""
+    try:
+        inode = os.stat(folder).st_ino
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:  # "3: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; a waiter's has "->" after the number
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[4].isdigit() and fields[5].endswith(f":{inode}"):
+            return int(fields[4])
+    return None
+
+
+class FolderLock:
+    """A sweep's (or a search's) hold on its folder while it works in it: an exclusive ``flock`` on
+    the folder itself, as ``fedsuite.rundir.claimed`` holds a run's folder. No file is added; the
+    kernel drops it when the process ends, also on SIGKILL, so no stale lock ever blocks; the
+    processes the sweep starts do not inherit it. A second command that would work in the same
+    folder at once (two identical sweeps: both would start the same runs, each refused by the
+    other's) is refused in one line naming the holder's PID and what to do (``remedy``). A command
+    that only reads the runs (``--report``) takes no lock. Without ``flock`` (a file system that has
+    none) there is no lock, as before."""
+
+    def __init__(self, folder: Path, remedy: str) -> None:
+        self.folder, self.remedy, self.fd = folder, remedy, None
+
+    def take(self) -> None:
+        """Hold the folder if it exists and is not held yet; :class:`SweepError` if another process does."""
+        if self.fd is not None or not self.folder.is_dir():
+            return
+        fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)  # not inherited (O_CLOEXEC, PEP 446)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            pid = lock_holder(self.folder)
+            raise SweepError(f"{self.folder} is in use by another fedsuite sweep"
+                             f"{'' if pid is None else f' (PID {pid})'}: {self.remedy}") from None
+        except OSError:
+            os.close(fd)
+            return
+        self.fd = fd
+
+    def __enter__(self) -> "FolderLock":
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence[str], seeds: Sequence[int] | None,
               output_dir: Path, name: str | None, jobs: int, placement: Sequence[str], last: int,
               group_by: str | None, report_only: bool, console, retry_failed: bool = False) -> int:
@@ -354,8 +412,9 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
     ``ReproduceError``) for bad input, exit 2, before anything is written: among it a folder that
     holds a search (:func:`study_in`), and a run in the folder that is not the run asked for
     (``fedsuite.reproduce.queue.check_recorded``), also with ``--report``, which would read it as
-    the new setting's. A failed run is named at the start and left as it is, or run again with
-    ``retry_failed`` (``--retry-failed``)."""
+    the new setting's; and a folder another sweep works in (:class:`FolderLock`: two identical
+    sweeps at once would each start the other's runs, which would fail). A failed run is named at
+    the start and left as it is, or run again with ``retry_failed`` (``--retry-failed``)."""
     if jobs < 1:
         raise SweepError(f"--jobs must be at least 1, got {jobs}")
     if last < 1:
@@ -376,30 +435,41 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
     runs_config = config if stripped is None else folder / "base.toml"
     runs = plan(runs_config, base_set, grid, seed_list, folder, base=stripped)
     remedy = other_folder("another --name or --output-dir")
-    if report_only:
+    if report_only:  # reads the runs on disk, and may while a sweep runs them: it takes no lock
         check_recorded(runs, remedy)
-    else:
+        _prepare(folder, stripped, runs_config)
+        console.print(f"report -> {write_report(runs, folder, last, group_by, name)}")
+        return 0
+    with FolderLock(folder, "wait for it to end (the same command then finds its runs done), or give this one "
+                            "another --name or --output-dir") as lock:
+        lock.take()  # a folder that exists: held before the checks read its runs
         todo = pending(runs, retry_failed, remedy, placement, lambda run: f"setting {setting_label(run.setting)}")
-    # the checks above only read: a refused sweep leaves its folder as it was, to its mtime (this
-    # one makes and removes a probe folder in it)
+        _prepare(folder, stripped, runs_config, lock)
+        settings = len(runs) // len(seed_list)
+        console.print(Text.assemble((f"sweep {name}", "bold"), f": {settings} settings x {len(seed_list)} seeds = "
+                                    f"{len(runs)} runs, {completed(runs)} already done, {len(todo)} to run, {jobs} at "
+                                    f"a time -> {folder}"))
+        name_failed(runs, retry_failed, console)
+        return queue_and_report(runs, jobs, placement, console,
+                                lambda: write_report(runs, folder, last, group_by, name), retry_failed)
+
+
+def _prepare(folder: Path, stripped: dict[str, Any] | None, runs_config: Path | None,
+             lock: FolderLock | None = None) -> None:
+    """After a sweep's checks, which only read (a refused sweep leaves its folder as it was, to its
+    mtime; this makes and removes a probe folder in it): that the folder can be written, the folder
+    (held with ``lock`` once it exists: a second sweep that made it too is refused here), and its
+    ``base.toml`` (a config file's settings without its ``[sweep]`` section)."""
     problem = rundir.folder_problem(folder)
     if problem is not None:
         raise SweepError(f"--output-dir: {problem}")
+    folder.mkdir(parents=True, exist_ok=True)
+    if lock is not None:
+        lock.take()
     if stripped is not None:  # written once every setting and every run on disk have passed
         import tomli_w
 
         text = tomli_w.dumps(stripped)
-        folder.mkdir(parents=True, exist_ok=True)
         if not runs_config.is_file() or runs_config.read_text() != text:
             runs_config.write_text(text)
-    if report_only:
-        console.print(f"report -> {write_report(runs, folder, last, group_by, name)}")
-        return 0
-    settings = len(runs) // len(seed_list)
-    console.print(Text.assemble((f"sweep {name}", "bold"), f": {settings} settings x {len(seed_list)} seeds = "
-                                f"{len(runs)} runs, {completed(runs)} already done, {len(todo)} to run, {jobs} at a "
-                                f"time -> {folder}"))
-    name_failed(runs, retry_failed, console)
-    return queue_and_report(runs, jobs, placement, console,
-                            lambda: write_report(runs, folder, last, group_by, name), retry_failed)
 

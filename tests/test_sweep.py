@@ -298,3 +298,31 @@ def test_each_run_gets_the_settings_of_its_own_method(tmp_path):
         plan(None, ["fedprox.mu=0.1"], {"lr": [0.05, 0.1]}, [0], tmp_path / "d")
     assert str(exc.value) == ("--set fedprox.mu=0.1: no run of the sweep uses it (its first run: fedprox.mu is a "
                               "setting of fedprox; this run's strategy is fedavg)"), exc.value
+
+
+@pytest.mark.long
+def test_a_second_sweep_into_a_running_sweeps_folder_is_refused_naming_the_first(tmp_path):
+    """Two identical sweeps at once both started the same runs, and both exited 1 though every run
+    completed. The second is refused in one line naming the first's PID (a lock on the sweep's
+    folder, which the operating system releases when its holder ends); the first is unaffected."""
+    out = tmp_path / "out"
+    folder = (out / "twice").resolve()
+    args = _sweep("--grid", "lr=0.05", "--seeds", "0", "--set", "rounds=10", "--set", "num_clients=6", "--set",
+                  "clients_per_round=2", "--set", "batch_size=32", "--set", "faults.delay_s=1.0", "--set",
+                  f"data_root={tmp_path / 'data'}", "--output-dir", str(out), "--name", "twice", *ENGINE)
+    first = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = folder / "lr-0.05" / "s0"
+    deadline = time.monotonic() + 600  # a guard against a hang, not a timing
+    while first.poll() is None and not (run / "config.json").is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert first.poll() is None, first.stdout.read()
+    second = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=600)
+    assert first.poll() is None, "the first sweep ended before the second was refused: a slower run is needed"
+    assert second.returncode == 2 and second.stdout == "", second.stdout + second.stderr
+    assert second.stderr == (f"error: {folder} is in use by another fedsuite sweep (PID {first.pid}): wait for it to "
+                             "end (the same command then finds its runs done), or give this one another --name or "
+                             "--output-dir\n"), second.stderr
+    assert first.wait(timeout=600) == 0, first.stdout.read()
+    assert rundir.state(run) == "completed"
+    again = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=600)  # the lock went with it
+    assert again.returncode == 0 and "1 already done, 0 to run" in again.stdout, again.stdout + again.stderr

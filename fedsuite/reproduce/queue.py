@@ -136,9 +136,9 @@ def check_runs(specs: Sequence[Any], placement: Sequence[str] = (),
         for spec in specs:
             cfg = placed(spec.cfg, placement)
             hardware = ("hardware", cfg.num_cpus, cfg.num_gpus, cfg.device, cfg.ray_address)
-            data = ("data", cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True), cfg.partitioner,
-                    cfg.num_clients, cfg.seed, cfg.alpha, cfg.min_partition_size, cfg.classes_per_client,
-                    cfg.shards_per_client, cfg.partition_by, cfg.model)
+            data = ("data", cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True),
+                    cfg.partitioner, cfg.num_clients, cfg.seed, cfg.alpha, cfg.min_partition_size,
+                    cfg.classes_per_client, cfg.shards_per_client, cfg.partition_by, cfg.model)
             for key, check in ((hardware, runtime.check_hardware), (data, runtime.check_data)):
                 if key in done:
                     continue
