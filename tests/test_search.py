@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +193,66 @@ def test_a_search_that_simulate_would_refuse_is_one_line_before_anything_runs(tm
     assert res.exit_code == 2 and res.stdout == "", res.stdout + res.stderr
     assert res.stderr.startswith("error: ") and words in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
     assert not out.exists()
+
+
+@pytest.mark.long
+def test_a_failed_trial_is_one_line_naming_its_run_folder_and_why(tmp_path):
+    """A trial whose run fails (every client reply fails in round 1): one line naming the trial's
+    run folder and the reason its summary.json gives, as a grid names a failed run; no traceback
+    of Ray Tune's. The command exits 1."""
+    out = tmp_path / "out"
+    res = subprocess.run(_search("--search", "random", "--samples", "1", "--space", "faults.client_error=choice:1.0",
+                                 "--set", "rounds=1", *SMALL, "--set", f"data_root={tmp_path / 'data'}",
+                                 "--output-dir", str(out), "--name", "bad"),
+                         env=_env(), capture_output=True, text=True, timeout=900)
+    text = res.stdout + res.stderr
+    assert res.returncode == 1, text[-3000:]
+    assert "Traceback" not in text and "RuntimeError" not in text and "Error" not in text, text[-3000:]
+    (trial,) = [p for p in (out / "bad" / "trials").iterdir() if p.is_dir()]
+    failure = rundir.summary(trial)["failure"]["message"]
+    named = [line for line in text.splitlines() if failure in line]
+    assert len(named) == 1 and str(trial) in named[0], text[-3000:]
+    with (out / "bad" / "trials.csv").open() as fh:
+        (row,) = csv.DictReader(fh)
+    assert row["outcome"].startswith("failed") and failure in row["outcome"], row
+
+
+@pytest.mark.long
+def test_an_interrupted_search_exits_130_and_names_every_trial_that_did_not_complete(tmp_path):
+    """SIGINT to a random search while its first of two trials runs: the search exited 0 and its
+    report dropped the trial that never ran. Now it stops its trial's run (partial, with its
+    checkpoint: resumable), writes the report naming the interrupted trial (with the command that
+    continues its run) and the one that never started, and exits 130, as a grid does."""
+    out = tmp_path / "out"
+    folder = (out / "stop").resolve()
+    proc = subprocess.Popen(
+        _search("--search", "random", "--samples", "2", "--space", "lr=choice:0.05", "--set", "rounds=10", "--set",
+                "faults.delay_s=1.0", *SMALL, "--set", f"data_root={tmp_path / 'data'}", "--output-dir", str(out),
+                "--name", "stop"),
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # SIGINT handled as in a terminal (a process started where SIGINT is ignored inherits that)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 600  # a guard against a hang, not a timing
+    while proc.poll() is None and time.monotonic() < deadline and not any(
+            r["round"] >= 1 for p in folder.glob("trials/*/") for r in read_metrics(p, tolerant=True)):
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.stdout.read()
+    proc.send_signal(signal.SIGINT)  # by PID: the CLI only
+    text = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 130, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    with (folder / "trials.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 2, rows
+    (ran,) = [r for r in rows if r["run_dir"]]
+    (never,) = [r for r in rows if not r["run_dir"]]
+    run_dir = Path(ran["run_dir"])
+    assert rundir.state(run_dir) == "partial" and rundir.checkpointed_round(run_dir) == int(ran["rounds"]) >= 1
+    assert ran["outcome"] == f"interrupted at round {ran['rounds']} of 10", ran
+    assert never["outcome"] == "never started" and never["trial"] == "-", never
+    report = (folder / "report.md").read_text()
+    assert f"fedsuite simulate --resume --output-dir {run_dir.parent} --run-name {run_dir.name}" in report, report
+    assert "never started" in report and "interrupted at round" in report, report
 
 
 def test_a_trials_run_gets_the_settings_its_strategy_uses(tmp_path):
