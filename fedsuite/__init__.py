@@ -23,6 +23,7 @@ from fedsuite.errors import (
     ConfigError,
     DataError,
     FedsuiteError,
+    RecordError,
     ResultsError,
     RunDirError,
     RunFailed,
@@ -35,8 +36,8 @@ if TYPE_CHECKING:
 #: the names ``fedsuite.api`` provides, imported on first use
 API = ("simulate", "load_run", "load_runs", "Run", "Runs")
 
-__all__ = [*API, "ConfigError", "DataError", "FedsuiteError", "ResultsError", "RunDirError", "RunFailed",
-           "RunInterrupted"]
+__all__ = [*API, "ConfigError", "DataError", "FedsuiteError", "RecordError", "ResultsError", "RunDirError",
+           "RunFailed", "RunInterrupted"]
 
 
 def __getattr__(name: str) -> Any:

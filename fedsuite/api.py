@@ -124,7 +124,8 @@ class Run:
 
 def load_run(path: str | os.PathLike) -> Run:
     """The run in the folder ``path`` (one that holds ``config.json``), as a :class:`Run`, whatever its
-    status. A folder that is not a run, or whose files cannot be read, is a :class:`~fedsuite.ResultsError`."""
+    status. A folder that is not a run, or whose files cannot be read, is a :class:`~fedsuite.ResultsError`
+    (a :class:`~fedsuite.RecordError` for a damaged file: ``fedsuite.results.load_run``)."""
     from fedsuite import rundir
     from fedsuite.results import load_run as read_run
 
@@ -138,7 +139,7 @@ def load_run(path: str | os.PathLike) -> Run:
     status = rundir.state(run_dir)  # a folder with config.json: completed, failed or partial
     recorded = rundir.summary_status(run_dir)
     reason = recorded[1] if recorded is not None else rundir.last_line(run_dir / "error.txt")
-    return Run(run_dir, loaded["config"], metrics_frame(loaded["rows"]), rundir.summary(run_dir), status,
+    return Run(run_dir, loaded["config"], metrics_frame(loaded["rows"]), loaded["summary"], status,
                None if status == "completed" else reason or None)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import signal
 import sys
@@ -360,7 +361,8 @@ def report(
         fail(f"--last must be at least 1 (the number of final evaluations averaged per run), got {last}")
     if target is not None and not (math.isfinite(target) and 0 < target <= 100):
         fail(f"--target is a test accuracy in % (0 < target <= 100), got {target:g}")
-    missing = [str(d) for d in run_dirs if not (d / "config.json").is_file()]
+    # a config.json that is there but is a folder or a link is the record's damage: load_run names it
+    missing = [str(d) for d in run_dirs if not os.path.lexists(d / "config.json")]
     if missing:
         fail(f"not fedsuite run directories (no config.json): {', '.join(missing)}")
     try:

@@ -10,6 +10,9 @@ complete); the Python API (``fedsuite.simulate``, ``fedsuite.load_run``) raises 
     ├── DataError      the run's data is missing or cannot be partitioned as configured (``fedsuite.runtime``)
     ├── RunDirError    a run folder is in use by another fedsuite process (``fedsuite.rundir``)
     ├── ResultsError   a run folder's files cannot be read back (``fedsuite.results``)
+    │   └── RecordError    ... because they are damaged: a record file that is a link, a folder,
+    │                      unreadable, undecodable or inconsistent with the others (``fedsuite.rundir``);
+    │                      a ConfigError too, so ``--resume`` refuses it as bad input (exit 2)
     └── RunFailed      a run started but did not complete; ``run_dir`` and ``run`` say what it left
 
 :class:`RunInterrupted` is not one of them: it is a :class:`KeyboardInterrupt` (Ctrl-C, a notebook's
@@ -40,6 +43,15 @@ class RunDirError(FedsuiteError, RuntimeError):
 
 class ResultsError(FedsuiteError, ValueError):
     """A run directory's files cannot be read; the message is one line naming the file."""
+
+
+class RecordError(ConfigError, ResultsError):
+    """A run's record is damaged: one of its files (``config.json``, ``metrics.jsonl``,
+    ``checkpoint.pt``, ``summary.json``, a client-state file) is a link, a folder, unreadable, not
+    decodable or inconsistent with the others (``fedsuite.rundir.check_record``). The message is one
+    line naming the file, what is wrong with it and what the user can do. Both a
+    :class:`ConfigError` (``--resume`` refuses it before anything starts, exit 2) and a
+    :class:`ResultsError` (what the readers, ``fedsuite report`` and ``fedsuite.load_run``, raise)."""
 
 
 class RunFailed(FedsuiteError, RuntimeError):

@@ -59,27 +59,44 @@ def write_json(path: Path, data: Any) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n"))
 
 
-def read_metrics(run_dir: str | Path, tolerant: bool = False) -> list[dict[str, Any]]:
-    """The rows of ``metrics.jsonl``. A line that is not a JSON object raises :class:`ResultsError`
-    naming file and line, or is skipped with ``tolerant`` (a live run's line being written)."""
+def read_metrics(run_dir: str | Path, tolerant: bool = False, torn_tail: bool = False) -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl``. A line that is not UTF-8 text holding a JSON object with an
+    integer ``round`` raises :class:`ResultsError` naming file and line, or is skipped with
+    ``tolerant`` (a live run's line being written). ``torn_tail``: a last line without its newline
+    that a kill in the middle of an append can have left (:func:`torn_row`) is skipped; anything
+    else there is damage as in any line."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        if tolerant:
+            return []
+        raise ResultsError(f"{path} cannot be read ({exc.strerror})") from None
+    lines = data.split(b"\n")  # the last item: what follows the last newline (b"" in a whole file)
     rows = []
-    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line.decode("utf-8"))
             if not isinstance(row, dict) or not isinstance(row.get("round"), int):
                 raise ValueError("not a metrics row (a JSON object with an integer 'round')")
-        except ValueError as exc:
-            if tolerant:
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError too
+            if tolerant or (torn_tail and number == len(lines) and torn_row(line)):
                 continue
             raise ResultsError(f"{path}, line {number}: not a valid metrics row, the file is truncated or "
                                f"corrupt ({exc})") from None
         rows.append(row)
     return rows
+
+
+def torn_row(tail: bytes) -> bool:
+    """Whether ``tail``, a last line without its newline, can be the start of a row that a kill cut
+    short: the recorder writes each row as ASCII JSON (``json.dumps``: every other character is
+    escaped), starting with ``{``."""
+    return tail[:1] == b"{" and all(32 <= b < 127 for b in tail)
 
 
 def evaluations(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
@@ -120,18 +137,35 @@ def run_value(evals: Sequence[tuple[int, float]], metric: str, last: int = 1,
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:
+    """A run folder's ``config.json``, ``metrics.jsonl`` rows and ``summary.json`` ({} without one),
+    as ``fedsuite report`` and ``fedsuite.load_run`` read it. Each file is checked as it is read
+    (``fedsuite.rundir``: not a link, a folder or unreadable; decodable; one metrics row per round
+    from round 0, in order; a summary whose rounds are the metrics'): a damaged one is a
+    :class:`~fedsuite.errors.RecordError` (a :class:`ResultsError`) naming it, in one line."""
+    from fedsuite import rundir
+
     config_path = run_dir / "config.json"
-    if not config_path.is_file():
+    if not os.path.lexists(config_path):
         raise ResultsError(f"{run_dir} is not a fedsuite run directory (no config.json)")
+    rundir.record_file(config_path)
     try:
-        config = json.loads(config_path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise rundir.damaged(None, f"{config_path} cannot be read ({exc.strerror})", rundir.READ_REMEDY) from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise ResultsError(f"{config_path} is not valid JSON ({exc})") from None
     needed = ("strategy", "model", "dataset", "partitioner")
     missing = [k for k in needed if not isinstance(config, dict) or k not in config]
     if missing:
         raise ResultsError(f"{config_path} is not a fedsuite run config: it lacks {', '.join(missing)}")
-    return {"dir": run_dir, "config": config, "rows": read_metrics(run_dir)}
+    summary = rundir.recorded_summary(run_dir)
+    rows = rundir.recorded_rows(run_dir) or []
+    if summary is not None:
+        problem = rundir.summary_mismatch(run_dir, summary, rows[-1]["round"] if rows else -1,
+                                          run_dir / "metrics.jsonl")
+        if problem is not None:
+            raise rundir.damaged(None, problem, rundir.READ_REMEDY)
+    return {"dir": run_dir, "config": config, "rows": rows, "summary": summary or {}}
 
 
 #: config keys that do not define a setting: runs differing only in these are seeds of one setting

@@ -5,7 +5,10 @@ the states of :func:`state`. The CLI, the launcher, ``reproduce`` and ``report``
 through this module: whether a run finished (:func:`summary_status`), how many rounds it has done
 (:func:`checkpointed_round`, :func:`rounds_done`), what its summary says (:func:`summary`) and
 why it failed (:func:`why_incomplete`, :func:`flower_log_reason`), whether a command may continue
-it (:func:`check_resumable`, :func:`recorded_config`, :func:`resume_config`), whether it is the
+it (:func:`check_resumable`, :func:`recorded_config`, :func:`resume_config`), whether its record
+is whole (:func:`check_record`: no file of it a link, a folder, unreadable, undecodable or
+inconsistent with the others; the readers check what they read: :func:`recorded_summary`,
+:func:`recorded_rows`), whether it is the
 run a queue asks for (:func:`config_mismatch`), whether it is the debris of a start-up
 (:func:`start_debris`), who holds it (:func:`claimed`), and whether a folder can take a run at all
 (:func:`folder_problem`). The parent-death watcher (``fedsuite.reaper``)
@@ -18,8 +21,10 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from fedsuite.errors import RunDirError
+from fedsuite.errors import RecordError, RunDirError
 from fedsuite.processes import marked
 
 if TYPE_CHECKING:
@@ -138,16 +143,17 @@ def rounds_done(run_dir: Path) -> int:
 
 
 def check_resumable(cfg: BaseRunConfig, run_dir: Path) -> int:
-    """A run directory that already holds a run is continued only with a config its record allows
-    (``fedsuite.config.check_resume``); raises ``ConfigError`` otherwise, having written nothing.
-    Returns the rounds the run has done (0 for a directory without a run)."""
-    record = run_dir / "config.json"
-    if not record.is_file():
+    """A run directory that already holds a run is continued only from a whole record
+    (:func:`check_record`) and with a config its record allows (``fedsuite.config.check_resume``);
+    raises ``ConfigError`` (a :class:`~fedsuite.errors.RecordError` for a damaged record)
+    otherwise, having written nothing. Returns the rounds the run has done (0 for a directory
+    without a run)."""
+    if not os.path.lexists(run_dir / "config.json"):
         return 0
     from fedsuite.config import check_resume
 
-    done = checkpointed_round(run_dir)
-    check_resume(recorded_config(run_dir), cfg, done)
+    recorded, done = check_record(run_dir)
+    check_resume(recorded, cfg, done)
     return done
 
 
@@ -164,7 +170,7 @@ def resume_config(given: BaseRunConfig, config: Path | None, set_: list[str], va
     if given.run_name is None:
         raise ConfigError("--resume needs the run's --run-name (and --output-dir, if not the default)")
     run_dir = default_run_dir(given)
-    if not (run_dir / "config.json").is_file():
+    if not os.path.lexists(run_dir / "config.json"):  # a config.json that is a folder or a link is damage
         if start_debris(run_dir):  # killed before it recorded its config: start it anew
             return given
         raise ConfigError(f"--resume: {run_dir} holds no run to continue (no config.json)")
@@ -181,6 +187,7 @@ def recorded_config(run_dir: Path, who: str = "--resume") -> dict[str, Any]:
     from fedsuite.config import ConfigError, validate
 
     record = run_dir / "config.json"
+    record_file(record, who, RESUME_REMEDY)
     try:
         recorded = json.loads(record.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError and UnicodeDecodeError
@@ -203,9 +210,10 @@ def config_mismatch(run_dir: Path, cfg: BaseRunConfig, who: str = "a queued run"
 
     A folder without ``config.json`` (``new``; ``debris``: a run killed in its first seconds,
     before the ServerApp recorded its config) records no run and differs from nothing: a queue
-    starts the run in it as before. An unreadable record is a ``ConfigError`` naming the file
-    (``who`` starts its line)."""
-    if not (run_dir / "config.json").is_file():
+    starts the run in it as before. An unreadable record (a ``config.json`` that is a link or a
+    folder too: :func:`recorded_config`) is a ``ConfigError`` naming the file (``who`` starts its
+    line)."""
+    if not os.path.lexists(run_dir / "config.json"):
         return []
     from fedsuite.config import ConfigError, config_differences
 
@@ -217,22 +225,250 @@ def config_mismatch(run_dir: Path, cfg: BaseRunConfig, who: str = "a queued run"
     return [f"{key}: recorded {json.dumps(old)}, asked {json.dumps(new)}" for key, old, new in changed]
 
 
-def checkpointed_round(run_dir: Path) -> int:
-    """The last round ``<run>/checkpoint.pt`` holds (0 without one); a checkpoint that cannot be
-    read (truncated, empty, not torch's format) is a ``ConfigError`` naming it, in one line."""
+def checkpointed_round(run_dir: Path, who: str = "--resume") -> int:
+    """The last round ``<run>/checkpoint.pt`` holds (0 without one); a checkpoint that is a link, a
+    folder or cannot be read (truncated, empty, not torch's format) is a
+    :class:`~fedsuite.errors.RecordError` naming it, in one line."""
     import torch
 
-    from fedsuite.config import ConfigError
-
     ckpt = run_dir / "checkpoint.pt"
-    if not ckpt.is_file():
+    if not record_file(ckpt, who, RESUME_REMEDY):
         return 0
     try:
-        return int(torch.load(ckpt, weights_only=False)["round"])
+        done = torch.load(ckpt, weights_only=False)["round"]
+        if isinstance(done, bool) or not hasattr(done, "__index__") or int(done) < 0:
+            raise ValueError(f"its round is {done!r}, not a round")
+        return int(done)
     except Exception as exc:  # EOFError, UnpicklingError, RuntimeError (zip), KeyError, ...
         reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-        raise ConfigError(f"--resume: {ckpt} cannot be read ({reason}); the run cannot continue from it "
-                          "(start it anew under another --run-name)") from None
+        raise damaged(who, f"{ckpt} cannot be read ({reason})", RESUME_REMEDY) from None
+
+
+# ------------------------------------------------------------------------------------------------
+# a run's record is whole: every file of it fedsuite's own, readable and consistent with the others
+# ------------------------------------------------------------------------------------------------
+
+#: what ``--resume`` tells the user to do about a damaged record
+RESUME_REMEDY = ("the run cannot continue from a damaged record: put the run's own file back (from a copy of "
+                 "the run), or start the run anew under another --run-name")
+
+#: what a reader (``fedsuite report``, ``fedsuite.load_run``) tells the user to do about one
+READ_REMEDY = "the run's record is damaged: put the run's own file back (from a copy of the run), or leave the run out"
+
+
+def damaged(who: str | None, problem: str, remedy: str) -> RecordError:
+    """The one line of a damaged record: ``who: problem; remedy`` (``who``: the command, if any)."""
+    return RecordError(f"{who + ': ' if who else ''}{problem}; {remedy}")
+
+
+def record_file(path: Path, who: str | None = None, remedy: str = READ_REMEDY, folder: bool = False) -> bool:
+    """Whether the record file ``path`` (a folder, with ``folder``: ``client-state/``) is there
+    (False: it is not). One that is there but is a symbolic link, a folder where a file belongs (or
+    a file where a folder does), not a regular file, or not readable by this user is a
+    :class:`~fedsuite.errors.RecordError`: fedsuite writes each of them itself, in place, so none of
+    these is the run's own (and a link, or a device such as ``/dev/zero``, is never read)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise damaged(who, f"{path} cannot be read ({exc.strerror})", remedy) from None
+    kind = "folder" if folder else "file"
+    if stat.S_ISLNK(info.st_mode):
+        raise damaged(who, f"{path} is a symbolic link (to {os.readlink(path)}), not the {kind} the run wrote",
+                      remedy)
+    if folder != stat.S_ISDIR(info.st_mode):
+        raise damaged(who, f"{path} is a {'file' if folder else 'folder'}, not a {kind}", remedy)
+    if not folder and not stat.S_ISREG(info.st_mode):
+        raise damaged(who, f"{path} is not a regular file (a device, a pipe or a socket)", remedy)
+    if not os.access(path, os.R_OK | (os.X_OK if folder else 0)):
+        raise damaged(who, f"{path} cannot be read (permission denied)", remedy)
+    return True
+
+
+def recorded_summary(run_dir: Path, who: str | None = None, remedy: str = READ_REMEDY) -> dict[str, Any] | None:
+    """A run's ``summary.json`` (None without one), checked: UTF-8 JSON, an object with the
+    ``status`` the run ended with; else a :class:`~fedsuite.errors.RecordError` naming it.
+    (:func:`summary` is the lenient reading of a live run.)"""
+    path = run_dir / "summary.json"
+    if not record_file(path, who, remedy):
+        return None
+    try:
+        ours = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise damaged(who, f"{path} cannot be read ({exc.strerror})", remedy) from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise damaged(who, f"{path} cannot be read as JSON ({exc})", remedy) from None
+    if not isinstance(ours, dict):
+        raise damaged(who, f"{path} holds {type(ours).__name__}, not a run's summary", remedy)
+    if ours.get("status") not in ("completed", "failed"):
+        raise damaged(who, f"{path} records no outcome (status {ours.get('status')!r}, not completed or failed)",
+                      remedy)
+    done = ours.get("rounds_completed")
+    if done is not None and (not isinstance(done, int) or isinstance(done, bool) or done < 0):
+        raise damaged(who, f"{path} records {done!r} rounds completed, not a count", remedy)
+    return ours
+
+
+def recorded_rows(run_dir: Path, who: str | None = None, remedy: str = READ_REMEDY,
+                  torn_tail: bool = False) -> list[dict[str, Any]] | None:
+    """A run's ``metrics.jsonl`` rows (None without the file), checked: every line UTF-8 JSON (a
+    torn last line, with ``torn_tail``, skipped: ``fedsuite.results.read_metrics``), one row per
+    round from round 0, in order; else a :class:`~fedsuite.errors.RecordError` naming it."""
+    from fedsuite.errors import ResultsError
+    from fedsuite.results import read_metrics
+
+    path = run_dir / "metrics.jsonl"
+    if not record_file(path, who, remedy):
+        return None
+    try:
+        rows = read_metrics(run_dir, torn_tail=torn_tail)
+    except ResultsError as exc:
+        raise damaged(who, str(exc), remedy) from None
+    for expected, row in enumerate(rows):
+        if row["round"] != expected:
+            where = f"starts at round {row['round']}, not round 0" if expected == 0 else \
+                f"round {row['round']} follows round {expected - 1}"
+            raise damaged(who, f"{path}: {where} (one row per round, from round 0, in order)", remedy)
+    return rows
+
+
+def summary_mismatch(run_dir: Path, summary: dict[str, Any], last: int, against: Path) -> str | None:
+    """Why ``summary`` (``summary.json``) does not match the run's last round ``last`` as
+    ``against`` holds it, or None if it does. ``summary.json``'s ``rounds_completed`` is the last
+    round of the metrics it was made from (0 without rows). Against ``metrics.jsonl`` (``last``:
+    its last row's round, -1 without rows) that is the same round. Against ``checkpoint.pt`` (the
+    round it holds, 0 without one) a completed run's is the same round (it ends with its
+    checkpoint and that row); a failed one's may be a round either side (a failure between a
+    checkpoint and its row, or a resume that failed before it rewound its metrics to the
+    checkpoint: :func:`check_record` bounds the rows by the checkpoint's round already)."""
+    done = summary.get("rounds_completed")
+    if done is None:
+        return None
+    checkpoint = against.name == "checkpoint.pt"
+    ok = {last, max(last, 0)}
+    if checkpoint and summary["status"] == "failed":
+        ok |= {last - 1, last + 1}
+    if done in ok:
+        return None
+    holds = (f"{against} holds round {last}" if checkpoint else
+             f"{against} ends at round {last}" if last >= 0 else f"{against} has no row")
+    verb = "completed" if summary["status"] == "completed" else "failed after"
+    return f"{run_dir / 'summary.json'} says the run {verb} {done} rounds, but {holds}"
+
+
+def check_record(run_dir: Path, who: str = "--resume") -> tuple[dict[str, Any], int]:
+    """What ``--resume`` checks before anything starts or is written: the run's record is whole.
+    Returns its ``config.json`` (:func:`recorded_config`) and the round its checkpoint holds (0
+    without one); raises a :class:`~fedsuite.errors.RecordError`, one line naming the file, if any
+    file of it is a link, a folder, unreadable, undecodable, or inconsistent with the others:
+
+    * ``config.json`` a run's config (:func:`recorded_config`), ``summary.json`` (if any) a run's
+      outcome (:func:`recorded_summary`), ``checkpoint.pt`` (if any) a checkpoint
+      (:func:`checkpointed_round`); ``metrics.jsonl`` one row per round from round 0, in order
+      (:func:`recorded_rows`), where only a last line without its newline that a kill in the
+      middle of an append can have left is no damage (a run without ``summary.json``: the
+      resume rewrites the file to end with the checkpoint's row);
+    * the metrics hold every round before the checkpoint's (a kill between the checkpoint and its
+      row leaves that row out), and at most one after it (a row whose checkpoint never came);
+      without a checkpoint, none after round 1; ``summary.json``'s rounds are the checkpoint's;
+    * ``client-state/`` (:func:`check_client_state`): every file readable, and each client that
+      trained in a committed round (the metrics' cohorts) holds each piece of state the run keeps.
+    """
+    recorded = recorded_config(run_dir, who)
+    summary = recorded_summary(run_dir, who, RESUME_REMEDY)
+    done = checkpointed_round(run_dir, who)
+    ckpt, metrics = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
+    rows = recorded_rows(run_dir, who, RESUME_REMEDY, torn_tail=summary is None)
+    last = rows[-1]["round"] if rows else -1
+    problem = None
+    if os.path.lexists(ckpt):
+        if rows is None:
+            problem = f"{metrics} is missing, but {ckpt} holds round {done}"
+        elif not rows and done > 0:
+            problem = f"{metrics} has no row, but {ckpt} holds round {done}"
+        elif last < done - 1:
+            problem = (f"{metrics} ends at round {last}, but {ckpt} holds round {done} (the rows of rounds "
+                       f"{last + 1} to {done - 1} are missing)")
+        elif last > done + 1:
+            problem = f"{metrics} has rows up to round {last}, but {ckpt} holds round {done}"
+    elif last > 1:
+        problem = f"{ckpt} is missing, but {metrics} has rows up to round {last}"
+    if problem is None and summary is not None:
+        problem = summary_mismatch(run_dir, summary, done, ckpt)
+    if problem is not None:
+        raise damaged(who, problem, RESUME_REMEDY)
+    check_client_state(run_dir, rows or [], done, who)
+    return recorded, done
+
+
+def check_client_state(run_dir: Path, rows: list[dict[str, Any]], done: int, who: str = "--resume") -> None:
+    """``<run>/client-state`` (``fedsuite.state``: ``client-<id>/<name>.r<round>.<pt|json>``) is
+    whole for a resume from round ``done`` (``rows``: the run's metrics): a real folder of real
+    folders and files, each file readable (a ``.pt`` torch's zip, a ``.json`` JSON), and each
+    client that trained in a round up to ``done`` (in a row's ``cohort``, not ``dropped``) holds
+    a version of a round up to ``done`` of every name the run's clients keep (after round t is
+    checkpointed a client keeps its newest such version: ``fedsuite.state.prune_committed``). A
+    client without one would start afresh, and the resumed run would differ from the run never
+    interrupted. A run whose clients keep no state has no such folder, and a SuperNode's state
+    lives on the SuperNode (its ``state-dir``), not here."""
+    from fedsuite.state import VERSIONED
+
+    root = run_dir / "client-state"
+    if not record_file(root, who, RESUME_REMEDY, folder=True):
+        return
+    held: dict[int, set[tuple[str, str]]] = {}  # partition id -> names with a version of a round <= done
+    names: set[tuple[str, str]] = set()
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        pid = entry.name[len("client-"):]
+        if not (entry.name.startswith("client-") and pid.isdigit()):
+            continue
+        folder = root / entry.name
+        record_file(folder, who, RESUME_REMEDY, folder=True)
+        mine = held.setdefault(int(pid), set())
+        for item in sorted(os.scandir(folder), key=lambda e: e.name):
+            version = VERSIONED.match(item.name)
+            if version is None:  # a write a kill cut short (.<name>.tmp<pid>), or not fedsuite's
+                continue
+            path = folder / item.name
+            record_file(path, who, RESUME_REMEDY)
+            readable_state(path, version["ext"], who)
+            if int(version["round"]) <= done:
+                mine.add((version["name"], version["ext"]))
+                names.add((version["name"], version["ext"]))
+    if not names:
+        return
+    for row in rows:
+        if not 1 <= row["round"] <= done:
+            continue
+        left_out = {str(pid) for pid in row.get("dropped") or []} | set(row.get("failure_reasons") or {})
+        for pid in row.get("cohort") or []:
+            if str(pid) in left_out or not isinstance(pid, int):
+                continue
+            lacking = sorted(name for name, ext in names - held.get(pid, set()))
+            if lacking:
+                folder = root / f"client-{pid}"
+                what = f"holds no {lacking[0]!r} state of round {done} or earlier" if pid in held else "is missing"
+                raise damaged(who, f"{folder} {what}, but {run_dir / 'metrics.jsonl'} has client {pid} training in "
+                              f"round {row['round']} (it would start afresh, and the resumed run would differ from "
+                              "the run never interrupted)", RESUME_REMEDY)
+
+
+def readable_state(path: Path, ext: str, who: str) -> None:
+    """A client-state file is what ``fedsuite.state`` writes: a ``.pt`` torch's zip format (its
+    directory read, not its arrays: a resume of a large run must not load every client's state),
+    a ``.json`` a JSON object."""
+    try:
+        if ext == "pt":
+            with zipfile.ZipFile(path) as archive:
+                if not archive.namelist():
+                    raise ValueError("an empty archive")
+        else:
+            if not isinstance(json.loads(path.read_text(encoding="utf-8")), dict):
+                raise ValueError("not a JSON object")
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+        raise damaged(who, f"{path} cannot be read ({exc.__class__.__name__}: {reason})", RESUME_REMEDY) from None
 
 
 #: what ``fedsuite.launch.simulate`` writes into a run directory before the ServerApp records the run's

@@ -34,7 +34,9 @@ from typing import Any, Iterable
 import torch
 from flwr.app import Context
 
-_VERSION = re.compile(r"^(?P<name>.+)\.r(?P<round>\d+)\.(?P<ext>pt|json)$")
+#: a versioned state file's name: ``<name>.r<round>.<pt|json>`` (``fedsuite.rundir.check_client_state``
+#: reads a run's client state by it too)
+VERSIONED = _VERSION = re.compile(r"^(?P<name>.+)\.r(?P<round>\d+)\.(?P<ext>pt|json)$")
 _VALUES = "values"
 
 

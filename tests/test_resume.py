@@ -43,6 +43,7 @@ import tomli_w
 import torch
 from typer.testing import CliRunner
 
+import fedsuite
 from fedsuite import cli, launch, rundir
 from fedsuite.config import ConfigError, apply_override, build_config
 from fedsuite.processes import process_tree
@@ -310,6 +311,145 @@ def test_an_unreadable_record_is_one_line_on_resume(damage, simulate, tmp_path):
     assert f"{damaged[0]} {words}" in res.output.replace("\n", "") and "Aborted" not in res.output, res.output
     assert len(res.output.strip().splitlines()) <= 3, res.output  # one message, maybe wrapped
     assert _snapshot(run_dir) == before
+
+
+def _first_state_file(run_dir: Path) -> Path:
+    return min(_state_files(run_dir))
+
+
+def _link_elsewhere(run_dir: Path, path: Path) -> None:
+    """``path`` moved out of the run's folder, a symbolic link to it left in its place."""
+    elsewhere = run_dir.parent / f"elsewhere-{path.name}"
+    shutil.move(path, elsewhere)
+    path.symlink_to(elsewhere)
+
+
+def _append(run_dir: Path, data: bytes) -> None:
+    with (run_dir / "metrics.jsonl").open("ab") as f:
+        f.write(data)
+
+
+def _cut_last_row(run_dir: Path, tail: bytes) -> None:
+    """``metrics.jsonl`` with its last row replaced by ``tail`` (no newline): a kill mid-append."""
+    path = run_dir / "metrics.jsonl"
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:-1]) + tail)
+
+
+#: issue 42's damaged records (a hostile tester's, then the class): damage done to a copy of a
+#: finished SCAFFOLD run -> (the file the line must name, words it must say)
+DAMAGED = {
+    "checkpoint-a-link-to-dev-zero": (
+        lambda d: ((d / "checkpoint.pt").unlink(), (d / "checkpoint.pt").symlink_to("/dev/zero")),
+        "checkpoint.pt", "is a symbolic link (to /dev/zero)"),
+    "checkpoint-a-folder": (
+        lambda d: ((d / "checkpoint.pt").unlink(), (d / "checkpoint.pt").mkdir()), "checkpoint.pt", "is a folder"),
+    "checkpoint-of-an-earlier-round": (
+        lambda d: torch.save({**torch.load(d / "checkpoint.pt", weights_only=False), "round": 3}, d / "checkpoint.pt"),
+        "metrics.jsonl", "has rows up to round 6, but"),
+    "checkpoint-deleted": (lambda d: (d / "checkpoint.pt").unlink(), "checkpoint.pt", "is missing, but"),
+    "metrics-deleted": (lambda d: (d / "metrics.jsonl").unlink(), "metrics.jsonl", "is missing, but"),
+    "metrics-emptied": (lambda d: (d / "metrics.jsonl").write_bytes(b""), "metrics.jsonl", "has no row, but"),
+    "metrics-a-row-deleted": (
+        lambda d: (d / "metrics.jsonl").write_bytes(b"".join(
+            line for line in (d / "metrics.jsonl").read_bytes().splitlines(keepends=True) if b'"round": 3,' not in line)),
+        "metrics.jsonl", "round 4 follows round 2"),
+    "metrics-not-utf8": (lambda d: _append(d, b"\xff\xfe\n"),
+                         "metrics.jsonl", "line 8: not a valid metrics row"),
+    "metrics-not-utf8-unterminated": (lambda d: _append(d, b"\xff\xfe"),
+                                      "metrics.jsonl", "line 8: not a valid metrics row"),
+    "metrics-not-json": (lambda d: _append(d, b"hello\n"),
+                         "metrics.jsonl", "line 8: not a valid metrics row"),
+    "metrics-torn-but-not-by-fedsuite": (  # a partial run (no summary) whose last line no append could have left
+        lambda d: ((d / "summary.json").unlink(), _cut_last_row(d, b'{"round": 6, "te\xc3\xa9')),
+        "metrics.jsonl", "line 7: not a valid metrics row"),
+    "metrics-a-link": (lambda d: _link_elsewhere(d, d / "metrics.jsonl"), "metrics.jsonl", "is a symbolic link"),
+    "summary-a-folder": (lambda d: ((d / "summary.json").unlink(), (d / "summary.json").mkdir()),
+                         "summary.json", "is a folder"),
+    "summary-not-json": (lambda d: (d / "summary.json").write_bytes(b"\x00\x01 not json"),
+                         "summary.json", "cannot be read as JSON"),
+    "summary-of-another-round": (
+        lambda d: (d / "summary.json").write_text(json.dumps({**json.loads((d / "summary.json").read_text()),
+                                                              "rounds_completed": 4})),
+        "summary.json", "says the run completed 4 rounds, but"),
+    "config-a-link": (lambda d: _link_elsewhere(d, d / "config.json"), "config.json", "is a symbolic link"),
+    "config-a-folder": (lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()),
+                        "config.json", "is a folder"),
+    "client-state-deleted": (lambda d: _first_state_file(d).unlink(), "client-state/client-",
+                             "holds no 'scaffold-ci' state of round 6 or earlier, but"),
+    "client-state-of-a-client-deleted": (lambda d: shutil.rmtree(_first_state_file(d).parent),
+                                         "client-state/client-", "is missing, but"),
+    "client-state-truncated": (
+        lambda d: _first_state_file(d).write_bytes(_first_state_file(d).read_bytes()[:100]),
+        "client-state/client-", "cannot be read"),
+    "client-state-a-link": (lambda d: _link_elsewhere(d, _first_state_file(d)), "client-state/client-",
+                            "is a symbolic link"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED))
+def test_a_damaged_record_is_one_line_on_resume_and_nothing_is_touched(damage, simulate, tmp_path):
+    """Issue 42: a checkpoint replaced by a link to /dev/zero was silently re-run from round 0 (every
+    file rewritten); a deleted metrics.jsonl or client-state file made the resume diverge; bytes
+    that are not UTF-8 in metrics.jsonl failed every resume after it had started (exit 1); a
+    summary.json that is a folder was a 693-line traceback. Any record file that is a link, a
+    folder, undecodable or inconsistent with the others is now one line naming it, exit code 2,
+    before anything starts, and the run is left as it was."""
+    done = simulate(rounds=ROUNDS, **METHODS["scaffold"])
+    run_dir = tmp_path / "runs" / "copy"
+    shutil.copytree(done.run_dir, run_dir, ignore=shutil.ignore_patterns(".flwr"))
+    do, name, words = DAMAGED[damage]
+    do(run_dir)
+    before = _snapshot(run_dir)
+    listing = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
+    res = CliRunner().invoke(cli.app, ["simulate", "--output-dir", str(run_dir.parent), "--run-name", "copy",
+                                       "--resume", "--rounds", str(ROUNDS + 2)])
+    text = res.output.replace("\n", "")
+    assert res.exit_code == 2, res.output
+    assert text.startswith("error: --resume: ") and f"{run_dir}/{name}" in text and words in text, res.output
+    assert "another --run-name" in text, res.output  # what the user can do
+    assert len(res.output.strip().splitlines()) <= 3 and "Traceback" not in res.output, res.output
+    assert _snapshot(run_dir) == before
+    assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) == listing  # nothing made or removed
+    # the Python entry point refuses the same way
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        fedsuite.simulate(resume=True, output_dir=run_dir.parent, run_name="copy", rounds=ROUNDS + 2, progress=False)
+    assert _snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize("damage", ["metrics-not-utf8", "metrics-a-link", "summary-a-folder", "summary-not-json",
+                                    "summary-of-another-round", "config-a-link", "config-a-folder",
+                                    "metrics-a-row-deleted"])
+def test_a_damaged_record_is_one_line_to_its_readers(damage, simulate, tmp_path):
+    """``fedsuite report`` and ``fedsuite.load_run`` refuse the damage of the files they read
+    (config.json, metrics.jsonl, summary.json) the same way: one line naming the file, exit code 2."""
+    done = simulate(rounds=ROUNDS, **METHODS["scaffold"])
+    run_dir = tmp_path / "runs" / "copy"
+    shutil.copytree(done.run_dir, run_dir, ignore=shutil.ignore_patterns(".flwr"))
+    do, name, words = DAMAGED[damage]
+    do(run_dir)
+    res = CliRunner().invoke(cli.app, ["report", str(run_dir), "--output-dir", str(tmp_path / "report")])
+    text = res.output.replace("\n", "")
+    assert res.exit_code == 2, res.output
+    assert f"{run_dir}/{name}" in text and words in text and "Traceback" not in res.output, res.output
+    assert not (tmp_path / "report").exists()
+    with pytest.raises(fedsuite.ResultsError, match=re.escape(words)):
+        fedsuite.load_run(run_dir)
+
+
+def test_a_torn_last_metrics_line_is_no_damage(simulate, tmp_path):
+    """A kill in the middle of appending a round's row leaves that row without its newline: the
+    one thing in metrics.jsonl that is not damage. ``--resume`` continues the run (the checkpoint
+    holds that row), and it ends as the uninterrupted run."""
+    done = simulate(rounds=ROUNDS, **METHODS["scaffold"])
+    run_dir = tmp_path / "runs" / "copy"
+    shutil.copytree(done.run_dir, run_dir, ignore=shutil.ignore_patterns(".flwr"))
+    (run_dir / "summary.json").unlink()  # killed before its end
+    _cut_last_row(run_dir, (run_dir / "metrics.jsonl").read_bytes().splitlines()[-1][:40])
+    res = CliRunner().invoke(cli.app, ["simulate", "--output-dir", str(run_dir.parent), "--run-name", "copy",
+                                       "--resume"])
+    assert res.exit_code == 0, res.output
+    got = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
+    assert got == done.metrics_without_time()
 
 
 def test_resume_needs_a_run_to_continue(tmp_path):
