@@ -312,7 +312,7 @@ def partition(
     from fedsuite import runtime
     from fedsuite.config import ConfigError, build_config
     from fedsuite.data import label_histogram
-    from fedsuite.plots import plot_partition
+    from fedsuite.plots import PARTITION_BARS_MAX, plot_partition
 
     values = _common_values(dataset=dataset, partitioner=partitioner, alpha=alpha,
                             classes_per_client=classes_per_client, num_clients=num_clients, seed=seed)
@@ -341,6 +341,9 @@ def partition(
     console.print(f"clients: {len(parts)}  sizes min/median/max: {sizes.min()}/{int(np.median(sizes))}/{sizes.max()}")
     out.parent.mkdir(parents=True, exist_ok=True)
     plot_partition(hist, out, title=f"{cfg.dataset} {cfg.partitioner} (N={cfg.num_clients})")
+    if len(parts) > PARTITION_BARS_MAX:  # bars of so many clients took minutes to draw, and showed nothing
+        console.print(f"the plot shows {len(parts)} clients as a heatmap of their class shares, ordered by their "
+                      f"main class (bars up to {PARTITION_BARS_MAX} clients)")
     console.print(f"plot -> {out}")
 
 
