@@ -232,7 +232,8 @@ def test_the_rule_a_config_file_holds_defaults_a_setting_is_the_runs_own(tmp_pat
     assert resolve_config(None, ["strategy=fedprox", "fedprox.mu=0.1"], {}).fedprox.mu == 0.1
     assert resolve_config(None, [], {"strategy": "fedprox", "fedprox": {"mu": 0.1}}).fedprox.mu == 0.1
     # a plug-in the run switches on, by its own setting (--relaxed-init) or by its method (fedinit)
-    assert resolve_config(None, ["relaxed_init.storage=server-state"], {"relaxed_init.beta": 0.1}).relaxed_init.beta == 0.1
+    on = resolve_config(None, ["relaxed_init.storage=server-state"], {"relaxed_init.beta": 0.1})
+    assert on.relaxed_init.beta == 0.1
     assert resolve_config(None, ["strategy=fedinit", "relaxed_init.storage=server-state"], {}).strategy == "fedinit"
     assert resolve_config(None, ["strategy=fednlr", "neuron_lr.stats_batch_size=100"], {}).strategy == "fednlr"
     for overrides, values, error in (
