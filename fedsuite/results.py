@@ -35,10 +35,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from fedsuite import rundir
 from fedsuite.config import RESUME_MUTABLE, flat_config
 from fedsuite.errors import ResultsError
 from fedsuite.plots import has_pool_diagnostics, plot_groups, plot_pool_diagnostics
 from fedsuite.provenance import report_lines, run_summaries
+from fedsuite.rundir import read_metrics  # noqa: F401  (the readers' one import: fedsuite.results.read_metrics)
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
@@ -57,46 +59,6 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n"))
-
-
-def read_metrics(run_dir: str | Path, tolerant: bool = False, torn_tail: bool = False) -> list[dict[str, Any]]:
-    """The rows of ``metrics.jsonl``. A line that is not UTF-8 text holding a JSON object with an
-    integer ``round`` raises :class:`ResultsError` naming file and line, or is skipped with
-    ``tolerant`` (a live run's line being written). ``torn_tail``: a last line without its newline
-    that a kill in the middle of an append can have left (:func:`torn_row`) is skipped; anything
-    else there is damage as in any line."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        if tolerant:
-            return []
-        raise ResultsError(f"{path} cannot be read ({exc.strerror})") from None
-    lines = data.split(b"\n")  # the last item: what follows the last newline (b"" in a whole file)
-    rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line.decode("utf-8"))
-            if not isinstance(row, dict) or not isinstance(row.get("round"), int):
-                raise ValueError("not a metrics row (a JSON object with an integer 'round')")
-        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError too
-            if tolerant or (torn_tail and number == len(lines) and torn_row(line)):
-                continue
-            raise ResultsError(f"{path}, line {number}: not a valid metrics row, the file is truncated or "
-                               f"corrupt ({exc})") from None
-        rows.append(row)
-    return rows
-
-
-def torn_row(tail: bytes) -> bool:
-    """Whether ``tail``, a last line without its newline, can be the start of a row that a kill cut
-    short: the recorder writes each row as ASCII JSON (``json.dumps``: every other character is
-    escaped), starting with ``{``."""
-    return tail[:1] == b"{" and all(32 <= b < 127 for b in tail)
 
 
 def evaluations(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
@@ -142,8 +104,6 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     (``fedsuite.rundir``: not a link, a folder or unreadable; decodable; one metrics row per round
     from round 0, in order; a summary whose rounds are the metrics'): a damaged one is a
     :class:`~fedsuite.errors.RecordError` (a :class:`ResultsError`) naming it, in one line."""
-    from fedsuite import rundir
-
     config_path = run_dir / "config.json"
     if not os.path.lexists(config_path):
         raise ResultsError(f"{run_dir} is not a fedsuite run directory (no config.json)")

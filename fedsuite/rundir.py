@@ -32,11 +32,51 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from fedsuite.errors import RecordError, RunDirError
+from fedsuite.errors import RecordError, ResultsError, RunDirError
 from fedsuite.processes import marked
 
 if TYPE_CHECKING:
     from fedsuite.config import BaseRunConfig
+
+
+def read_metrics(run_dir: str | Path, tolerant: bool = False, torn_tail: bool = False) -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl``. A line that is not UTF-8 text holding a JSON object with an
+    integer ``round`` raises :class:`ResultsError` naming file and line, or is skipped with
+    ``tolerant`` (a live run's line being written). ``torn_tail``: a last line without its newline
+    that a kill in the middle of an append can have left (:func:`torn_row`) is skipped; anything
+    else there is damage as in any line."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        if tolerant:
+            return []
+        raise ResultsError(f"{path} cannot be read ({exc.strerror})") from None
+    lines = data.split(b"\n")  # the last item: what follows the last newline (b"" in a whole file)
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line.decode("utf-8"))
+            if not isinstance(row, dict) or not isinstance(row.get("round"), int):
+                raise ValueError("not a metrics row (a JSON object with an integer 'round')")
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError too
+            if tolerant or (torn_tail and number == len(lines) and torn_row(line)):
+                continue
+            raise ResultsError(f"{path}, line {number}: not a valid metrics row, the file is truncated or "
+                               f"corrupt ({exc})") from None
+        rows.append(row)
+    return rows
+
+
+def torn_row(tail: bytes) -> bool:
+    """Whether ``tail``, a last line without its newline, can be the start of a row that a kill cut
+    short: the recorder writes each row as ASCII JSON (``json.dumps``: every other character is
+    escaped), starting with ``{``."""
+    return tail[:1] == b"{" and all(32 <= b < 127 for b in tail)
 
 
 def state(run_dir: Path, rounds: int | None = None) -> str:
@@ -136,7 +176,6 @@ def last_line(path: Path) -> str:
 
 def rounds_done(run_dir: Path) -> int:
     """The last round with a row in ``metrics.jsonl`` (a live run's half-written line is skipped)."""
-    from fedsuite.results import read_metrics
 
     rows = read_metrics(run_dir, tolerant=True)
     return max((r["round"] for r in rows), default=0)
@@ -315,8 +354,6 @@ def recorded_rows(run_dir: Path, who: str | None = None, remedy: str = READ_REME
     """A run's ``metrics.jsonl`` rows (None without the file), checked: every line UTF-8 JSON (a
     torn last line, with ``torn_tail``, skipped: ``fedsuite.results.read_metrics``), one row per
     round from round 0, in order; else a :class:`~fedsuite.errors.RecordError` naming it."""
-    from fedsuite.errors import ResultsError
-    from fedsuite.results import read_metrics
 
     path = run_dir / "metrics.jsonl"
     if not record_file(path, who, remedy):
