@@ -272,6 +272,11 @@ class OneLineUsageGroup(PlainHelp, TyperGroup):
             fail(exc.format_message(), code=exc.exit_code)
 
 
+#: options that were renamed: {old spelling: new}, refused in one line naming the new one where a
+#: command has the new (``partition --out`` is a file, and stays)
+RENAMED_OPTIONS = {"--out": "--output-dir"}
+
+
 class OneLineUsageCommand(PlainHelp, TyperCommand):
     """A command whose usage errors (an unknown option, a value of the wrong type, a missing
     argument) are one line and exit code 2, as its other user errors; its help is
@@ -282,10 +287,23 @@ class OneLineUsageCommand(PlainHelp, TyperCommand):
         restore_argument_help(self)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        self.refuse_renamed(args)
         try:
             return super().parse_args(ctx, self.prepare(args))
         except click.UsageError as exc:
             fail(exc.format_message())
+
+    def refuse_renamed(self, args: list[str]) -> None:
+        """An old spelling of an option this command has under its new name (:data:`RENAMED_OPTIONS`)
+        is one line naming the new one (click alone would guess at a look-alike)."""
+        have = {opt for param in self.params for opt in getattr(param, "opts", [])}
+        for arg in args:
+            if arg == "--":
+                return
+            old = arg.partition("=")[0]
+            new = RENAMED_OPTIONS.get(old)
+            if new is not None and old not in have and new in have:
+                fail(f"{old} is now {new} ({self.name} {new} FOLDER)")
 
     def prepare(self, args: list[str]) -> list[str]:
         """The arguments as click is to parse them (here: as given)."""

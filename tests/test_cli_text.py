@@ -275,9 +275,13 @@ def test_the_run_commands_spell_output_dir_data_root_and_engine_alike():
             assert out is not None and "file" in out.help, out
         else:
             assert out is None, f"fedsuite {' '.join(path)} has --out"
-    for args in (["sweep", "--out", "x"], ["reproduce", "list", "--out", "x"], ["report", "x", "--out", "y"]):
+    # the old spelling is refused in one line naming the new one, also as --out=...
+    for args in (["sweep", "--out", "x"], ["reproduce", "list", "--out=x"], ["report", "x", "--out", "y"],
+                 ["simulate", "--out", "x"]):
         result = runner.invoke(app, args)
-        assert result.exit_code == 2 and "No such option '--out'" in result.stdout + (result.stderr or "")
+        text = result.stdout + (result.stderr or "")
+        assert result.exit_code == 2 and text.strip() == f"error: --out is now --output-dir ({args[0]} --output-dir FOLDER)", text
+    assert "is now" not in runner.invoke(app, ["partition", "--out", "x.xyz"]).output  # partition's --out is a file
 
 
 def test_data_root_reaches_every_run_config(tmp_path, monkeypatch):
