@@ -123,7 +123,7 @@ def test_cli_user_errors_exit_2_without_traceback_or_run_dir(tmp_path, args):
         (["simulat"], "No such command 'simulat'. Did you mean 'simulate'?"),
         (["--bogus"], "No such option '--bogus'"),
         (["simulate", "--rounds", "abc"], "'abc' is not a valid integer"),
-        (["simulate", "--out", "x"], "No such option '--out'"),
+        (["simulate", "--out", "x"], "--out is now --output-dir"),
         (["list", "--bogus"], "No such option '--bogus'"),
         (["partition", "--num-clients"], "'--num-clients' requires an argument"),
         (["report"], "Missing argument 'RUN_DIRS...'"),
