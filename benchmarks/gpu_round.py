@@ -11,12 +11,15 @@ For each method, ``fedsuite simulate`` runs as users run it (``harness.timed_cli
 simulation process running Flower's Simulation Engine, Ray actors sharing the GPU with
 ``--num-gpus``), and the plain loop
 (``harness.plain_fedavg``: FedAvg, the same cohorts, steps and evaluation, one client after another
-in one process) runs the same model. Printed per method: fedsuite s/round (median of rounds 2..R),
+in one process) runs the same model. ``--engines inprocess`` times the in-process engine too (every
+client called in the run's own process, no Ray: ``fedsuite simulate --engine inprocess``).
+Printed per method and engine: fedsuite s/round (median of rounds 2..R),
 the plain FedAvg loop's s/round for that model, their ratio, the target (benchmarks/README.md) and
 whether it is met. SAM-type methods do two forward/backward passes per step, so their ratio to plain FedAvg is
 about 2 by construction; their target says so.
 
     python benchmarks/gpu_round.py [--rounds 6] [--num-gpus 0.25] [--methods fedavg fedinit ...]
+    python benchmarks/gpu_round.py --engines flower inprocess   # both engines, one plain loop per model
     python benchmarks/gpu_round.py --small --device cpu       # a minutes-long check of the script
 
 ``--small`` shrinks everything (2 000 images, 10 clients, 4 per round, 1 epoch, 3 rounds) to check
@@ -65,14 +68,15 @@ def cifar10_shaped(path: Path, n_train: int, n_test: int, seed: int = 0) -> Path
     return path
 
 
-def method_config(name: str, data: Path, args) -> dict:
+def method_config(name: str, data: Path, args, engine: str = "flower") -> dict:
     """The run's config: the paper-scale TOML with the generated data and this benchmark's settings."""
     base, strategy, _ = METHODS[name]
     values = tomllib.loads(base.read_text())
     values.update({
         "strategy": strategy, "dataset": "npz", "dataset_options": {"path": data.name, "num_classes": 10},
         "data_root": str(data.parent), "rounds": args.rounds, "eval_every": 1, "local_epochs": 5,
-        "num_gpus": args.num_gpus if args.device == "cuda" else 0.0, "device": args.device,
+        "num_gpus": args.num_gpus if args.device == "cuda" and engine == "flower" else 0.0, "device": args.device,
+        "engine": engine,
         "partitioner": "iid", "seed": 0,
     })
     if args.small:
@@ -86,6 +90,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--num-gpus", type=float, default=0.25, help="GPU share per simulated client (fedsuite)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--engines", nargs="+", choices=["flower", "inprocess"], default=["flower"],
+                    help="what runs the clients (fedsuite simulate --engine); each is timed")
     ap.add_argument("--small", action="store_true", help="tiny sizes: check the script on a CPU")
     ap.add_argument("--out", type=Path, default=None, help="folder for the data and runs (default: a temp dir)")
     args = ap.parse_args()
@@ -103,10 +109,10 @@ def main() -> None:
 
     plain: dict[str, float] = {}  # model name -> plain FedAvg s/round
     results = []
-    for name in args.methods:
-        values = method_config(name, data, args)
-        print(f"{name}: fedsuite simulate ...", flush=True)
-        run = timed_cli_run(values, work / "runs" / name)
+    for engine, name in [(e, n) for e in args.engines for n in args.methods]:
+        values = method_config(name, data, args, engine)
+        print(f"{name}: fedsuite simulate --engine {engine} ...", flush=True)
+        run = timed_cli_run(values, work / "runs" / f"{name}-{engine}")
         model = values["model"]
         if model not in plain:
             print(f"{name}: plain FedAvg loop ({model}) ...", flush=True)
@@ -114,17 +120,19 @@ def main() -> None:
             plain[model] = statistics.median(plain_fedavg(cfg, args.rounds, device).round_s[1:])
         fed = statistics.median(run["round_s"][1:])
         target = METHODS[name][2]
-        results.append({"method": name, "model": model, "fedsuite_s_per_round": round(fed, 3),
+        results.append({"method": name, "engine": engine, "model": model, "fedsuite_s_per_round": round(fed, 3),
                         "plain_fedavg_s_per_round": round(plain[model], 3), "ratio": round(fed / plain[model], 2),
                         "target_s_per_round": target, "meets_target": fed <= target,
                         "startup_s": round(run["startup_s"], 1)})
         print(json.dumps(results[-1]), flush=True)
 
     print(f"\n{where}, median of rounds 2..{args.rounds}" + ("  (--small: numbers mean nothing)" if args.small else ""))
-    print(f"{'method':10s} {'model':12s} {'fedsuite':>9s} {'plain':>7s} {'ratio':>6s} {'target':>7s}  met")
+    print(f"{'method':10s} {'engine':9s} {'model':12s} {'fedsuite':>9s} {'plain':>7s} {'ratio':>6s} "
+          f"{'target':>7s}  met")
     for r in results:
-        print(f"{r['method']:10s} {r['model']:12s} {r['fedsuite_s_per_round']:9.3f} {r['plain_fedavg_s_per_round']:7.3f} "
-              f"{r['ratio']:6.2f} {r['target_s_per_round']:7.2f}  {'yes' if r['meets_target'] else 'NO'}")
+        print(f"{r['method']:10s} {r['engine']:9s} {r['model']:12s} {r['fedsuite_s_per_round']:9.3f} "
+              f"{r['plain_fedavg_s_per_round']:7.3f} {r['ratio']:6.2f} {r['target_s_per_round']:7.2f}  "
+              f"{'yes' if r['meets_target'] else 'NO'}")
 
 
 if __name__ == "__main__":

@@ -65,8 +65,8 @@ def timed_cli_run(config: dict, run_dir: Path, timeout_s: float = 3600.0, cores:
     """``fedsuite simulate --config <config as TOML>`` into ``run_dir``; returns ``startup_s`` (command
     start to the round-0 row), ``total_s``, ``round_s`` (each round's ``wall_seconds``), the rows and
     the start-up's parts: seconds from the command's start until the CLI had written the run's app
-    (``cli_done_s``: its imports and the config, while the simulation process it started first does
-    its own imports; the data check runs after it, while that process starts Ray) and until the
+    (``cli_done_s``, Flower's engine only: its imports and the config, while the simulation process it
+    started first does its own imports; the data check runs after it, while that process starts Ray) and until the
     ServerApp started (``serverapp_start_s``: Ray's start and the data check), then
     ``summary.json``'s own parts (data = loading it and building w^0 and the evaluator while the actors start;
     handshake = the wait for the actors' replies beyond that; setup).
@@ -97,8 +97,9 @@ def timed_cli_run(config: dict, run_dir: Path, timeout_s: float = 3600.0, cores:
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())
     timing = summary.get("timing", {})
+    app = run_dir / "app" / "pyproject.toml"  # Flower's engine only: the in-process engine writes no app
     parts = {
-        "cli_done_s": (run_dir / "app" / "pyproject.toml").stat().st_mtime - wall0,
+        **({"cli_done_s": app.stat().st_mtime - wall0} if app.is_file() else {}),
         **({"serverapp_start_s": timing["serverapp_start"] - wall0} if "serverapp_start" in timing else {}),
         **{k: v for k, v in timing.items() if k.endswith("_s")},
     }

@@ -1,9 +1,12 @@
 """The CUDA path (``pytest -m gpu`` on a machine with a GPU; skipped, with the reason, without one).
 
-Every registered method and both plug-ins run 2 rounds on CUDA with 4 virtual clients sharing the
-GPU (``--num-gpus 0.25``): no client reply may be dropped (a dropped reply fails the run, see
-``max_failed_fraction``) and the global model must change. Two runs with one seed must give
-identical metrics on the GPU (``torch.use_deterministic_algorithms`` + ``CUBLAS_WORKSPACE_CONFIG``).
+Every registered method runs 2 rounds on CUDA on the in-process engine (its client rule and server
+maths on the GPU, with no Ray start per method); both plug-ins and the image model run on Flower's
+Simulation Engine with virtual clients sharing the GPU (``--num-gpus 0.25``, Ray's GPU placement).
+No client reply may be dropped (a dropped reply fails the run, see ``max_failed_fraction``) and the
+global model must change. Two runs with one seed must give identical metrics on the GPU
+(``torch.use_deterministic_algorithms`` + ``CUBLAS_WORKSPACE_CONFIG``), and the two engines must give
+the same metrics, as they do on the CPU (tests/test_registry_e2e.py).
 Each run's summary.json names the GPU's model (``provenance``).
 An image dataset with batch augmentation covers the device-side augmentation draws.
 """
@@ -22,6 +25,7 @@ pytestmark = [
 ]
 
 ON_GPU = {"device": "cuda", "num_gpus": 0.25, "num_clients": 6, "clients_per_round": 3, "rounds": 2}
+IN_PROCESS_ON_GPU = {**ON_GPU, "num_gpus": 0.0, "engine": "inprocess"}
 
 
 def assert_trained_without_failures(run) -> None:
@@ -37,7 +41,7 @@ def assert_trained_without_failures(run) -> None:
 
 @pytest.mark.parametrize("name", sorted(methods()))
 def test_method_trains_on_cuda(simulate, name):
-    assert_trained_without_failures(simulate(strategy=name, **ON_GPU))
+    assert_trained_without_failures(simulate(strategy=name, **IN_PROCESS_ON_GPU))
 
 
 @pytest.mark.parametrize("plugin", [{"relaxed_init.beta": 0.1}, {"neuron_lr.preset": "paper"}], ids=["relaxed_init", "neuron_lr"])
@@ -64,3 +68,13 @@ def test_same_seed_same_metrics_on_cuda(simulate):
     assert a.metrics_without_time() == b.metrics_without_time()
     for k in a.arrays:
         assert np.array_equal(a.arrays[k], b.arrays[k]), k
+
+
+def test_engines_agree_on_cuda(simulate):
+    """Flower's engine (a Ray actor given a quarter of the GPU) and the in-process engine train the
+    same clients with the same seeds: the metrics and the final model must agree bit for bit."""
+    flower = simulate(strategy="fedavg", **ON_GPU)
+    inprocess = simulate(strategy="fedavg", **IN_PROCESS_ON_GPU)
+    assert flower.metrics_without_time() == inprocess.metrics_without_time()
+    for k in flower.arrays:
+        assert np.array_equal(flower.arrays[k], inprocess.arrays[k]), k
