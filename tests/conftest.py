@@ -78,7 +78,7 @@ def data_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("data")
 
 
-RAY = str(Path(sys.executable).parent / "ray")
+RAY = shutil.which("ray", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}") or "ray"
 
 
 def ray_env(**extra: str) -> dict[str, str]:
