@@ -4,10 +4,17 @@
 #   bash benchmarks/gpu_session.sh check OUT     # set-up, gpu_round.py, the row started, pytest -m gpu
 #   bash benchmarks/gpu_session.sh row OUT SECS  # wait up to SECS for the row, then pack its runs
 #
-# What it needs beside the checkout, in .device/ (ignored by git; ~50 MB, under the 64 MiB a call
-# may carry): site312.tar.xz (flwr, ray and the rest for the machine's Python 3.12, built as
-# ../shared/tools/device/README.md says), and cifar10_jpeg.npz + make_cifar10.py from
-# ../shared/data/cifar10-jpeg/.
+# What it needs beside the checkout, in .device/ (ignored by git): site312.tar.xz (flwr, ray and the
+# rest for the machine's Python 3.12, built as ../shared/tools/device/README.md says), and
+# cifar10_jpeg.npz + make_cifar10.py from ../shared/data/cifar10-jpeg/. The checkout (18 MiB
+# tracked) and .device/ must stay under the 64 MiB a call may send: with flwr 1.42 the bundle fits
+# (28.9 MB) only after `strip --strip-unneeded` on every unstripped .so in it and `strip --strip-all`
+# on ray's raylet and gcs_server (2026-11-27: then 63.3 MiB in all; Ray and Flower ran from it).
+#
+# Timing seen (2026-11-27, one H200; 15 minutes of device time in all): the machine started in
+# ~30 s; "check" took 240 s; "row" then waited 470 s, when the row had reached round 280 of 500 at
+# 1.7 s a round (three runs at once). Issue the second call within the machine's 30 s warm window,
+# or the machine, and the row with it, goes back.
 #
 # "check": (1) unpacks the bundle and writes CIFAR-10 (JPEG copy) to /tmp/data; (2) times
 # benchmarks/gpu_round.py on both engines while the GPU is otherwise idle; (3) starts one row of
@@ -34,13 +41,13 @@ if [ "$phase" = check ]; then
   } > "$out/setup.log" 2>&1 || { cat "$out/setup.log"; exit 1; }
   tail -3 "$out/setup.log"
   echo "== gpu_round.py"
-  timeout 200 python3 benchmarks/gpu_round.py --rounds 4 --methods fedavg fedmr-cnn --engines flower inprocess \
+  timeout 260 python3 benchmarks/gpu_round.py --rounds 4 --methods fedavg fedmr-cnn --engines flower inprocess \
     > "$out/gpu_round.log" 2>&1; echo "gpu_round exit $?"; tail -8 "$out/gpu_round.log"
   echo "== the row, in the background"
   setsid nohup "${ROW[@]}" > /tmp/row.log 2>&1 < /dev/null & echo $! > /tmp/row.pid
   echo "== pytest -m gpu"
-  timeout 240 python3 -m pytest -m gpu -n 4 --dist load -p no:cacheprovider tests/test_gpu.py \
-    > "$out/pytest-gpu.log" 2>&1; echo "pytest exit $?"; tail -25 "$out/pytest-gpu.log"
+  timeout 200 python3 -m pytest -m gpu -n 8 --dist load -p no:cacheprovider tests/test_gpu.py \
+    > "$out/pytest-gpu.log" 2>&1; echo "pytest exit $?"; grep -v PytestBenchmark "$out/pytest-gpu.log" | tail -25
   echo "== the row so far"; tail -5 /tmp/row.log
   for m in /tmp/rows/*/paper/*/*/metrics.jsonl /tmp/rows/*/*/*/*/metrics.jsonl; do
     [ -f "$m" ] && echo "$m: $(tail -1 "$m" | cut -c1-160)"
