@@ -143,11 +143,11 @@ def plain_fedavg(cfg, rounds: int, device: torch.device, log: bool = True) -> Pl
         cohort = sampler.sample_cohort(rnd)
         sizes = []
         for pid in cohort:
-            idx = torch.from_numpy(np.asarray(runtime.client_indices(cfg, bundle, pid), dtype=np.int64))
+            idx = torch.tensor(runtime.client_indices(cfg, bundle, pid), dtype=torch.int64)
             sizes.append(len(idx))
         total = float(sum(sizes))
         for pid, n_i in zip(cohort, sizes):
-            idx = torch.from_numpy(np.asarray(runtime.client_indices(cfg, bundle, pid), dtype=np.int64))
+            idx = torch.tensor(runtime.client_indices(cfg, bundle, pid), dtype=torch.int64)
             data = LocalData(bundle.x_train[idx].to(device), bundle.y_train[idx].to(device), bundle, augment)
             model.load_state_dict(global_state)
             seed = seed_for(cfg.seed, pid, rnd)

@@ -1,15 +1,17 @@
-"""Per-round cost of each method's client rule relative to FedAvg, and of FedMR's server step.
+"""Per-round cost of each method relative to FedAvg, and of FedMR's server step.
 
-Part 1 runs one client's local round (the shared loop, ``fedsuite.training``) for every registered
-method on the same data, model and seed, and prints seconds per local round and the ratio to
-FedAvg's rule — the number the issues bound (SAM family ≈ 2x, FedMRUR ≤ 2.5x, FedNLR ≤ 1.3x).
-Methods whose client needs server-sent records (SCAFFOLD's c, FedCM's momentum, FedGen's generator)
-get zero-valued ones of the right shape, which costs the same arithmetic as real ones.
+Part 1 runs every registered method (and FedAvg with each plug-in) for a few rounds on the
+in-process engine (``fedsuite.simulate(engine="inprocess")``: the clients called one after another
+in this process, the real client rules with the real server records: SCAFFOLD's c, FedCM's momentum,
+FedGen's generator), on the same data, model, cohorts and seed, and prints the median seconds of
+its rounds 2..R-1 (training and the server step; evaluation only after round R) and the ratio to
+FedAvg's. Client rules dominate a round here, so the ratio is the number the issues bound (SAM
+family about 2x, FedMRUR at most 2.5x, FedNLR at most 1.3x).
 
 Part 2 times FedMR's recombination of a K=10 pool of ResNet-20 and VGG-16 models (server work per
 round) and prints it relative to a plain PyTorch loop's local training of the same round.
 
-    python benchmarks/methods.py [--dataset fmnist|synthetic] [--model cnn] [--repeats 3]
+    python benchmarks/methods.py [--dataset fmnist|synthetic] [--model cnn] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -23,44 +25,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedsuite import models, registry, runtime
-from fedsuite.config import build_config
+import fedsuite
+from fedsuite import registry
 from fedsuite.models import build_model
-from fedsuite.plugins import active_plugins
-from fedsuite.state import ClientState
-from fedsuite.training import LocalData, LocalTask, run_local_training
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
-#: server-sent records some client rules read, as zero arrays shaped like the model
-EXTRA_RECORDS = ("server-cv", "momentum", "start")
 
-
-def local_round_seconds(method: str, base: dict, work: Path, repeats: int) -> float:
-    cfg = build_config(values={**base, "strategy": method})
-    bundle = runtime.load_bundle(cfg)
-    idx = torch.from_numpy(np.asarray(runtime.client_indices(cfg, bundle, 0), dtype=np.int64))
-    data = LocalData(bundle.x_train[idx], bundle.y_train[idx], bundle, "none")
-    times = []
-    for rep in range(repeats + 1):
-        torch.manual_seed(0)
-        model = models.make_model(cfg, bundle)
-        received = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        extras = {name: {k: torch.zeros_like(v) for k, v in received.items()} for name in EXTRA_RECORDS}
-        task = LocalTask(model=model, received=received, extras=extras, config={"server-round": 2, "lr": cfg.lr},
-                         cfg=cfg, data=data, state=ClientState(None, work / method, 0), partition_id=0,
-                         server_round=2, lr=cfg.lr, device=torch.device("cpu"),
-                         generator=torch.Generator().manual_seed(0))
-        rule = cfg.method.client(plugins=active_plugins(cfg))
-        t0 = time.perf_counter()
-        try:
-            run_local_training(rule, task)
-        except (KeyError, RuntimeError) as exc:  # a rule that needs a real server record we lack
-            print(f"  {method}: skipped ({exc.__class__.__name__}: {exc})")
-            return float("nan")
-        if rep:  # the first repetition warms up caches
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def round_seconds(name: str, settings: dict, work: Path, rounds: int) -> float:
+    """Median wall seconds of rounds 2..R-1 of an in-process run with ``settings``."""
+    run = fedsuite.simulate(engine="inprocess", rounds=rounds, eval_every=rounds, output_dir=str(work),
+                            run_name=name, progress=False, **settings)
+    timed = run.metrics[(run.metrics["round"] >= 2) & (run.metrics["round"] < rounds)]
+    return statistics.median(timed["wall_seconds"])
 
 
 def recombination_cost(k: int = 10) -> None:
@@ -96,26 +73,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", choices=["fmnist", "synthetic"], default=None)
     ap.add_argument("--model", default=None)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5, help="rounds per run (at least 3; rounds 2..R-1 are timed)")
     ap.add_argument("--skip-recombination", action="store_true")
     args = ap.parse_args()
+    if args.rounds < 3:
+        ap.error("--rounds must be at least 3")
     torch.set_num_threads(1)
     dataset = args.dataset or ("fmnist" if (SHARED / "FashionMNIST" / "raw").is_dir() else "synthetic")
     work = Path(tempfile.mkdtemp(prefix="fedsuite-methods-"))
     if dataset == "fmnist":
         (work / "FashionMNIST").symlink_to(SHARED / "FashionMNIST")
     base = {"dataset": dataset, "model": args.model or ("cnn" if dataset == "fmnist" else "mlp"),
-            "num_clients": 100, "partitioner": "iid", "local_epochs": 1, "batch_size": 50, "lr": 0.01,
-            "data_root": str(work), "seed": 0}
-    print(f"Part 1: one client's local round ({dataset}, {base['model']}, ~600 samples, batch 50, 1 thread)")
-    ref = local_round_seconds("fedavg", base, work, args.repeats)
-    rows = []
-    for method in registry.methods():
-        sec = ref if method == "fedavg" else local_round_seconds(method, base, work, args.repeats)
-        rows.append((method, sec))
+            "num_clients": 100, "clients_per_round": 4, "partitioner": "iid", "local_epochs": 1, "batch_size": 50,
+            "lr": 0.01, "data_root": str(work), "seed": 0, "num_cpus": 1}
+    print(f"Part 1: rounds of 4 clients on the in-process engine ({dataset}, {base['model']}, ~600 samples "
+          f"each, batch 50, 1 thread), median of rounds 2..{args.rounds - 1}")
+    runs = work / "runs"
+    rows = [(method, round_seconds(method, {**base, "strategy": method}, runs, args.rounds))
+            for method in registry.methods()]
     for plugin, key, value in (("fedavg + relaxed init", "relaxed_init.beta", 0.1),
                                ("fedavg + neuron-wise lr", "neuron_lr.preset", "paper")):
-        rows.append((plugin, local_round_seconds("fedavg", {**base, key: value}, work, args.repeats)))
+        name = plugin.replace(" + ", "-").replace(" ", "-")
+        rows.append((plugin, round_seconds(name, {**base, "strategy": "fedavg", key: value}, runs, args.rounds)))
+    ref = dict(rows)["fedavg"]
     for method, sec in rows:
         print(f"  {method:26s} {sec:7.3f} s/round   {sec / ref:5.2f}x FedAvg")
     if not args.skip_recombination:

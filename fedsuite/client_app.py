@@ -129,7 +129,8 @@ def local_data(cfg, bundle, pid: int, context: Context, device: torch.device) ->
     if path:
         x, y = _node_data(str(path))
     else:
-        idx = torch.from_numpy(np.asarray(runtime.client_indices(cfg, bundle, pid), dtype=np.int64))
+        # torch.tensor copies: the cached partition is read-only
+        idx = torch.tensor(runtime.client_indices(cfg, bundle, pid), dtype=torch.int64)
         x, y = bundle.x_train[idx], bundle.y_train[idx]
     augment = bundle.augment if cfg.augment is None else ("crop-flip" if cfg.augment else "none")
     return LocalData(x=x.to(device), y=y.to(device), bundle=bundle, augment=augment)

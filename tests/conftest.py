@@ -258,7 +258,7 @@ def make_task(cfg_values: dict[str, Any] | None = None, *, pid: int = 0, server_
     values = {**FAST, "data_root": tempfile.gettempdir() + "/fedsuite-test-data", **(cfg_values or {})}
     cfg = build_config(values=values)
     bundle = runtime.load_bundle(cfg)
-    idx = torch.from_numpy(np.asarray(runtime.client_indices(cfg, bundle, pid), dtype=np.int64))
+    idx = torch.tensor(runtime.client_indices(cfg, bundle, pid), dtype=torch.int64)
     data = LocalData(x=bundle.x_train[idx], y=bundle.y_train[idx], bundle=bundle, augment="none")
     torch.manual_seed(cfg.seed)
     model = models.make_model(cfg, bundle)
