@@ -16,7 +16,8 @@
 #
 # OUT is the runs' folder (reproduce --output-dir), DATA_ROOT the folder holding the data. The queue and
 # the reports use this checkout's `fedsuite` (.venv). At the cifar10 scale every run of a paper is
-# computed by one frozen commit, so that other work does not change its numbers mid-way: the first
+# computed by one frozen commit (at the cpu scale, FedNLR's, whose FedDyn runs were added last), so
+# that other work does not change its numbers mid-way: the first
 # run of a paper pins this checkout's HEAD in experiments/<paper>/results/claims-cifar10.commit
 # (commit that file), and each run is made by that commit's code, in a worktree beside this
 # checkout (../claims-code-<commit>, made on first use with a copy of .venv; `frozen_code`).
@@ -44,7 +45,7 @@ SCALE=${1:-}
 case "$SCALE" in
 cpu)  # the targets `<paper>-claims` at reproduce's cpu scale (Fashion-MNIST)
     PAPERS=(fedmrur fednlr fedinit fedmr)
-    SUFFIX=claims REPRODUCE_SCALE=cpu
+    SUFFIX=claims REPRODUCE_SCALE=cpu FROZEN=fednlr  # the papers whose runs a frozen commit makes
     # The order is the order of the answers: FedMRUR's seeds (done first), FedInit's, FedMR's, then
     # FedNLR's. A unit is "paper:seed", or "paper:seed:part" where a seed's last runs are split so
     # that both workers end together (FedMR's last seed: the 3 runs of row `paper` and the 2 short
@@ -53,10 +54,17 @@ cpu)  # the targets `<paper>-claims` at reproduce's cpu scale (Fashion-MNIST)
     UNITS=(fedmrur:0 fedmrur:1 fedmrur:2
            fedinit:0 fedinit:1 fedinit:2
            fedmr:0 fedmr:1 fedmr:2:rows=paper fedmr:2:rows=momentum-0.5
-           fednlr:0 fednlr:1 fednlr:2:methods=fedavg fednlr:2:methods=fednlr) ;;
+           fednlr:0 fednlr:1 fednlr:2:methods=fedavg fednlr:2:methods=fednlr)
+    # Added after the list above had run (by then from the checkout's code, run by run): FedDyn in
+    # the second reading of its weight decay (1e-3, the FedDyn lineage's code), with and without
+    # neuron-wise rates, 200 rounds each; FedNLR's runs from then on are made by one frozen commit, as
+    # at the cifar10 scale (experiments/fednlr/results/claims-cpu.commit); finished units take seconds.
+    for seed in 0 1 2; do
+        UNITS+=("fednlr:$seed:methods=feddyn-wd1e-3" "fednlr:$seed:methods=feddyn-nlr-wd1e-3")
+    done ;;
 cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their own
     PAPERS=(fedmr fednlr fedinit)
-    SUFFIX=claims-cifar10 REPRODUCE_SCALE=paper FROZEN=1
+    SUFFIX=claims-cifar10 REPRODUCE_SCALE=paper FROZEN="${PAPERS[*]}"
     # A unit is one row or
     # one run where runs are long (500 rounds of FedMR's CNN: about 50-95 min on one core, depending
     # on what else runs). FedMR: Table 1's CNN at α = 0.1, then α = 0.5 as the budget allows; FedNLR:
@@ -140,7 +148,7 @@ write_report() {
 run_unit() {  # run_unit PAPER SEED PART OUT DATA: that seed's runs; PART "rows=R" or "methods=M" (reproduce's
               # --rows R / --methods M) runs only that part of them, empty: all of them
     local paper=$1 seed=$2 part=$3 out=$4 data=$5 target="$1-$SUFFIX" fedsuite=$FEDSUITE out_option=--output-dir
-    [ -z "${FROZEN:-}" ] || fedsuite=$(frozen_code "$paper")
+    case " ${FROZEN:-} " in *" $paper "*) fedsuite=$(frozen_code "$paper") ;; esac
     # a frozen commit older than the option's rename spells it --out (grep reads the whole help: no SIGPIPE)
     "$fedsuite" reproduce --help | grep -- --output-dir > /dev/null || out_option=--out
     echo "=== $(date -u +%FT%TZ) $target seed $seed${part:+ ($part)} (${fedsuite%/.venv/bin/fedsuite})"

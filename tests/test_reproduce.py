@@ -512,7 +512,8 @@ def test_the_claims_targets_hold_each_papers_headline_orderings(targets, tmp_pat
     expected = {
         "fedmrur-claims": {"c100-dir0.3": [("fedmrur", "mofedsam"), ("mofedsam", "fedavg"), ("fedmrur", "fedavg"),
                                            ("fedmrur", "fedmrur-n")]},
-        "fednlr-claims": {"c10n100-dir0.1": [("fednlr", "fedavg"), ("feddyn-nlr", "feddyn")]},
+        "fednlr-claims": {"c10n100-dir0.1": [("fednlr", "fedavg"), ("feddyn-nlr", "feddyn"),
+                                             ("feddyn-nlr-wd1e-3", "feddyn-wd1e-3")]},
         "fedinit-claims": {"r18-c10-100-dir0.1": [("fedinit", "fedavg"), ("scaffold-ri", "scaffold")]},
         "fedmr-claims": {"paper": [("fedmr", "fedavg"), ("fedmr-2stage", "fedavg")],
                          "momentum-0.5": [("fedmr", "fedavg")]},
@@ -529,6 +530,11 @@ def test_the_claims_targets_hold_each_papers_headline_orderings(targets, tmp_pat
             assert (cfg.rounds, cfg.eval_every, cfg.num_clients, cfg.cohort_size, cfg.dataset) == \
                 (rounds, 5, 100, 10, "fmnist"), s.label
     cfg = lambda s: build_config(s.config, s.overrides)  # noqa: E731
+    # FedDyn in both readings of the paper's "weight decay of 0.1" (issue 39): on top of α, and the lineage's 1e-3
+    cells = {s.method: cfg(s) for s in plan(targets["fednlr-claims"], "cpu", tmp_path, seeds=[0])}
+    assert {m: (c.weight_decay, c.feddyn.alpha, c.neuron_lr.preset) for m, c in cells.items() if "feddyn" in m} == {
+        "feddyn": (0.1, 0.1, None), "feddyn-nlr": (0.1, 0.1, "paper_main"),
+        "feddyn-wd1e-3": (0.001, 0.1, None), "feddyn-nlr-wd1e-3": (0.001, 0.1, "paper_main")}
     cells = {(s.row.name, s.method): s for s in plan(targets["fedmrur-claims"], "cpu", tmp_path, seeds=[0])}
     assert cfg(cells["c100-dir0.3", "fedmrur-n"]).fedmrur.hyperbolic is False
     assert cfg(cells["c100-dir0.3", "fedmrur"]).fedmrur.hyperbolic is True
@@ -641,7 +647,8 @@ def test_a_rows_components_name_the_component_of_an_ordering(tmp_path):
         "fedmrur-claims": {("fedmrur", "fedmrur-n"): "fedmrur.hyperbolic"},
         "fedinit-claims": {("fedinit", "fedavg"): "relaxed_init", ("scaffold-ri", "scaffold"): "relaxed_init"},
         "fedinit-claims-cifar10": {("fedinit", "fedavg"): "relaxed_init", ("scaffold-ri", "scaffold"): "relaxed_init"},
-        "fednlr-claims": {("fednlr", "fedavg"): "neuron_lr", ("feddyn-nlr", "feddyn"): "neuron_lr"},
+        "fednlr-claims": {("fednlr", "fedavg"): "neuron_lr", ("feddyn-nlr", "feddyn"): "neuron_lr",
+                          ("feddyn-nlr-wd1e-3", "feddyn-wd1e-3"): "neuron_lr"},
         "fednlr-claims-cifar10": {("fednlr", "fedavg"): "neuron_lr", ("feddyn-nlr", "feddyn"): "neuron_lr",
                                   ("feddyn-nlr-wd1e-3", "feddyn-wd1e-3"): "neuron_lr"},
         "fedmr-claims": {}, "fedmr-claims-cifar10": {},  # recombination and FedMut have no "off" switch
