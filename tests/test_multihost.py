@@ -448,7 +448,7 @@ def test_compose_federation_with_tls_and_authentication(tmp_path):
                       "flwr", "supernode", "register", "/intruder/intruder.pub", "fedsuite", "--format", "json",
                       timeout=300)
         published = dc("port", "superlink", "9092")
-        run = dc("up", "--exit-code-from", "run")
+        run = dc("up", "--exit-code-from", "run", "run")  # as docs/deployment.md has it
         logs = dc("logs", "--no-color").stdout
         (tmp_path / "compose-up.log").write_text(run.stdout + run.stderr)
         (tmp_path / "compose-logs.log").write_text(logs)
