@@ -13,6 +13,8 @@
 # 12.4 min (6.9 GB image), the compose federation (up, intruder refused, 2 rounds, down) 5.5 min;
 # plus about 1 min for apt on a machine without docker.io. A second run reuses $WORK's rootfs and
 # wheelhouse (the image is rebuilt: the private dockerd's data is kept in $WORK/data, so layers cache).
+# 2026-11-27, same machine kind, two claims queues beside it: a second run (rootfs, wheelhouse and
+# layers kept in $WORK) took 8m52s for the test, image rebuild (fedsuite's layer) included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
