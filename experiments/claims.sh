@@ -63,18 +63,19 @@ cpu)  # the targets `<paper>-claims` at reproduce's cpu scale (Fashion-MNIST)
         UNITS+=("fednlr:$seed:methods=feddyn-wd1e-3" "fednlr:$seed:methods=feddyn-nlr-wd1e-3")
     done ;;
 cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their own
-    PAPERS=(fedmr fednlr fedinit)
+    PAPERS=(fedmr fednlr fedinit fedmrur)
     SUFFIX=claims-cifar10 REPRODUCE_SCALE=paper FROZEN="${PAPERS[*]}"
     # A unit is one row or
     # one run where runs are long (500 rounds of FedMR's CNN: about 50-95 min on one core, depending
     # on what else runs). FedMR: Table 1's CNN at α = 0.1, then α = 0.5 as the budget allows; FedNLR:
     # FedAvg and FedNLR (500 rounds), then that seed's four FedDyn runs (200 rounds); FedInit: its
-    # four methods. FedNLR's and FedInit's runs record how much each method's own component acted
+    # four methods; FedMRUR: its four methods. FedNLR's, FedInit's and FedMRUR's runs record how much each method's own component acted
     # (summary.json's activity), which their verdicts need: their pinned commit is one that does.
     # Two seeds of each paper come before any third seed, so that every paper gets a paired verdict
     # as early as the budget allows (FedMR's first two seeds were under way when this order was set).
     fednlr_seed() { UNITS+=("fednlr:$1:methods=fedavg" "fednlr:$1:methods=fednlr" "fednlr:$1"); }
     fedinit_seed() { local m; for m in fedavg fedinit scaffold scaffold-ri; do UNITS+=("fedinit:$1:methods=$m"); done; }
+    fedmrur_seed() { local m; for m in fedavg mofedsam fedmrur-n fedmrur; do UNITS+=("fedmrur:$1:methods=$m"); done; }
     # FedMR's α = 0.1 cell at the paper's momentum 0.9 sat at chance in seeds 1 and 2 (its pool drifts
     # apart, as in the authors' code; FedMut's clients diverged), so the same cell at the authors'
     # code's momentum 0.5 comes first, beside FedNLR's seeds; the two 0.9 runs in flight finish after.
@@ -84,6 +85,8 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     UNITS+=(fedmr:1:rows=cnn-c10-0.1 fedmr:2:rows=cnn-c10-0.1)
     fedmr_m05 3; UNITS+=(fedmr:3:rows=cnn-c10-0.1)
     fednlr_seed 2; fedinit_seed 2
+    # FedMRUR's Table 6 cell (added after the list above was set), the last of the four papers
+    fedmrur_seed 0; fedmrur_seed 1; fedmrur_seed 2
     UNITS+=(fedmr:1:rows=cnn-c10-0.5 fedmr:2:rows=cnn-c10-0.5 fedmr:3:rows=cnn-c10-0.5) ;;
 *)
     sed -n '2,17p' "$0"; exit 2 ;;

@@ -117,7 +117,8 @@ def test_every_spec_table_is_a_target(targets):
         "fednlr-table1", "fednlr-table2", "fednlr-table3", "fedinit-table1", "fedinit-table2", "fedinit-table3",
         "fedmr-study",  # not a paper table: issue 14's study (no published cells)
         "fedmr-claims", "fedmrur-claims", "fednlr-claims", "fedinit-claims",  # the headline orderings (issue 32)
-        "fedmr-claims-cifar10", "fednlr-claims-cifar10", "fedinit-claims-cifar10"])  # and on CIFAR-10 (issue 39)
+        "fedmr-claims-cifar10", "fednlr-claims-cifar10", "fedinit-claims-cifar10",  # and on CIFAR-10 (issue 39)
+        "fedmrur-claims-cifar10"])
     # FedMR's spec: "This is the paper's only table"
     assert "only table" in (SPECS / "fedmr.md").read_text()
 
@@ -213,6 +214,11 @@ def test_every_cell_builds_a_config(targets, tmp_path):
         placement_options(None, "127.0.0.1:6379", "inprocess")
 
 
+#: the SAM radius of FedMRUR's CIFAR-10 claims cell: the largest of 0.5 (the paper's), 0.2, 0.1, 0.05
+#: with which FedMRUR trained FedMR's CNN in a 30-round probe (experiments/fedmrur/README.md)
+FEDMRUR_CIFAR10_RHO = 0.05
+
+
 def test_the_cifar10_claims_targets_plan_the_papers_cells(targets, tmp_path):
     """Issue 39's CIFAR-10 targets: the papers' cells on CIFAR-10 at paper scale (FedMR's CNN where
     the paper's model does not fit, named in each note), 3 seeds, 500 rounds where the paper runs
@@ -253,7 +259,19 @@ def test_the_cifar10_claims_targets_plan_the_papers_cells(targets, tmp_path):
                 cfg.model) == ("dirichlet-refill", 0.1, 5, 0.1, 0.998, 0.001, 500, "cnn")
     assert {m for (_, m), c in fedinit.items() if c.plugin_settings.get("relaxed_init") is not None} == {
         "fedinit", "scaffold-ri"}
-    for name in ("fedmr-claims-cifar10", "fednlr-claims-cifar10", "fedinit-claims-cifar10"):
+    fedmrur = cells("fedmrur-claims-cifar10")
+    assert sorted(m for _, m in fedmrur) == ["fedavg", "fedmrur", "fedmrur-n", "mofedsam"]
+    for cfg in fedmrur.values():  # Table 6's Dir 0.3 column, the paper's clients, local epochs and recipe
+        assert (cfg.partitioner, cfg.alpha, cfg.num_clients, cfg.cohort_size, cfg.local_epochs, cfg.batch_size,
+                cfg.lr, cfg.lr_decay, cfg.weight_decay, cfg.model, cfg.rounds, cfg.eval_every) == \
+            ("dirichlet-equal", 0.3, 200, 10, 3, 50, 0.1, 0.998, 5e-4, "cnn", 500, 5)
+        if cfg.strategy != "fedavg":  # the SAM radius: the largest that trained (the target's note)
+            assert getattr(cfg, cfg.strategy).rho == FEDMRUR_CIFAR10_RHO
+    assert [m for (_, m), c in fedmrur.items() if c.strategy == "fedmrur" and not c.fedmrur.hyperbolic] == ["fedmrur-n"]
+    (row,) = targets["fedmrur-claims-cifar10"].rows
+    assert {pair: value for pair, (value, _) in row.paper_differences.items()} == pytest.approx(
+        {("fedmrur", "fedmrur-n"): 55.49 - 54.27})  # Table 4's: Table 6 has no FedMRUR-N
+    for name in ("fedmr-claims-cifar10", "fednlr-claims-cifar10", "fedinit-claims-cifar10", "fedmrur-claims-cifar10"):
         assert "CIFAR-10 (JPEG copy)" in " ".join(r.label for r in targets[name].rows)
         with pytest.raises(ReproduceError, match="has no cpu scale"):
             plan(targets[name], "cpu", tmp_path)
@@ -645,6 +663,7 @@ def test_a_rows_components_name_the_component_of_an_ordering(tmp_path):
     targets = load_targets()
     expected = {
         "fedmrur-claims": {("fedmrur", "fedmrur-n"): "fedmrur.hyperbolic"},
+        "fedmrur-claims-cifar10": {("fedmrur", "fedmrur-n"): "fedmrur.hyperbolic"},
         "fedinit-claims": {("fedinit", "fedavg"): "relaxed_init", ("scaffold-ri", "scaffold"): "relaxed_init"},
         "fedinit-claims-cifar10": {("fedinit", "fedavg"): "relaxed_init", ("scaffold-ri", "scaffold"): "relaxed_init"},
         "fednlr-claims": {("fednlr", "fedavg"): "neuron_lr", ("feddyn-nlr", "feddyn"): "neuron_lr",
