@@ -46,7 +46,7 @@ if [ "$phase" = check ]; then
   echo "== the row, in the background"
   setsid nohup "${ROW[@]}" > /tmp/row.log 2>&1 < /dev/null & echo $! > /tmp/row.pid
   echo "== pytest -m gpu"
-  timeout 200 python3 -m pytest -m gpu -n 8 --dist load -p no:cacheprovider tests/test_gpu.py \
+  timeout 200 python3 -m pytest -m gpu -n 8 --dist load -v -p no:cacheprovider tests/test_gpu.py \
     > "$out/pytest-gpu.log" 2>&1; echo "pytest exit $?"; grep -v PytestBenchmark "$out/pytest-gpu.log" | tail -25
   echo "== the row so far"; tail -5 /tmp/row.log
   for m in /tmp/rows/*/paper/*/*/metrics.jsonl /tmp/rows/*/*/*/*/metrics.jsonl; do
