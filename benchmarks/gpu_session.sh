@@ -25,7 +25,7 @@
 # records into OUT/rows.tar.gz; a row stopped at SECS is interrupted (SIGTERM: each run records
 # its status and keeps its last checkpoint), and says so in its summaries.
 set -uo pipefail
-phase=$1 out=$2
+phase=${1:-} out=${2:-/tmp/gpu-session}
 mkdir -p /tmp/site "$out"
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH FLWR_TELEMETRY_ENABLED=0 PYTHONUNBUFFERED=1
 ROW=(python3 -m fedsuite.cli reproduce fedmr-claims-cifar10 --rows cnn-c10-0.1-m0.5 --seeds 1 --jobs 3
@@ -63,4 +63,6 @@ elif [ "$phase" = row ]; then
   tail -30 /tmp/row.log; cp /tmp/row.log "$out/row.log"
   tar -czf "$out/rows.tar.gz" -C /tmp rows
   for m in $(find /tmp/rows -name metrics.jsonl); do echo "$m: $(tail -1 "$m" | cut -c1-200)"; done
+else
+  echo "usage: bash benchmarks/gpu_session.sh check OUT | row OUT SECONDS (not '$phase')" >&2; exit 2
 fi
