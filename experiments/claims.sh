@@ -155,8 +155,14 @@ run_unit() {  # run_unit PAPER SEED PART OUT DATA: that seed's runs; PART "rows=
     # a frozen commit older than the option's rename spells it --out (grep reads the whole help: no SIGPIPE)
     "$fedsuite" reproduce --help | grep -- --output-dir > /dev/null || out_option=--out
     echo "=== $(date -u +%FT%TZ) $target seed $seed${part:+ ($part)} (${fedsuite%/.venv/bin/fedsuite})"
+    # --engine inprocess: the same numbers as Flower's engine, bit for bit (tests/test_registry_e2e.py),
+    # with no Ray to start: at nice 19 on a busy machine, Ray's start timed out ("The current node
+    # timed out during startup") and failed four runs (2026-11-27). --retry-failed: a run failed by
+    # something outside it, such as that time-out, goes on from its checkpoint; one that fails by its
+    # own arithmetic (FedMut's non-finite models) fails again within a round and stays named.
     "$fedsuite" reproduce "$target" --scale "$REPRODUCE_SCALE" --seeds "$seed" ${part:+"--${part%%=*}" "${part#*=}"} \
-        --jobs 1 --data-root "$data" "$out_option" "$out" || echo "=== $target seed $seed${part:+ ($part)}: exit $?"
+        --jobs 1 --engine inprocess --retry-failed --data-root "$data" "$out_option" "$out" \
+        || echo "=== $target seed $seed${part:+ ($part)}: exit $?"
     report "$paper" "$out"
 }
 
