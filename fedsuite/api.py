@@ -144,7 +144,7 @@ def load_run(path: str | os.PathLike) -> Run:
 
 
 def metrics_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """``metrics.jsonl``'s rows (``fedsuite.results.read_metrics``) as a DataFrame, ``round`` first."""
+    """``metrics.jsonl``'s rows (``fedsuite.rundir.read_metrics``) as a DataFrame, ``round`` first."""
     import pandas as pd
 
     frame = pd.DataFrame(rows)

@@ -98,7 +98,7 @@ def watch(run_dir: Path, running: Callable[[], bool],
     Watchdog: progress is a new line in ``metrics.jsonl`` (round 0 = start-up done, then one per
     round); with ``stall_timeout_s > 0``, that long without progress raises :class:`StallError`
     (written to ``error.txt`` too)."""
-    from fedsuite.results import read_metrics
+    from fedsuite.rundir import read_metrics
 
     summary = run_dir / "summary.json"
     seen = -1
@@ -192,7 +192,7 @@ def _simulate_inprocess(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
     leaves the run partial, for ``--resume``; ``stall_timeout_s`` does not apply (nothing runs
     apart from this process to be stopped)."""
     from fedsuite import engine
-    from fedsuite.results import read_metrics
+    from fedsuite.rundir import read_metrics
 
     if rundir.start_debris(run_dir):
         rundir.clear_start_debris(run_dir)

@@ -16,7 +16,8 @@ import numpy as np
 from fedsuite.activity import Component, summarize_activity
 from fedsuite.config import flat_config
 from fedsuite.plots import has_pool_diagnostics, plot_accuracy, plot_pool_diagnostics
-from fedsuite.results import read_metrics, write_json
+from fedsuite.results import write_json
+from fedsuite.rundir import read_metrics
 
 
 def tensorboard_installed() -> bool:

@@ -40,7 +40,7 @@ from fedsuite.config import RESUME_MUTABLE, flat_config
 from fedsuite.errors import ResultsError
 from fedsuite.plots import has_pool_diagnostics, plot_groups, plot_pool_diagnostics
 from fedsuite.provenance import report_lines, run_summaries
-from fedsuite.rundir import read_metrics  # noqa: F401  (the readers' one import: fedsuite.results.read_metrics)
+from fedsuite.rundir import read_metrics
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:

@@ -176,7 +176,6 @@ def last_line(path: Path) -> str:
 
 def rounds_done(run_dir: Path) -> int:
     """The last round with a row in ``metrics.jsonl`` (a live run's half-written line is skipped)."""
-
     rows = read_metrics(run_dir, tolerant=True)
     return max((r["round"] for r in rows), default=0)
 
@@ -352,9 +351,8 @@ def recorded_summary(run_dir: Path, who: str | None = None, remedy: str = READ_R
 def recorded_rows(run_dir: Path, who: str | None = None, remedy: str = READ_REMEDY,
                   torn_tail: bool = False) -> list[dict[str, Any]] | None:
     """A run's ``metrics.jsonl`` rows (None without the file), checked: every line UTF-8 JSON (a
-    torn last line, with ``torn_tail``, skipped: ``fedsuite.results.read_metrics``), one row per
+    torn last line, with ``torn_tail``, skipped: :func:`read_metrics`), one row per
     round from round 0, in order; else a :class:`~fedsuite.errors.RecordError` naming it."""
-
     path = run_dir / "metrics.jsonl"
     if not record_file(path, who, remedy):
         return None

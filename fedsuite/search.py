@@ -241,7 +241,7 @@ def trainable(folder: Path, config: Path | None, base_set: Sequence[str], seed: 
     from fedsuite import reaper
     from fedsuite.processes import stop_tree
     from fedsuite.reproduce.queue import simulate_command
-    from fedsuite.results import read_metrics
+    from fedsuite.rundir import read_metrics
 
     class Trial(tune.Trainable, FedsuiteTrial):
         def setup(self, setting: dict[str, Any]) -> None:
@@ -582,7 +582,8 @@ def write_report(trials: Sequence[dict[str, Any]], folder: Path, rounds: int, la
     no setting; the trials that did not complete are named once more below the table, an
     interrupted one with the command that continues its run."""
     from fedsuite.plots import plot_groups
-    from fedsuite.results import evaluations, read_metrics, run_value
+    from fedsuite.results import evaluations, run_value
+    from fedsuite.rundir import read_metrics
     from fedsuite.runner import CLI
 
     samples = len(trials) if samples is None else samples

@@ -252,7 +252,8 @@ def read_sweep_section(config: Path | None) -> tuple[dict[str, Any] | None, dict
 def collect(runs: Sequence[SweepRun], last: int) -> list[dict[str, Any]]:
     """Per setting: the completed seeds' readings (mean of the last ``last`` evaluations, in %),
     their mean ± std, the mean best accuracy, and the curves."""
-    from fedsuite.results import best_accuracy, evaluations, read_metrics, run_value
+    from fedsuite.results import best_accuracy, evaluations, run_value
+    from fedsuite.rundir import read_metrics
 
     out: dict[str, dict[str, Any]] = {}
     for run in runs:

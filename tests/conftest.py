@@ -28,7 +28,7 @@ import torch
 
 from fedsuite import launch, processes, superlink
 from fedsuite.config import build_config
-from fedsuite.results import read_metrics
+from fedsuite.rundir import read_metrics
 
 # One intra-op torch thread in every test process, as the clients train (num_cpus = 1). The suite
 # runs three xdist workers on CI's two cores; a worker with torch's default of one thread per core

@@ -38,7 +38,7 @@ import torch
 import fedsuite
 from fedsuite import processes, rundir
 from fedsuite.api import OWN_KEYWORDS
-from fedsuite.results import read_metrics
+from fedsuite.rundir import read_metrics
 
 from tests.conftest import FAST, assert_same_arrays
 

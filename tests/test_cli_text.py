@@ -367,7 +367,8 @@ def test_report_reads_all_evaluations_of_a_run_with_fewer_than_last(tmp_path):
     """Three evaluations, --last's default 10: the reading is their mean, as a sweep reads the run;
     round 0 (the initial model) is not one of them."""
     from fedsuite.config import build_config
-    from fedsuite.results import evaluations, read_metrics, run_value
+    from fedsuite.results import evaluations, run_value
+    from fedsuite.rundir import read_metrics
 
     run = tmp_path / "run"
     run.mkdir()

@@ -14,7 +14,7 @@ import pytest
 
 from fedsuite import processes, superlink
 from fedsuite.faults import FaultDraw
-from fedsuite.results import read_metrics
+from fedsuite.rundir import read_metrics
 from tests.conftest import deployment_app
 
 

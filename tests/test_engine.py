@@ -22,7 +22,7 @@ from conftest import FAST, assert_same_arrays, assert_same_client_state, assert_
 
 from fedsuite import launch, processes
 from fedsuite.config import build_config, to_run_config
-from fedsuite.results import read_metrics
+from fedsuite.rundir import read_metrics
 from fedsuite.runtime import RUN_DIR_KEY
 
 

@@ -37,7 +37,7 @@ import pytest
 
 from fedsuite import gateway, processes, superlink
 from fedsuite.certs import Credentials, make_credentials, make_supernode_key
-from fedsuite.results import read_metrics
+from fedsuite.rundir import read_metrics
 from tests.conftest import deployment_app
 
 SUBNET = "10.15.0"

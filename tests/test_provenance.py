@@ -35,7 +35,7 @@ from typer.testing import CliRunner
 from fedsuite import cli, provenance
 from fedsuite.reproduce.report import write_report
 from fedsuite.reproduce.tables import parse_tables, plan
-from fedsuite.results import read_metrics
+from fedsuite.rundir import read_metrics
 from tests.test_reproduce import TINY
 
 #: the records a run writes, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)

@@ -54,7 +54,8 @@ from fedsuite.activity import Component
 from fedsuite.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, HOLDS, INERT_HERE, NOT_JUDGED, REVERSED,
                                          SMALLER_THAN_PAPERS, VERDICT_RULE, VERDICTS, Activity, Claim, claims,
                                          paired_verdict, verdict)
-from fedsuite.results import read_metrics, run_value, write_atomically, write_json
+from fedsuite.results import run_value, write_atomically, write_json
+from fedsuite.rundir import read_metrics
 from tests.conftest import FAST, assert_same_arrays, tree_snapshot
 from tests.test_data import make_cifar10, make_cifar100
 

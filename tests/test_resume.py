@@ -47,7 +47,7 @@ import fedsuite
 from fedsuite import cli, launch, rundir
 from fedsuite.config import ConfigError, apply_override, build_config
 from fedsuite.processes import process_tree
-from fedsuite.results import read_metrics
+from fedsuite.rundir import read_metrics
 from fedsuite.state import ClientState, prune_committed
 from tests.conftest import FAST, assert_same_arrays
 

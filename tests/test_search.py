@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from fedsuite import rundir
 from fedsuite.cli import app
-from fedsuite.results import read_metrics
+from fedsuite.rundir import read_metrics
 from fedsuite.search import Range, parse_space
 from fedsuite.sweep import SweepError
 from tests.conftest import tree_snapshot

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from fedsuite import rundir
-from fedsuite.results import read_metrics
+from fedsuite.rundir import read_metrics
 from fedsuite.sweep import parse_grid, split_values
 from tests.conftest import tree_snapshot
 

@@ -32,7 +32,8 @@ from fedsuite.reproduce.tables import RunSpec, Target
 from fedsuite.reproduce.verdicts import ACTIVITY_NOT_RECORDED, VERDICT_RULE, VERDICTS, Activity, claims, verdict
 from fedsuite.plots import plot_groups
 from fedsuite.provenance import report_lines, run_summaries
-from fedsuite.results import best_accuracy, evaluations, read_metrics, run_value, write_atomically
+from fedsuite.results import best_accuracy, evaluations, run_value, write_atomically
+from fedsuite.rundir import read_metrics
 
 
 def aggregate(values: Sequence[float], tails: Sequence[Sequence[float]] = (), metric: str = "accuracy",
