@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from fedsuite.training import ClientRule, LocalResult, LocalTask
+from fedsuite.training import SGD, ClientRule, LocalResult, LocalTask
 
 STATE_NAME = "feddyn-h"
 
@@ -36,12 +36,12 @@ class FedDynClient(ClientRule):
         h = task.state.load_arrays(STATE_NAME, task.device)
         self.h = {n: (h[n].to(task.device, p.dtype) if h else torch.zeros_like(p).detach()) for n, p in params.items()}
 
-    def make_optimizer(self, task: LocalTask) -> torch.optim.Optimizer:
+    def make_optimizer(self, task: LocalTask) -> SGD:
         alpha = task.method_params.alpha
         # start_point is final now: λ (h_i − w_{i,0}) is fixed for the round
         self.correction = {n: alpha * (self.h[n] - task.start_point[n]) for n in self.h}
         cfg = task.cfg
-        return torch.optim.SGD(task.params, lr=task.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay + alpha)
+        return SGD(task.params, lr=task.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay + alpha)
 
     def adjust_gradient(self, task: LocalTask) -> None:
         self.add_to_gradients(task, self.correction)

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from fedsuite.arrays import tensor_norm
-from fedsuite.training import ClientRule, LocalTask, clip_grad
+from fedsuite.training import SGD, ClientRule, LocalTask, clip_grad
 from fedsuite.wire import MOMENTUM
 
 
@@ -109,7 +109,7 @@ class SamMomentumClient(ClientRule):
     def prepare_batch(self, task: LocalTask, x: torch.Tensor, y: torch.Tensor) -> None:
         """Called once per mini-batch before both SAM passes (FedMRUR computes ẑ here)."""
 
-    def step(self, task: LocalTask, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def step(self, task: LocalTask, opt: SGD, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         params = task.params
         self.prepare_batch(task, x, y)
         opt.zero_grad(set_to_none=True)

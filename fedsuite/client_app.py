@@ -112,8 +112,12 @@ HANDLERS = {MessageType.TRAIN: train_content, STATISTICS_QUERY: statistics_conte
 def _received_model(cfg, content: RecordDict, context: Context, pid: int) -> tuple[torch.device, LocalData, torch.nn.Module]:
     """The device, this client's data on it, and the model holding the message's ``arrays``."""
     torch.set_num_threads(cfg.num_cpus)
-    torch.use_deterministic_algorithms(True, warn_only=True)
     device = runtime.device_for(cfg)
+    if device.type == "cuda" or cfg.num_cpus > 1:
+        # cuDNN/cuBLAS and multi-threaded CPU kernels (an accumulating index_put) have faster
+        # nondeterministic paths; a one-thread CPU client runs every kernel serially, and the switch
+        # costs 1.3 CPU-seconds a process there (torch imports its compiler, torch._dynamo, to set it)
+        torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         bundle = runtime.load_bundle(cfg)
         data = local_data(cfg, bundle, pid, context, device)

@@ -4,7 +4,9 @@
 :func:`run_simulation`
 
 1. starts the run's simulation process (``launch.simulation_process``): it imports torch and
-   Flower's engine on the second core while this process builds the config;
+   Flower's engine on the second core while this process builds the config (not for a run its
+   inputs put on the in-process engine, :func:`engine_asked`, which has no such process: it would
+   import torch and be called off, 4 CPU-seconds for nothing);
 2. builds the config as ``--config``, the options and ``--set`` give it (``config.build_config``;
    with ``resume``, the run's recorded config is the base: ``rundir.resume_config``) and checks the
    hardware it asks for (``runtime.check_hardware``);
@@ -24,6 +26,8 @@ imports this module before its simulation process has started.
 from __future__ import annotations
 
 import shlex
+import tomllib
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -80,7 +84,8 @@ def run_simulation(config: Path | None, overrides: Sequence[str], values: dict[s
     total_rounds = 0
     try:
         # started first: its imports use the second core while this process builds the config
-        with launch.simulation_process() as process:
+        prestart = engine_asked(config, overrides, values) != "inprocess"
+        with launch.simulation_process() if prestart else nullcontext() as process:
             from fedsuite import rundir, runtime
 
             cfg = resolve_config(config, overrides, values, resume)
@@ -96,6 +101,26 @@ def run_simulation(config: Path | None, overrides: Sequence[str], values: dict[s
     except KeyboardInterrupt:  # launch.simulate has stopped the run's processes by now
         raise RunInterrupted(interrupted_message(run_dir, total_rounds, spelling), run_dir) from None
     return _ending(cfg, outcome, console, spelling)
+
+
+def engine_asked(config: Path | None, overrides: Sequence[str], values: dict[str, Any]) -> str | None:
+    """The ``engine`` the inputs name before the config is built, by the precedence
+    :func:`resolve_config` gives them (``overrides`` < ``values`` < the file), or None where none
+    names it (a resumed run's recorded engine is not read here). A file that cannot be read names
+    none: building the config reports it."""
+    for item in reversed(list(overrides)):
+        key, _, value = item.partition("=")
+        if key.strip() == "engine":
+            return value.strip().strip("\"'")
+    if values.get("engine") is not None:
+        return str(values["engine"])
+    if config is not None:
+        try:
+            engine = tomllib.loads(Path(config).read_text()).get("engine")
+        except (OSError, ValueError):
+            return None
+        return engine if isinstance(engine, str) else None
+    return None
 
 
 def resolve_config(config: Path | None, overrides: Sequence[str], values: dict[str, Any],

@@ -11,7 +11,7 @@ and customises the loop only through its hooks:
 
     w_{i,0} = start(w^t)                                     (default: w^t)
     for each local step k on a mini-batch b:
-        w ← w − η · ( ∇ℓ(w; b) + λ_wd · w ) [with momentum m]  (torch.optim.SGD)
+        w ← w − η · ( ∇ℓ(w; b) + λ_wd · w ) [with momentum m]  (:class:`SGD`)
     return w_{i,K}, n_i, mean train loss, K
 
 Plug-ins (relaxed initialisation, neuron-wise learning rates) wrap the same hooks, so any rule can
@@ -21,6 +21,7 @@ use them. Batching, augmentation, device placement and metrics are written here 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -30,6 +31,84 @@ import torch.nn.functional as F
 from fedsuite.data import augment_batch, to_float
 from fedsuite.state import ClientState
 from fedsuite.wire import NUM_STEPS
+
+
+class SGD:
+    """Local SGD with momentum and weight decay: for each parameter w with gradient g,
+
+        d = g + λ_wd · w
+        m ← d (first step),  m ← μ · m + d (later steps)      [μ > 0; no dampening, no Nesterov]
+        w ← w − η · m                                          [m = d when μ = 0]
+
+    ``torch.optim.SGD``'s update, bit for bit, with the same operations in the same order (its
+    per-tensor loop on the CPU, its ``torch._foreach`` ops on CUDA, as it picks them;
+    tests/test_core.py), without ``torch.optim``: every ``torch.optim`` optimizer imports
+    ``torch._dynamo`` on first use (its ``add_param_group``, ``zero_grad`` and ``step`` are
+    wrapped to keep ``torch.compile`` out), about 1.3 CPU-seconds in every process that trains (each
+    ClientApp actor, each in-process run), for a compiler fedsuite never calls.
+
+    The interface the loop, the rules and the plug-ins use: ``param_groups`` (one group: ``params``,
+    ``lr``, ``momentum``, ``weight_decay``), ``state[p]["momentum_buffer"]``, :meth:`zero_grad`,
+    :meth:`step`. An update linear in the gradient, so FedNLR's neuron-wise rates apply to it
+    (``neuron_lr_compatible``)."""
+
+    neuron_lr_compatible = True
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+        if lr < 0 or momentum < 0 or weight_decay < 0:
+            raise ValueError(f"SGD needs lr, momentum and weight_decay >= 0 (got {lr}, {momentum}, {weight_decay})")
+        self.param_groups: list[dict[str, Any]] = [
+            {"params": list(params), "lr": lr, "momentum": momentum, "weight_decay": weight_decay}]
+        self.state: defaultdict[torch.Tensor, dict[str, torch.Tensor]] = defaultdict(dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        p.grad.detach_().zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params and params[0].is_cuda:
+                self._step_foreach(params, group["lr"], group["momentum"], group["weight_decay"])
+                continue
+            for p in params:
+                d = p.grad
+                if group["weight_decay"] != 0:
+                    d = d.add(p, alpha=group["weight_decay"])
+                if group["momentum"] != 0:
+                    buf = self.state[p].get("momentum_buffer")
+                    if buf is None:
+                        buf = self.state[p]["momentum_buffer"] = d.detach().clone()
+                    else:
+                        buf.mul_(group["momentum"]).add_(d, alpha=1)
+                    d = buf
+                p.add_(d, alpha=-group["lr"])
+
+    def _step_foreach(self, params: list[torch.Tensor], lr: float, momentum: float, weight_decay: float) -> None:
+        """:meth:`step` on CUDA: one kernel per operation for all parameters, not one per
+        parameter (a GPU step is launch-bound)."""
+        grads = [p.grad for p in params]
+        if weight_decay != 0:
+            grads = torch._foreach_add(grads, params, alpha=weight_decay)
+        if momentum != 0:
+            bufs = [self.state[p].get("momentum_buffer") for p in params]
+            if all(b is not None for b in bufs):
+                torch._foreach_mul_(bufs, momentum)
+                torch._foreach_add_(bufs, grads, alpha=1)
+            else:
+                for i, (p, g) in enumerate(zip(params, grads)):
+                    if bufs[i] is None:
+                        bufs[i] = self.state[p]["momentum_buffer"] = g.detach().clone()
+                    else:
+                        bufs[i].mul_(momentum).add_(g, alpha=1)
+            grads = bufs
+        torch._foreach_add_(params, grads, alpha=-lr)
 
 
 @dataclass
@@ -126,9 +205,9 @@ class ClientRule:
     def start(self, task: LocalTask) -> None:
         """Set where training starts. The model already holds the received w^t."""
 
-    def make_optimizer(self, task: LocalTask) -> torch.optim.Optimizer:
+    def make_optimizer(self, task: LocalTask) -> SGD:
         cfg = task.cfg
-        return torch.optim.SGD(task.params, lr=task.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return SGD(task.params, lr=task.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
     def logits(self, task: LocalTask, x: torch.Tensor) -> torch.Tensor:
         return task.model(x)
@@ -137,7 +216,7 @@ class ClientRule:
         """The local objective on one batch (default: mean cross-entropy)."""
         return F.cross_entropy(self.logits(task, x), y)
 
-    def step(self, task: LocalTask, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def step(self, task: LocalTask, opt: SGD, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One local step; returns the batch loss as a detached 0-dim tensor (a Python float would
         force a host-device sync every step). Default: a first-order step on ``loss``."""
         opt.zero_grad(set_to_none=True)
@@ -190,7 +269,7 @@ class ClientRule:
         for plugin in self.plugins:
             plugin.after_start(task)
 
-    def run_make_optimizer(self, task: LocalTask) -> torch.optim.Optimizer:
+    def run_make_optimizer(self, task: LocalTask) -> SGD:
         opt = self.make_optimizer(task)
         for plugin in self.plugins:
             opt = plugin.wrap_optimizer(task, opt)

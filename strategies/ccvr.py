@@ -36,6 +36,7 @@ from fedsuite.params import Params
 from fedsuite.registry import register_method
 from fedsuite.seeding import round_rng
 from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.training import SGD
 from fedsuite.wire import to_record
 
 #: the virtual features' draw of a calibration round (fedsuite.seeding.round_rng)
@@ -92,7 +93,7 @@ def calibrate_head(weight: np.ndarray, bias: np.ndarray, feats: np.ndarray, labe
     with torch.no_grad():
         head.weight.copy_(torch.from_numpy(weight))
         head.bias.copy_(torch.from_numpy(bias))
-    opt = torch.optim.SGD(head.parameters(), lr=lr, momentum=momentum)
+    opt = SGD(head.parameters(), lr=lr, momentum=momentum)
     x, y, gen = torch.from_numpy(feats), torch.from_numpy(labels), torch.Generator().manual_seed(seed)
     for _ in range(epochs):
         order = torch.randperm(len(y), generator=gen)

@@ -217,6 +217,63 @@ def test_simulation_trains_the_plain_pytorch_loops_model_bit_for_bit(simulate, d
     assert [r["test_accuracy"] for r in res.rows[1:]] == plain.accuracy
 
 
+@pytest.mark.parametrize("momentum, weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.0, 1e-3), (0.5, 0.1)])
+def test_fedsuites_sgd_is_torch_optim_sgd_bit_for_bit(momentum, weight_decay):
+    """``fedsuite.training.SGD`` (the local optimizer, without ``torch.optim``) steps a model exactly
+    as ``torch.optim.SGD`` with the same settings: five steps, a parameter without a gradient in
+    one of them (skipped, its momentum kept), every parameter and momentum buffer equal, bit for bit."""
+    import copy
+
+    import torch
+
+    from fedsuite.training import SGD
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.GroupNorm(2, 4), torch.nn.Flatten(),
+                              torch.nn.Linear(4 * 4 * 4, 5))
+    x, y = torch.randn(8, 3, 6, 6), torch.randint(0, 5, (8,))
+    ours, theirs = copy.deepcopy(net), copy.deepcopy(net)
+    opt_ours = SGD(ours.parameters(), lr=0.05, momentum=momentum, weight_decay=weight_decay)
+    opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.05, momentum=momentum, weight_decay=weight_decay)
+    for step in range(5):
+        for model, opt in ((ours, opt_ours), (theirs, opt_theirs)):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            if step == 2:
+                model[3].bias.grad = None
+            opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(ours.parameters(), theirs.parameters()))
+    if momentum:
+        for p, q in zip(ours.parameters(), theirs.parameters()):
+            assert torch.equal(opt_ours.state[p]["momentum_buffer"], opt_theirs.state[q]["momentum_buffer"])
+    opt_ours.zero_grad()
+    assert all(p.grad is None for p in ours.parameters())
+
+
+def test_local_training_imports_no_compiler():
+    """Training a client (every kind of rule: plain SGD, a drift term, SAM with momentum, the
+    neuron-wise rates) imports no ``torch._dynamo``: torch's optimizers and
+    ``torch.use_deterministic_algorithms`` import that compiler, 1.3 CPU-seconds in every process
+    that trains, which fedsuite never uses on a one-thread CPU client (``fedsuite.training.SGD``)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"
+        "from conftest import make_task\n"
+        "from fedsuite.plugins import active_plugins\n"
+        "from fedsuite.training import run_local_training\n"
+        "for strategy in ('fedavg', 'feddyn', 'scaffold', 'mofedsam', 'fednlr'):\n"
+        "    task, cfg = make_task({'strategy': strategy, 'momentum': 0.9, 'weight_decay': 1e-3})\n"
+        "    run_local_training(cfg.method.client(plugins=active_plugins(cfg)), task)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_central_evaluation_uses_the_cores_the_run_holds():
     from fedsuite.processes import available_cores
     from fedsuite.engine import evaluation_threads

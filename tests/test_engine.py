@@ -50,6 +50,39 @@ def test_the_inprocess_engine_starts_no_process_and_no_ray(tmp_path, data_root):
     assert summary["status"] == "completed"
 
 
+def test_an_inprocess_run_from_the_cli_or_python_starts_no_simulation_process(tmp_path, data_root, monkeypatch):
+    """``fedsuite simulate`` and ``fedsuite.simulate`` start Flower's simulation process before the
+    config is built (its imports overlap the caller's), unless the inputs already put the run on the
+    in-process engine, by option, ``--set`` or the config file (``runner.engine_asked``): that
+    process would import torch and be called off. A run whose inputs do not say (here: a resume of
+    an in-process run) still runs in process; its prestarted process is ended unused."""
+    from fedsuite import runner
+
+    config = tmp_path / "run.toml"
+    config.write_text('engine = "inprocess"\nrounds = 1\n')
+    assert runner.engine_asked(None, ["engine=inprocess"], {}) == "inprocess"
+    assert runner.engine_asked(None, ['engine="flower"'], {"engine": "inprocess"}) == "flower"  # --set wins
+    assert runner.engine_asked(config, [], {"engine": "flower"}) == "flower"
+    assert runner.engine_asked(config, [], {}) == "inprocess"
+    assert runner.engine_asked(tmp_path / "missing.toml", [], {}) is None
+    assert runner.engine_asked(None, ["rounds=2"], {}) is None
+
+    def refuse():
+        raise AssertionError("a simulation process was started for an in-process run")
+
+    monkeypatch.setattr(launch, "start_simulation_process", refuse)
+    values = {**FAST, "data_root": str(data_root), "output_dir": str(tmp_path), "run_name": "run"}
+    outcome = runner.run_simulation(config, ["rounds=2"], values, spelling=runner.PYTHON)
+    assert outcome.ok and [r["round"] for r in read_metrics(tmp_path / "run")] == [0, 1, 2]
+    monkeypatch.undo()
+    started: list[int] = []
+    prestart = launch.start_simulation_process
+    monkeypatch.setattr(launch, "start_simulation_process", lambda: started.append(1) or prestart())
+    outcome = runner.run_simulation(None, [], {"output_dir": str(tmp_path), "run_name": "run", "rounds": 3},
+                                    resume=True, spelling=runner.PYTHON)
+    assert started == [1] and outcome.ok and [r["round"] for r in read_metrics(tmp_path / "run")] == [0, 1, 2, 3]
+
+
 def test_a_client_error_fails_an_inprocess_run_loudly(tmp_path, data_root):
     """A client that raises is a failed reply, as on Flower's engine, and the in-process engine is a
     simulation: one failed reply of a cohort of 4 fails the run (max_failed_fraction 0), which says

@@ -223,6 +223,11 @@ def test_model_with_state_is_the_built_model_holding_that_state(name):
     fast = model_with_state(lambda: build_model(name, classes, shape), state, torch.device("cpu"))
     assert list(fast.state_dict()) == list(state)
     assert all(torch.equal(fast.state_dict()[k], state[k]) for k in state)
+    assert [(n, p.requires_grad, p.device) for n, p in fast.named_parameters()] == [
+        (n, p.requires_grad, p.device) for n, p in built.named_parameters()]
+    assert all(isinstance(p, nn.Parameter) for p in fast.parameters())
+    assert all(v.untyped_storage().data_ptr() != state[k].untyped_storage().data_ptr()
+               for k, v in fast.state_dict().items())  # copies: training it leaves ``state`` as it was
     x = torch.randn(2, *shape)
     built.eval(), fast.eval()
     with torch.no_grad():
@@ -240,3 +245,15 @@ def test_model_with_state_initialises_a_module_whose_state_would_not_restore_it(
     model = model_with_state(WithNonPersistent, state, torch.device("cpu"))
     assert torch.equal(model.scale, torch.full((2,), 3.0))  # initialised, not left as empty memory
     assert torch.equal(model.lin.weight, state["lin.weight"])
+
+
+def test_model_with_state_keeps_a_parameter_shared_between_modules_shared():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.out = nn.Embedding(5, 3), nn.Linear(3, 5, bias=False)
+            self.out.weight = self.embed.weight
+
+    state = Tied().state_dict()
+    model = model_with_state(Tied, state, torch.device("cpu"))
+    assert model.out.weight is model.embed.weight and torch.equal(model.out.weight, state["out.weight"])

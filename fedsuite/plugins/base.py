@@ -20,7 +20,7 @@ from flwr.app import RecordDict
 
 from fedsuite.activity import Component
 from fedsuite.rounds import RoundLog, ServerSetup
-from fedsuite.training import LocalResult, LocalTask
+from fedsuite.training import SGD, LocalResult, LocalTask
 from fedsuite.wire import ClientReply
 
 
@@ -70,7 +70,7 @@ class ClientPlugin(ABC):
     def after_start(self, task: LocalTask) -> None:
         """After the rule's ``start`` hook; may move the start point."""
 
-    def wrap_optimizer(self, task: LocalTask, opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    def wrap_optimizer(self, task: LocalTask, opt: SGD) -> SGD:
         return opt
 
     def lr_scales(self) -> dict[str, torch.Tensor]:

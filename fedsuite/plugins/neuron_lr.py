@@ -73,7 +73,7 @@ from fedsuite.data import to_float
 from fedsuite.plugins.base import ClientPlugin, ServerHooks
 from fedsuite.replies import metric_means
 from fedsuite.rounds import RoundLog, ServerSetup
-from fedsuite.training import LocalTask
+from fedsuite.training import SGD, LocalTask
 from fedsuite.wire import ClientReply
 
 #: (μ_0, a_1, a_2) of Eq. 17 per preset
@@ -318,7 +318,7 @@ def activation_stats(model: nn.Module, layers: list[NeuronLayer], batches: Itera
 # IEEE arithmetic, so the result equals the inner optimizer bit for bit (tests/test_fednlr.py).
 #
 # Only optimizers whose update is linear in the gradient can take a per-neuron learning rate this
-# way: ``torch.optim.SGD`` (and subclasses), or any optimizer class that sets
+# way: fedsuite's ``SGD``, ``torch.optim.SGD`` (and subclasses), or any optimizer class that sets
 # ``neuron_lr_compatible = True``. Adaptive optimizers (Adam: the update is invariant to a
 # per-element gradient scale) are refused with a clear error.
 
@@ -360,18 +360,8 @@ class NeuronLROptimizer:
     def state(self) -> Any:
         return self.inner.state
 
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return self.inner.defaults
-
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state)
 
     def __getattr__(self, name: str) -> Any:  # anything else (e.g. SAM helpers) is the inner's
         if name == "inner":
@@ -510,7 +500,7 @@ class NeuronLRPlugin(ClientPlugin):
         if self.p.diagnostics:
             task.metrics.update(plan.metrics())
 
-    def wrap_optimizer(self, task: LocalTask, opt: torch.optim.Optimizer) -> NeuronLROptimizer:
+    def wrap_optimizer(self, task: LocalTask, opt: SGD) -> NeuronLROptimizer:
         """η̂ = η·s per neuron, fixed for the round (Eq. 18)."""
         named = dict(task.model.named_parameters())
         return NeuronLROptimizer(opt, {named[n]: s for n, s in self.plan.param_scales.items() if n in named})
