@@ -78,3 +78,25 @@ def test_engines_agree_on_cuda(simulate):
     assert flower.metrics_without_time() == inprocess.metrics_without_time()
     for k in flower.arrays:
         assert np.array_equal(flower.arrays[k], inprocess.arrays[k]), k
+
+
+def test_fedsuites_sgd_is_torch_optim_sgd_on_cuda():
+    """On CUDA ``fedsuite.training.SGD`` takes torch's multi-tensor kernels, as ``torch.optim.SGD``
+    does there: five steps with momentum and weight decay give the same parameters, bit for bit."""
+    import copy
+
+    from fedsuite.training import SGD
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.GroupNorm(2, 4), torch.nn.Flatten(),
+                              torch.nn.Linear(4 * 4 * 4, 5)).cuda()
+    x, y = torch.randn(8, 3, 6, 6, device="cuda"), torch.randint(0, 5, (8,), device="cuda")
+    ours, theirs = copy.deepcopy(net), copy.deepcopy(net)
+    opt_ours = SGD(ours.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    for _ in range(5):
+        for model, opt in ((ours, opt_ours), (theirs, opt_theirs)):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(ours.parameters(), theirs.parameters()))
