@@ -26,6 +26,7 @@ from conftest import FAST, assert_same_arrays, assert_same_client_state, assert_
 from test_baselines_a import IID as BASELINES_A_IID
 from test_baselines_b import SIM as BASELINES_B_SIM
 from test_fedinit import RI3 as FEDINIT_RI3
+from test_resume import FULL_DATA as RESUME_DATA
 
 from fedsuite.registry import methods
 
@@ -44,8 +45,8 @@ SHARED: dict[str, tuple[dict[str, Any], str]] = {
     "fedcm": ({}, "test_fedmr"),  # test_fedmrur.py's test_sim_mofedsam_rho0_equals_fedcm (in test_fedmr's group)
     "fedmrur": ({}, "test_fedmr"),  # test_fedmrur.py's test_sim_fedmrur_runs_and_logs (in test_fedmr's group)
     # tests/test_resume.py's uninterrupted reference runs (ROUNDS = 6, METHODS there); read-only here
-    "scaffold": ({"rounds": 6}, "test_resume"),
-    "feddyn": ({"rounds": 6}, "test_resume"),
+    "scaffold": ({"rounds": 6, **RESUME_DATA}, "test_resume"),
+    "feddyn": ({"rounds": 6, **RESUME_DATA}, "test_resume"),
 }
 
 

@@ -22,6 +22,7 @@ against a run made the other way.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -49,9 +50,14 @@ from fedsuite.config import ConfigError, apply_override, build_config
 from fedsuite.processes import process_tree
 from fedsuite.rundir import read_metrics
 from fedsuite.state import ClientState, prune_committed
-from tests.conftest import FAST, assert_same_arrays
+from tests.conftest import FAST as SMALL_FAST
+from tests.conftest import assert_same_arrays
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the generated benchmark at its full 100 devices (conftest's FAST takes 30): rounds long enough for
+#: the kills, stops and signals these tests aim at moments inside a run
+FULL_DATA: dict[str, Any] = {"dataset_options": {}}
+FAST = {**SMALL_FAST, **FULL_DATA}
 FEDSUITE = Path(sys.executable).parent / "fedsuite"
 ROUNDS = 6
 METHODS: dict[str, dict[str, Any]] = {
@@ -62,6 +68,12 @@ METHODS: dict[str, dict[str, Any]] = {
 #: the killed run that starts its own Ray (the product's default); the others use the worker's node
 PRIVATE_RAY = "fedinit"
 pytestmark = pytest.mark.inprocess  # the ``simulate`` fixture's uninterrupted references (module docstring)
+
+
+@pytest.fixture
+def simulate(simulate):
+    """conftest's ``simulate`` (in process: ``pytestmark``) on this file's data (``FULL_DATA``)."""
+    return functools.partial(simulate, **FULL_DATA)
 
 
 # ------------------------------------------------------------------------------------------------
