@@ -1173,7 +1173,7 @@ def test_a_run_is_the_run_asked_for_only_if_its_recorded_config_is(tmp_path):
 
     other = {**same, "lr": 0.1, "fedprox.mu": 0.5, "dataset_options": {"iid": True}, "faults.client_error": 0.5}
     assert rundir.config_mismatch(_record(tmp_path / "other", build_config(values=other)), asked) == [
-        'dataset_options: recorded {"iid": true}, asked {}', "faults.client_error: recorded 0.5, asked 0.0",
+        'dataset_options: recorded {"iid": true}, asked {"num_devices": 30}', "faults.client_error: recorded 0.5, asked 0.0",
         "fedprox.mu: recorded 0.5, asked 0.01", "lr: recorded 0.1, asked 0.05"]
     # another method: its strategy first; a method's section that only one side has is not compared
     fedavg = _record(tmp_path / "fedavg", build_config(values={**same, "strategy": "fedavg", "alpha": 0.1}))
@@ -1266,7 +1266,7 @@ def test_reproduce_reuses_a_moved_run_and_stops_on_a_changed_target(simulate, da
 
     from fedsuite.cli import app
 
-    done = simulate(strategy="fedavg")
+    done = simulate(strategy="fedavg", dataset_options={})  # the cell's data: the benchmark as it comes
     tiny = TINY.format(dataset="synthetic").replace(', "faults.delay_s=1.0"', "")
     tables = tmp_path / "tiny" / "tables.toml"
     tables.parent.mkdir()
