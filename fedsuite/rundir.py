@@ -564,6 +564,23 @@ def claimed(run_dir: Path, wait_s: float = REMNANT_WAIT_S, exclude: tuple[int, .
         os.close(fd)
 
 
+def held_elsewhere(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is held (:func:`claimed`) at this moment, by another process or by another
+    claim of this one: a run of it is going on there (a second queue of the same target, a
+    ``--resume`` in another terminal)."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # no folder (yet): nobody holds it
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock this call took
+    return False
+
+
 def remnants(run_dir: Path, exclude: tuple[int, ...] = ()) -> list[psutil.Process]:
     """Live processes of an earlier attempt of the run in ``run_dir``: its private Ray's (they carry
     its ``FLWR_HOME``) and its simulation process; this process and ``exclude`` left out."""

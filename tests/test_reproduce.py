@@ -791,6 +791,34 @@ published = {{ fedavg = [50.0, 1.0], fedprox = [51.0, 1.0] }}
 """
 
 
+def test_a_run_another_queue_is_running_is_left_to_it_and_not_called_failed(tmp_path):
+    """Two queues of one target (``experiments/claims.sh``'s two lanes) reach the same run: the one
+    that finds its folder held by another fedsuite process (``rundir.claimed``) starts nothing
+    there, leaves the folder as it is and says so ("in use", not "failed"); the run does not count
+    as completed for this queue. A run no one holds is run as before."""
+    import io
+
+    from rich.console import Console
+
+    from fedsuite.reproduce.queue import IN_USE, run_queue
+
+    tables = tmp_path / "tables.toml"
+    tables.write_text(TINY.format(dataset="synthetic").replace(', "faults.delay_s=1.0"', ""))
+    target = parse_tables(tables)["tiny"]
+    specs = plan(target, "cpu", tmp_path / "out", methods=["fedavg"], seeds=[0, 1], data_root=str(tmp_path / "data"))
+    held, free = specs
+    held.run_dir.mkdir(parents=True)
+    console = Console(file=io.StringIO(), width=200)
+    with rundir.claimed(held.run_dir):  # this test process is the other queue, mid-run
+        assert rundir.held_elsewhere(held.run_dir)  # a second open file of the folder, as another process's
+        states = run_queue(specs, console=console, poll_s=0.05, placement=["--engine", "inprocess"])
+    said = console.file.getvalue()
+    assert states == {held.run_dir: IN_USE, free.run_dir: "completed"}, said
+    assert f"in use    {held.label}: another fedsuite process runs it; left to that one" in said
+    assert "failed" not in said and list(held.run_dir.iterdir()) == []
+    assert rundir.held_elsewhere(held.run_dir) is False  # released with the hold
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     tables = tmp_path / "tiny" / "tables.toml"
     tables.parent.mkdir()

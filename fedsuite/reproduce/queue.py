@@ -226,12 +226,18 @@ def interrupt(*_: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the queue like Ctrl-C
 
 
+#: a run's state in the queue when another fedsuite process is running it (``rundir.held_elsewhere``)
+IN_USE = "in use"
+
+
 def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = (),
               console=None, poll_s: float = 0.5, retry_failed: bool = False) -> dict[Path, str]:
     """Run every spec that is not completed or failed (failed too with ``retry_failed``), ``jobs``
     at a time, each as a ``fedsuite simulate`` child (``--resume`` where a partial or failed run
     exists); show one progress display. Returns each run directory's final state
-    (``rundir.state``, or ``failed`` for a run whose process exited non-zero). Ctrl-C/SIGTERM stops
+    (``rundir.state``, or ``failed`` for a run whose process exited non-zero, or ``in use`` for a
+    run that another fedsuite process is running: a second queue of the same target, which this
+    queue leaves it to; it is not started, or, held after it started, its refusal is no failure). Ctrl-C/SIGTERM stops
     every running run's process tree, then re-raises. The caller has checked the runs
     (:func:`pending`)."""
     from rich.live import Live
@@ -294,7 +300,13 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
         with Live(display(), console=console, refresh_per_second=2, transient=True) as live:
             while todo or running:
                 while todo and len(running) < jobs:
-                    start(todo.pop(0))
+                    spec = todo.pop(0)
+                    if rundir.held_elsewhere(spec.run_dir):
+                        states[spec.run_dir] = IN_USE
+                        console.print(f"{IN_USE:9s} {spec.label}: another fedsuite process runs it; left to that one",
+                                      highlight=False)
+                        continue
+                    start(spec)
                 for proc in list(running):
                     spec, log, _ = running[proc]
                     progress[spec.run_dir] = max(progress[spec.run_dir], rundir.rounds_done(spec.run_dir))
@@ -303,7 +315,9 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
                     log.close()
                     del running[proc]
                     state = rundir.state(spec.run_dir, spec.rounds)
-                    states[spec.run_dir] = state if proc.returncode == 0 or state == "failed" else "failed"
+                    if proc.returncode == 2 and rundir.held_elsewhere(spec.run_dir):  # taken while it started
+                        state = IN_USE
+                    states[spec.run_dir] = state if proc.returncode == 0 or state in ("failed", IN_USE) else "failed"
                     if states[spec.run_dir] == "completed":
                         progress[spec.run_dir] = spec.rounds
                     console.print(f"{states[spec.run_dir]:9s} {spec.label} (exit {proc.returncode}"
