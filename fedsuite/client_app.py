@@ -49,7 +49,18 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    return Message(train_content(msg.content, context), reply_to=msg)
+    return Message(train_content(msg.content, run_context(msg, context)), reply_to=msg)
+
+
+def run_context(msg: Message, context: Context) -> Context:
+    """The context a handler works in: ``context``, or in a batch of runs (``runtime.BATCH_KEY``:
+    ``fedsuite.launch.simulate_batch``) the same node's context with the run config of the run that
+    ``msg`` belongs to (its ``group_id``: the run's index in the batch)."""
+    if runtime.BATCH_KEY not in context.run_config:
+        return context
+    run_config = runtime.app_runs(context.run_config)[int(msg.metadata.group_id)]
+    return Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config,
+                   state=context.state, run_config=run_config)
 
 
 def train_content(content: RecordDict, context: Context) -> RecordDict:
@@ -91,7 +102,7 @@ def train_content(content: RecordDict, context: Context) -> RecordDict:
 
 @app.query(STATISTICS_QUERY.split(".")[1])
 def statistics(msg: Message, context: Context) -> Message:
-    return Message(statistics_content(msg.content, context), reply_to=msg)
+    return Message(statistics_content(msg.content, run_context(msg, context)), reply_to=msg)
 
 
 def statistics_content(content: RecordDict, context: Context) -> RecordDict:

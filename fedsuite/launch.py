@@ -26,6 +26,7 @@ Deployment Engine the ServerApp runs under a SuperLink instead: ``fedsuite.super
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -73,8 +74,12 @@ def write_app(app_dir: Path, cfg: BaseRunConfig, run_dir: Path) -> None:
     from fedsuite.config import to_run_config
     from fedsuite.runtime import RUN_DIR_KEY
 
+    write_app_config(app_dir, {**to_run_config(cfg), RUN_DIR_KEY: str(run_dir)})
+
+
+def write_app_config(app_dir: Path, flat: dict[str, Any]) -> None:
+    """:func:`write_app` with the app's run config given (``[tool.flwr.app.config]``)."""
     app_dir.mkdir(parents=True, exist_ok=True)
-    flat = {**to_run_config(cfg), RUN_DIR_KEY: str(run_dir)}
     lines = [
         "[build-system]", 'requires = ["hatchling"]', 'build-backend = "hatchling.build"', "",
         "[project]", 'name = "fedsuite-run"', 'version = "1.0.0"', "dependencies = []", "",
@@ -225,48 +230,131 @@ def _simulate(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
               before_start: Callable[[], None] | None,
               process: subprocess.Popen | None) -> RunOutcome:
     """:func:`simulate` in a run directory this process holds (``rundir.claimed``)."""
-    if rundir.start_debris(run_dir):  # a run killed before it recorded anything: nothing to keep
-        rundir.clear_start_debris(run_dir)
-    done = rundir.check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
-    if done == cfg.rounds and rundir.summary_status(run_dir) == ("finished:completed", ""):
-        # a finished run asked for the rounds it has: it stays as it was, byte for byte
-        return RunOutcome(run_dir, "finished:completed", f"already complete after {done} rounds", ran=False)
-    app_dir = run_dir / "app"
-    write_app(app_dir, cfg, run_dir)
-    flwr_home = run_dir / ".flwr"  # Flower's home for the run, and the mark of its processes
+    progress = None if on_progress is None else (lambda _run_dir, rows: on_progress(rows))
+    return _simulate_runs([(cfg, run_dir)], [created] if created is not None else [], progress, before_start,
+                          process)[0]
+
+
+#: what a batch's runs must share (:func:`simulate_batch`): what Flower's engine and its Ray are built from
+BATCH_SHARED = ("engine", "num_clients", "num_cpus", "num_gpus", "ray_address")
+
+
+def simulate_batch(runs: list[tuple[BaseRunConfig, Path]],
+                   on_progress: Callable[[Path, list[dict[str, Any]]], None] | None = None) -> list[RunOutcome]:
+    """Several runs one after another in one Flower simulation: one simulation process, one Ray and
+    one pool of ClientApp actors for all of them. Those are what a short run spends most of its CPU
+    on (about 11 of a 2-round run's 13 CPU-seconds on 2 cores, ``benchmarks/README.md``); the
+    rounds themselves are the same messages through the same engine as :func:`simulate`'s, and give
+    the same numbers bit for bit.
+
+    The runs must share :data:`BATCH_SHARED` (``LaunchError`` otherwise, before anything is
+    written). Each keeps its own folder, app, records and checkpoint, and resumes alone
+    (``fedsuite simulate --resume``); a run complete already is left as it is. The batch's Flower
+    log is the first run's ``flower.log`` (the others' say so). A run that fails is recorded as
+    failed and the next one starts; a stop or a kill leaves the unfinished runs partial.
+    ``on_progress(run_dir, rows)`` is called as each run's rows land. Returns the outcomes in the
+    order of ``runs``."""
+    if not runs:
+        return []
+    first = runs[0][0]
+    for cfg, run_dir in runs:
+        differ = [key for key in BATCH_SHARED if getattr(cfg, key) != getattr(first, key)]
+        if differ:
+            raise LaunchError(f"a batch's runs must share {', '.join(BATCH_SHARED)}; {run_dir} differs from "
+                              f"{runs[0][1]} in {', '.join(differ)}")
+    if first.engine != "flower":
+        raise LaunchError(f"a batch runs on Flower's engine; engine is {first.engine!r}")
+    resolved = [(cfg, run_dir.resolve()) for cfg, run_dir in runs]
+    if len({run_dir for _, run_dir in resolved}) < len(resolved):
+        raise LaunchError("a batch names one run folder twice")
+    created = []
+    for _, run_dir in resolved:
+        outermost = run_dir
+        while not outermost.parent.exists():
+            outermost = outermost.parent
+        if not outermost.exists():
+            created.append(outermost)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as held:
+        for _, run_dir in resolved:
+            held.enter_context(rundir.claimed(run_dir))
+        return _simulate_runs(resolved, created, on_progress, None, None)
+
+
+def _simulate_runs(runs: list[tuple[BaseRunConfig, Path]], created: list[Path],
+                   on_progress: Callable[[Path, list[dict[str, Any]]], None] | None,
+                   before_start: Callable[[], None] | None,
+                   process: subprocess.Popen | None) -> list[RunOutcome]:
+    """Runs in folders this process holds, in one simulation process (one run: its own app; more:
+    a batch app naming them all, ``runtime.BATCH_KEY``). ``created``: folders this call's caller
+    made, removed if nothing started."""
+    from fedsuite.config import to_run_config
+    from fedsuite.runtime import BATCH_KEY, RUN_DIR_KEY
+
+    outcomes: dict[Path, RunOutcome] = {}
+    todo: list[tuple[BaseRunConfig, Path]] = []
+    for cfg, run_dir in runs:
+        if rundir.start_debris(run_dir):  # a run killed before it recorded anything: nothing to keep
+            rundir.clear_start_debris(run_dir)
+        done = rundir.check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
+        if done == cfg.rounds and rundir.summary_status(run_dir) == ("finished:completed", ""):
+            # a finished run asked for the rounds it has: it stays as it was, byte for byte
+            outcomes[run_dir] = RunOutcome(run_dir, "finished:completed", f"already complete after {done} rounds",
+                                           ran=False)
+        else:
+            todo.append((cfg, run_dir))
+    if not todo:
+        return [outcomes[run_dir] for _, run_dir in runs]
+    for cfg, run_dir in todo:
+        write_app(run_dir / "app", cfg, run_dir)  # each run's own app: what --resume runs it from
+    cfg, lead = todo[0]  # what the simulation is built from (shared), and the folder holding its marks and log
+    batch_dir = None
+    app_dir = lead / "app"
+    if len(todo) > 1:
+        batch_dir = Path(tempfile.mkdtemp(prefix="fedsuite-batch-"))
+        app_dir = batch_dir / "app"
+        runs_text = json.dumps([{**to_run_config(c), RUN_DIR_KEY: str(d)} for c, d in todo])
+        write_app_config(app_dir, {BATCH_KEY: runs_text})
+        for _, run_dir in todo[1:]:
+            with (run_dir / "flower.log").open("a") as log:
+                log.write(f"this start ran in a batch of {len(todo)} runs, whose Flower log is {lead / 'flower.log'}\n")
+    flwr_home = lead / ".flwr"  # Flower's home for the run, and the mark of its processes
     flwr_home.mkdir(exist_ok=True)
     # a private Ray keeps its session in a short temporary directory of this run (Ray's socket paths
     # must fit 107 bytes), discarded at the end; its logs are kept in <run>/ray-logs unless completed
     reaper.remove_orphan_ray_tmpdirs()  # those of runs killed with their watcher
-    ray_tmpdir = None if cfg.ray_address else reaper.make_ray_tmpdir(run_dir)
+    ray_tmpdir = None if cfg.ray_address else reaper.make_ray_tmpdir(lead)
     # a run must not outlive this process: the simulation dies with it (PDEATHSIG) and a watcher in
     # its own session stops everything carrying our FLWR_HOME if this process is killed
     attempt = new_attempt()  # this start's mark: its watcher never stops a --resume begun after a kill
-    watcher = reaper.start(flwr_home, run_dir / "reaper.log", remove=ray_tmpdir, attempt=attempt)
+    watcher = reaper.start(flwr_home, lead / "reaper.log", remove=ray_tmpdir, attempt=attempt)
     proc = process if process is not None else start_simulation_process()
     started = False
     try:
         try:
-            tell(proc, json.dumps({"app": str(app_dir), "log": str(run_dir / "flower.log"),
+            tell(proc, json.dumps({"app": str(app_dir), "log": str(lead / "flower.log"),
                                    "env": run_env(flwr_home, cfg.ray_address, ray_tmpdir, attempt)}))
             if before_start is not None:
                 before_start()
             # a resumed run (one retried after it failed, too) writes its own outcome when it ends: the
             # last attempt's would be read as this one's (flower.log keeps every attempt's traceback)
-            (run_dir / "summary.json").unlink(missing_ok=True)
-            (run_dir / "error.txt").unlink(missing_ok=True)
+            for _, run_dir in todo:
+                (run_dir / "summary.json").unlink(missing_ok=True)
+                (run_dir / "error.txt").unlink(missing_ok=True)
             tell(proc, "start")
             proc.stdin.close()
             started = True
-            watch(run_dir, lambda: proc.poll() is None, on_progress, cfg.stall_timeout_s)
-            outcome = RunOutcome(run_dir, *simulation_status(proc, run_dir))
-            # the run has ended and its results are on disk: the simulation process gets no teardown
+            for run_cfg, run_dir in todo:  # one after another, as the ServerApp runs them
+                progress = None if on_progress is None else functools.partial(on_progress, run_dir)
+                watch(run_dir, lambda: proc.poll() is None, progress, run_cfg.stall_timeout_s)
+                outcomes[run_dir] = RunOutcome(run_dir, *simulation_status(proc, run_dir))
+            # the runs have ended and their results are on disk: the simulation process gets no teardown
             # (Ray's shutdown takes seconds, and Ray's SIGTERM handler writes a stack dump to the log);
             # what it started is collected first, while its children are still its children
             started_by_it = process_tree(proc, ("FLWR_HOME", str(flwr_home)))
             proc.kill()
             terminate_all(started_by_it, timeout=STOP_GRACE_S)
-            return outcome
+            return [outcomes[run_dir] for _, run_dir in runs]
         finally:
             stop_tree(proc, ("FLWR_HOME", str(flwr_home)), timeout=STOP_GRACE_S)
             if not started:  # stopped mid-start: Ray's raylet may have started its agents meanwhile
@@ -275,13 +363,16 @@ def _simulate(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
                 proc.stdin.close()
     finally:
         reaper.stop(watcher)
+        if batch_dir is not None:
+            shutil.rmtree(batch_dir, ignore_errors=True)
         if ray_tmpdir is not None:
             if started:
-                reaper.discard_ray_tmpdir(ray_tmpdir, run_dir)
+                reaper.discard_ray_tmpdir(ray_tmpdir, lead)
             else:  # called off before it began: Ray's logs explain nothing the caller does not know
                 shutil.rmtree(ray_tmpdir, ignore_errors=True)
-        if not started and created is not None:
-            shutil.rmtree(created, ignore_errors=True)
+        if not started:
+            for folder in created:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def tell(proc: subprocess.Popen, line: str) -> None:

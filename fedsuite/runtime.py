@@ -9,6 +9,7 @@ its data and model fit together (:func:`check_data`) and that the GPUs it asks f
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from pathlib import Path
@@ -22,6 +23,23 @@ from fedsuite.data import load_dataset, partition_indices
 from fedsuite.errors import DataError
 
 RUN_DIR_KEY = "run_dir"
+
+#: a batch's Flower app (``fedsuite.launch.simulate_batch``) has this one run config key: its runs'
+#: flat run configs (each with its :data:`RUN_DIR_KEY`), in the order they run, as a JSON list; its
+#: messages carry the index of their run in that list as their ``group_id``
+BATCH_KEY = "fedsuite-batch"
+
+
+def app_runs(run_config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The flat run configs a Flower app's run config holds: its own, or a batch's (:data:`BATCH_KEY`)."""
+    if BATCH_KEY in run_config:
+        return [dict(flat) for flat in _batch_runs(str(run_config[BATCH_KEY]))]
+    return [dict(run_config)]
+
+
+@functools.lru_cache(maxsize=4)
+def _batch_runs(text: str) -> tuple[dict[str, Any], ...]:
+    return tuple(json.loads(text))
 
 
 def split_run_config(run_config: dict[str, Any]) -> tuple[BaseRunConfig, Path]:

@@ -34,10 +34,24 @@ SIMULATION_PULL_INTERVAL_S = 0.01
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    cfg, run_dir = runtime.split_run_config(dict(context.run_config))
+    """The run the app's config names, or each run of a batch in turn (``runtime.BATCH_KEY``,
+    ``fedsuite.launch.simulate_batch``): a batch's run that fails is recorded as failed (its
+    ``summary.json`` and ``error.txt``) and the next one starts; once all have run, the app raises
+    naming the failed ones. A stop (``engine.stop_requested``) ends the batch where it is."""
     tune_grid(grid)
-    engine.execute(cfg, run_dir, FlowerTransport(grid),
-                   connect=lambda: Handshake(grid, cfg.num_clients).partition_ids)
+    batch = runtime.BATCH_KEY in context.run_config
+    failed = []
+    for index, flat in enumerate(runtime.app_runs(context.run_config)):
+        cfg, run_dir = runtime.split_run_config(flat)
+        transport = FlowerTransport(grid, group_id=str(index) if batch else None)
+        try:
+            engine.execute(cfg, run_dir, transport, connect=lambda: Handshake(grid, cfg.num_clients).partition_ids)
+        except Exception:
+            if not batch or engine.stop_requested.is_set():
+                raise
+            failed.append(str(run_dir))
+    if failed:
+        raise RuntimeError(f"{len(failed)} run(s) of the batch failed (see each one's error.txt): {', '.join(failed)}")
 
 
 def method_strategy(grid: Grid, context: Context) -> tuple[FedSuiteStrategy, ArrayRecord]:

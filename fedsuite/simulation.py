@@ -202,12 +202,12 @@ def run(app_dir: Path | None) -> None:
     from flwr.supercore.task_identity import TaskIdentity
     from flwr.supercore.telemetry import EventType
 
-    from fedsuite.runtime import split_run_config
+    from fedsuite.runtime import app_runs, split_run_config
 
     use_light_actor()
     run_config = get_fused_config_from_dir(app_dir, {})
     server_app, client_app = app_components(app_dir)
-    cfg, _ = split_run_config(dict(run_config))
+    cfg, _ = split_run_config(app_runs(run_config)[0])  # a batch's runs share what the engine is built from
     flower_run = Run.create_empty(run_id=RUN_ID)
     flower_run.primary_task_id = 1
     flower_run.federation_id = NOOP_FEDERATION_ID

@@ -57,8 +57,11 @@ class FlowerTransport(Transport):
     Flower ``Strategy``, whose ``configure_train`` returns the messages and whose
     ``aggregate_train`` gets the replies from Flower's own loop."""
 
-    def __init__(self, grid: Grid | None) -> None:
+    def __init__(self, grid: Grid | None, group_id: str | None = None) -> None:
         self.grid = grid
+        #: the ``group_id`` of every message sent: in a batch of runs, the run's index in the batch
+        #: (``fedsuite.runtime.BATCH_KEY``), by which the ClientApp takes that run's config
+        self.group_id = group_id
 
     def refresh(self, nodes: NodeMap, num_clients: int, timeout: float) -> None:
         nodes.refresh(self.grid, num_clients, timeout)
@@ -68,7 +71,8 @@ class FlowerTransport(Transport):
         not connected get none: the caller leaves them out of ``contents``)."""
         sent = Exchange(nodes)
         for pid, content in contents.items():
-            sent.add(pid, Message(content=content, dst_node_id=nodes.node_of(pid), message_type=message_type))
+            sent.add(pid, Message(content=content, dst_node_id=nodes.node_of(pid), message_type=message_type,
+                                    group_id=self.group_id))
         return sent
 
     @staticmethod

@@ -184,15 +184,40 @@ def cached_simulate(tmp_path_factory, data_root, worker_ray_cluster):
             assert not outcome.ok, f"simulation was expected to fail but ended {outcome.status}"
         else:
             assert outcome.ok, f"simulation failed ({outcome.status}): {error}"
-        ckpt = run_dir / "checkpoint.pt"
-        result = SimResult(
-            run_dir=run_dir,
-            rows=read_metrics(run_dir),
-            summary=json.loads((run_dir / "summary.json").read_text()),
-            checkpoint=torch.load(ckpt, weights_only=False) if ckpt.is_file() else {},
-        )
-        cache[key] = result
-        return result
+        cache[key] = sim_result(run_dir)
+        return cache[key]
+
+    return run
+
+
+def sim_result(run_dir: Path) -> SimResult:
+    """What a finished run left in ``run_dir``."""
+    ckpt = run_dir / "checkpoint.pt"
+    return SimResult(
+        run_dir=run_dir,
+        rows=read_metrics(run_dir),
+        summary=json.loads((run_dir / "summary.json").read_text()),
+        checkpoint=torch.load(ckpt, weights_only=False) if ckpt.is_file() else {},
+    )
+
+
+@pytest.fixture(scope="session")
+def simulate_batch(tmp_path_factory, data_root, worker_ray_cluster):
+    """simulate_batch([overrides, ...]) -> [SimResult, ...]: the runs (``fast`` settings with each
+    one's overrides) one after another in one Flower simulation on this worker's Ray node
+    (``fedsuite.launch.simulate_batch``); each must complete, except one whose overrides hold
+    ``expect_failure=True``, which must fail."""
+    base = tmp_path_factory.mktemp("batch")
+
+    def run(many: list[dict[str, Any]]) -> list[SimResult]:
+        expect_failure = [bool(values.get("expect_failure")) for values in many]
+        runs = [(build_config(values={"ray_address": worker_ray_cluster, **fast(
+                     data_root=str(data_root), **{k: v for k, v in values.items() if k != "expect_failure"})}),
+                 Path(tempfile.mkdtemp(prefix="run", dir=base))) for values in many]
+        outcomes = launch.simulate_batch(runs)
+        for outcome, fails in zip(outcomes, expect_failure):
+            assert outcome.ok != fails, f"{outcome.run_dir} ended {outcome.status}: {outcome.details}"
+        return [sim_result(outcome.run_dir) for outcome in outcomes]
 
     return run
 
@@ -288,10 +313,9 @@ def make_task(cfg_values: dict[str, Any] | None = None, *, pid: int = 0, server_
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into groups
 def pytest_collection_modifyitems(items):
-    """Keep each test file on one xdist worker (its tests share cached simulations), but let the
-    registry-wide end-to-end runs, one simulation each, spread over all workers. A test that carries
-    its own ``xdist_group`` mark keeps it: that is how a test joins another file's group to share
-    that file's cached simulations (each xdist worker has its own cache).
+    """Keep each test file on one xdist worker (its tests share cached simulations). A test that
+    carries its own ``xdist_group`` mark keeps it: that is how a test joins another file's group to
+    share that file's cached simulations (each xdist worker has its own cache).
 
     Then the groups are put in the order the workers are to take them (``--no-loadscope-reorder``:
     xdist hands out whole groups in the order of their first test): first the groups holding a test
@@ -299,8 +323,6 @@ def pytest_collection_modifyitems(items):
     by number of tests, most first (xdist's own order). A long test taken last would leave the
     other workers idle while it runs; taken first, it runs beside the many short ones."""
     for item in items:
-        if item.module.__name__.endswith("test_registry_e2e"):
-            continue
         if item.get_closest_marker("xdist_group") is not None:
             continue
         item.add_marker(pytest.mark.xdist_group(item.module.__name__))

@@ -19,7 +19,7 @@ import torch
 from fedsuite.config import FaultsConfig, build_config
 from fedsuite.faults import FaultDraw, InjectedFault
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from tests.conftest import FAST
+from tests.conftest import FAST, assert_same_arrays, assert_same_client_state, assert_same_state
 
 MIXED = {"client_error": 0.2, "nan": 0.1, "wrong_shape": 0.1}
 
@@ -98,13 +98,24 @@ def test_all_clients_failing_exits_nonzero_with_one_line(tmp_path, data_root):
     assert (tmp_path / "r" / "ray-logs" / "raylet.out").is_file()  # the failed run keeps its Ray logs
 
 
-def test_failure_past_the_bound_stops_the_run_and_keeps_the_last_good_round(simulate):
+#: the two Flower runs of this file's bound tests, one batch (``launch.simulate_batch``): the run past
+#: the bound fails first, and the next one must run as if alone
+PAST_BOUND = {"strategy": "fedavg", "seed": 1, "rounds": 3, **{f"faults.{k}": v for k, v in MIXED.items()}}
+BELOW_BOUND = {"strategy": "fedavg", "seed": 23, "rounds": 3, "max_failed_fraction": 0.5,
+               **{f"faults.{k}": v for k, v in MIXED.items()}}
+
+
+@pytest.fixture(scope="module")
+def bound_runs(simulate_batch):
+    return simulate_batch([{**PAST_BOUND, "expect_failure": True}, BELOW_BOUND])
+
+
+def test_failure_past_the_bound_stops_the_run_and_keeps_the_last_good_round(bound_runs):
     """Default bound in simulation: 0. Seed 1's first failing round is 2: the run stops there as
     failed, names round 2's failing clients, and the checkpoint and metrics end at round 1."""
     expected = predicted_failures(1, 3, MIXED)
     assert not expected[1] and expected[2], "the seed no longer fits the test"
-    res = simulate(strategy="fedavg", seed=1, rounds=3, **{f"faults.{k}": v for k, v in MIXED.items()},
-                   expect_failure=True)
+    res = bound_runs[0]
     failure = res.summary["failure"]
     assert res.summary["status"] == "failed" and failure["round"] == 2
     assert failure["partition_ids"] == sorted(expected[2]) and failure["max_failed_fraction"] == 0
@@ -112,7 +123,7 @@ def test_failure_past_the_bound_stops_the_run_and_keeps_the_last_good_round(simu
     assert res.checkpoint["round"] == 1 and [r["round"] for r in res.rows] == [0, 1]
 
 
-def test_failures_below_the_bound_are_counted_and_never_averaged(simulate):
+def test_failures_below_the_bound_are_counted_and_never_averaged(bound_runs):
     """20% raising clients plus NaN and wrong-shape replies, bound 0.5: the run completes; every
     round lists exactly the predicted failed clients with the right reason, the summary totals them,
     and the global model is finite."""
@@ -120,8 +131,7 @@ def test_failures_below_the_bound_are_counted_and_never_averaged(simulate):
     expected = predicted_failures(seed, rounds, MIXED)
     kinds = {reason for per_round in expected.values() for reason in per_round.values()}
     assert kinds == {"injected fault", "has shape", "non-finite"}, "the seed no longer fits the test"
-    res = simulate(strategy="fedavg", seed=seed, rounds=rounds, max_failed_fraction=0.5,
-                   **{f"faults.{k}": v for k, v in MIXED.items()})
+    res = bound_runs[1]
     for row in res.rows[1:]:
         want = expected[row["round"]]
         assert sorted(row["dropped"]) == sorted(want) and row["failed"] == len(want)
@@ -132,6 +142,35 @@ def test_failures_below_the_bound_are_counted_and_never_averaged(simulate):
     assert res.summary["status"] == "completed" and res.summary["failed_replies"] == total
     assert res.summary["rounds_with_failures"] == sum(1 for v in expected.values() if v)
     assert all(np.isfinite(a).all() for a in res.arrays.values() if np.issubdtype(a.dtype, np.floating))
+
+
+def test_a_batch_records_its_failed_run_and_runs_the_next_as_if_alone(bound_runs, simulate):
+    """In a batch (one Flower simulation, one ClientApp actor), the run that failed has its own
+    failed record; the run after it gives the numbers, model, server and client state of the same
+    run made alone (the in-process engine, which gives Flower's numbers bit for bit), and its log
+    names the batch's."""
+    failed, after = bound_runs
+    assert (failed.run_dir / "error.txt").is_file() and failed.summary["status"] == "failed"
+    assert after.summary["status"] == "completed" and not (after.run_dir / "error.txt").exists()
+    alone = simulate(**BELOW_BOUND, engine="inprocess")
+    assert alone.metrics_without_time() == after.metrics_without_time()
+    assert_same_arrays(alone.arrays, after.arrays)
+    assert_same_state(alone.checkpoint["strategy"], after.checkpoint["strategy"])
+    assert_same_client_state(alone.run_dir, after.run_dir)
+    assert (f"this start ran in a batch of 2 runs, whose Flower log is {failed.run_dir / 'flower.log'}"
+            in (after.run_dir / "flower.log").read_text())
+
+
+def test_a_batch_of_runs_that_need_different_simulations_is_refused_before_anything_is_written(tmp_path, data_root):
+    from fedsuite.launch import LaunchError, simulate_batch
+
+    one, other = (build_config(values={**FAST, "data_root": str(data_root), **values})
+                  for values in ({}, {"num_clients": 6, "clients_per_round": 3}))
+    with pytest.raises(LaunchError, match=f"{tmp_path / 'b'} differs from {tmp_path / 'a'} in num_clients"):
+        simulate_batch([(one, tmp_path / "a"), (other, tmp_path / "b")])
+    with pytest.raises(LaunchError, match="a batch runs on Flower's engine"):
+        simulate_batch([(build_config(values={**FAST, "engine": "inprocess"}), tmp_path / "a")])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_simulation_process_that_dies_before_the_serverapp_records_anything_fails_the_run(tmp_path, monkeypatch):
