@@ -170,8 +170,17 @@ def test_weighted_mean_helper_casts_integers():
 # ------------------------------------------------------------------------------------------------
 
 
-def test_end_to_end_simulation_writes_a_complete_run_directory(simulate):
-    res = simulate(strategy="fedavg", rounds=3)
+@pytest.fixture(scope="module")
+def flower_runs(simulate_batch):
+    """This file's Flower runs, one batch (``launch.simulate_batch``: one simulation, one Ray node,
+    one ClientApp actor): FedAvg for 3 rounds, the same again in another folder, and a run whose
+    clients diverge (lr 1e30), which fails."""
+    return simulate_batch([{"strategy": "fedavg", "rounds": 3}, {"strategy": "fedavg", "rounds": 3},
+                           {"strategy": "fedavg", "rounds": 1, "lr": 1e30, "expect_failure": True}])
+
+
+def test_end_to_end_simulation_writes_a_complete_run_directory(flower_runs):
+    res = flower_runs[0]
     files = {p.name for p in res.run_dir.iterdir()}
     assert {"config.json", "metrics.jsonl", "summary.json", "checkpoint.pt", "accuracy.png"} <= files
     assert [r["round"] for r in res.rows] == [0, 1, 2, 3]
@@ -185,15 +194,14 @@ def test_end_to_end_simulation_writes_a_complete_run_directory(simulate):
     assert res.checkpoint["round"] == 3
 
 
-def test_same_seed_gives_identical_metrics(simulate):
-    a = simulate(strategy="fedavg", rounds=3)
-    b = simulate(strategy="fedavg", rounds=3, run_name="again")  # a second, separate run
+def test_same_seed_gives_identical_metrics(flower_runs):
+    a, b = flower_runs[:2]  # two runs of one config, one after the other on the same ClientApp actor
     assert a.run_dir != b.run_dir
     assert a.metrics_without_time() == b.metrics_without_time()
     assert_same_arrays(a.arrays, b.arrays)
 
 
-def test_simulation_trains_the_plain_pytorch_loops_model_bit_for_bit(simulate, data_root):
+def test_simulation_trains_the_plain_pytorch_loops_model_bit_for_bit(flower_runs, data_root):
     """Flower's Simulation Engine (Ray actors, serialisation, the strategy's validated float64 mean,
     central evaluation) ends with the very model of FedAvg written directly in PyTorch
     (``benchmarks/harness.py::plain_fedavg``: the same cohorts, seeds and SGD steps, one client after
@@ -205,7 +213,7 @@ def test_simulation_trains_the_plain_pytorch_loops_model_bit_for_bit(simulate, d
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from harness import plain_fedavg
 
-    res = simulate(strategy="fedavg", rounds=3)
+    res = flower_runs[0]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the actors' arithmetic (num_cpus = 1)
     try:
@@ -298,10 +306,10 @@ def test_runs_at_once_get_disjoint_shares_of_the_cores():
         assert sum(len(s) for s in slices) == n and max(map(len, slices)) - min(map(len, slices)) <= 1, (jobs, n)
 
 
-def test_divergent_clients_fail_the_run_loudly(simulate):
+def test_divergent_clients_fail_the_run_loudly(flower_runs):
     """A learning rate of 1e30 makes every client's model non-finite: every reply is rejected, never
     averaged, and a round with no accepted reply fails the run with the clients and the reason."""
-    res = simulate(strategy="fedavg", rounds=1, lr=1e30, expect_failure=True)
+    res = flower_runs[2]
     failure = res.summary["failure"]
     assert res.summary["status"] == "failed" and failure["round"] == 1
     assert len(failure["partition_ids"]) == FAST["clients_per_round"]

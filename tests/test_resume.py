@@ -62,9 +62,8 @@ FEDSUITE = Path(sys.executable).parent / "fedsuite"
 ROUNDS = 6
 METHODS: dict[str, dict[str, Any]] = {
     "scaffold": {"strategy": "scaffold"},
-    "feddyn": {"strategy": "feddyn"},
     "fedinit": {"strategy": "fedinit", "relaxed_init.storage": "client-state"},
-}
+}  # FedDyn's killed run is the one killed inside a batch (test_a_killed_batch_...)
 #: the killed run that starts its own Ray (the product's default); the others use the worker's node
 PRIVATE_RAY = "fedinit"
 pytestmark = pytest.mark.inprocess  # the ``simulate`` fixture's uninterrupted references (module docstring)
@@ -141,9 +140,11 @@ def _mtime_ns(path: Path) -> int:
         return -1
 
 
-def _kill_mid_round(proc: subprocess.Popen, run_dir: Path, rng: random.Random, log: Path) -> dict[str, int]:
+def _kill_mid_round(proc: subprocess.Popen, run_dir: Path, rng: random.Random, log: Path,
+                    marked: Path | None = None) -> dict[str, int]:
     """Wait until round ``c`` (seeded) is checkpointed and ``j`` (seeded) client-state files of round
-    c + 1 have been written, then SIGKILL everything. Returns the kill point for the report."""
+    c + 1 have been written, then SIGKILL everything (the processes marked with ``marked``'s Flower
+    home: a batch's first run's; default ``run_dir``'s). Returns the kill point for the report."""
     target = rng.randint(1, ROUNDS - 2)
     files = rng.randint(1, 3)
     ckpt = run_dir / "checkpoint.pt"
@@ -158,7 +159,7 @@ def _kill_mid_round(proc: subprocess.Popen, run_dir: Path, rng: random.Random, l
             if len(fresh) >= files:
                 break
         time.sleep(0.02)
-    _kill_9(proc, run_dir)
+    _kill_9(proc, marked or run_dir)
     return {"checkpointed_round": int(torch.load(ckpt, weights_only=False)["round"]), "state_files": files}
 
 
@@ -223,20 +224,60 @@ def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_ro
     _assert_same_run(run_dir, reference, method)
 
 
+@pytest.mark.long
+def test_a_killed_batch_keeps_its_finished_run_and_run_again_continues_the_rest(simulate, data_root, tmp_path,
+                                                                               worker_ray_cluster):
+    """A batch of three runs in one Flower simulation (``launch.simulate_batch``, in a process of its
+    own) is SIGKILLed mid-round in its second run (FedDyn, whose clients keep state). The first run
+    stays completed, the second partial, the third has no record. The same batch started again
+    leaves the first as it was, continues the second and runs the third: both end bit-identical to
+    the same runs made alone and uninterrupted."""
+    first, killed, last = ({"strategy": "fedavg", "rounds": 2}, {"strategy": "feddyn", "rounds": ROUNDS},
+                           {"strategy": "fedavg", "rounds": 2, "seed": 8})
+    folders = [tmp_path / name for name in ("first", "killed", "last")]
+    batch = [({**FAST, **values, "data_root": str(data_root), "ray_address": worker_ray_cluster}, str(folder))
+             for values, folder in zip((first, killed, last), folders)]
+    script = ("import json, sys, pathlib; from fedsuite.config import build_config; from fedsuite import launch; "
+              "launch.simulate_batch([(build_config(values=v), pathlib.Path(d)) for v, d in json.loads(sys.argv[1])])")
+    log = tmp_path / "batch.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(batch)], env=_env(), stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        point = _kill_mid_round(proc, folders[1], random.Random("resume-batch"), log, marked=folders[0])
+    finally:
+        if proc.poll() is None:
+            _kill_9(proc, folders[0])
+    assert point["checkpointed_round"] < ROUNDS
+    assert rundir.state(folders[0]) == "completed" and rundir.state(folders[1]) == "partial"
+    assert not (folders[2] / "metrics.jsonl").exists()
+    finished = {p.name: p.read_bytes() for p in folders[0].iterdir() if p.is_file()}
+
+    outcomes = launch.simulate_batch([(build_config(values=values), Path(folder)) for values, folder in batch])
+    assert [o.status for o in outcomes] == ["finished:completed"] * 3 and not outcomes[0].ran
+    assert {p.name: p.read_bytes() for p in folders[0].iterdir() if p.is_file()} == finished
+    _assert_same_run(folders[1], simulate(**killed), "feddyn")
+    alone = simulate(**last)
+    assert [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(folders[2])] == \
+        alone.metrics_without_time()
+
+
 # ------------------------------------------------------------------------------------------------
 # item 3: a kill between the checkpoint and the metrics row never loses or doubles a round
 # ------------------------------------------------------------------------------------------------
 
 
-def test_row_and_checkpoint_are_one_step_on_resume(simulate, data_root, tmp_path, worker_ray_cluster):
+def test_row_and_checkpoint_are_one_step_on_resume(simulate, data_root, tmp_path):
     """FedDyn, 2 + 2 + 2 rounds. After the first segment the last row is missing (a kill after the
     checkpoint, before the append); after the second an extra row of a round the checkpoint does not
     hold is present (a kill after an append, before its checkpoint: the old order). Both resumes
-    must give the uninterrupted run's rows: no round missing, none twice."""
+    must give the uninterrupted run's rows: no round missing, none twice. On the in-process engine
+    (the records and their checks are the engine's, whatever carries its messages; the killed Flower
+    runs above and below resume through Flower's)."""
     method = "feddyn"
-    reference = simulate(rounds=ROUNDS, **METHODS[method])
-    values = {**FAST, **METHODS[method], "data_root": str(data_root), "output_dir": str(tmp_path), "run_name": "r",
-              "ray_address": worker_ray_cluster}
+    reference = simulate(rounds=ROUNDS, strategy=method)
+    values = {**FAST, "strategy": method, "data_root": str(data_root), "output_dir": str(tmp_path), "run_name": "r",
+              "engine": "inprocess"}
     run_dir = tmp_path / "r"
     assert launch.simulate(build_config(values={**values, "rounds": 2}), run_dir).ok
     lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
