@@ -28,9 +28,11 @@ METHODS = sorted(methods())
 
 
 @pytest.fixture(scope="module")
-def flower_runs(simulate_batch):
-    """Every method's run on Flower's engine (FAST settings), by method."""
-    return dict(zip(METHODS, simulate_batch([{"strategy": name} for name in METHODS])))
+def flower_runs(request, simulate_batch):
+    """The run on Flower's engine (FAST settings) of every method whose test was selected, by method."""
+    selected = {item.name for item in request.session.items}
+    chosen = [name for name in METHODS if f"test_method_runs_end_to_end[{name}]" in selected]
+    return dict(zip(chosen, simulate_batch([{"strategy": name} for name in chosen])))
 
 
 @pytest.mark.parametrize("name", METHODS)
