@@ -326,3 +326,39 @@ def test_a_second_sweep_into_a_running_sweeps_folder_is_refused_naming_the_first
     assert rundir.state(run) == "completed"
     again = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=600)  # the lock went with it
     assert again.returncode == 0 and "1 already done, 0 to run" in again.stdout, again.stdout + again.stderr
+
+
+def test_the_warm_starter_runs_each_command_in_a_process_of_its_own_and_says_how_it_ended(tmp_path):
+    """``fedsuite.warm``, which starts a queue's runs: each command is a process of its own (not the
+    warm process, not this one) with its output in its log, its cores and its exit code (2 for a
+    refused config; minus the signal for a killed run); a run started after the warm process died is
+    started the plain way and runs as well."""
+    import psutil
+
+    from fedsuite.warm import WarmStarter
+
+    def command(name: str, *more: str) -> list[str]:
+        return [sys.executable, "-m", "fedsuite.cli", "simulate", "--engine", "inprocess", "--set", "num_clients=6",
+                "--set", "clients_per_round=2", "--set", f"data_root={tmp_path / 'data'}", "--output-dir",
+                str(tmp_path / "out"), "--run-name", name, *more]
+
+    with WarmStarter() as starter:
+        ok = starter.start(command("ok", "--rounds", "1"), tmp_path / "ok.log", None, _env())
+        refused = starter.start(command("refused", "--rounds", "0"), tmp_path / "refused.log", None, _env())
+        long = starter.start(command("long", "--rounds", "50", "--set", "faults.delay_s=2"), tmp_path / "long.log",
+                             [0], _env())
+        assert len({ok.pid, refused.pid, long.pid, starter.proc.pid, os.getpid()}) == 5
+        assert psutil.Process(long.pid).ppid() == starter.proc.pid
+        assert psutil.Process(long.pid).cpu_affinity() == [0]
+        assert ok.wait(300) == 0, (tmp_path / "ok.log").read_text()
+        assert refused.wait(300) == 2 and "rounds" in (tmp_path / "refused.log").read_text()
+        os.kill(long.pid, signal.SIGKILL)
+        assert long.wait(60) == -signal.SIGKILL
+        assert rundir.state(tmp_path / "out" / "ok") == "completed"
+        assert "done: final accuracy" in (tmp_path / "ok.log").read_text()
+
+        starter.proc.kill()
+        starter.proc.wait()
+        after = starter.start(command("after", "--rounds", "1"), tmp_path / "after.log", None, _env())
+        assert isinstance(after, subprocess.Popen) and after.wait(300) == 0, (tmp_path / "after.log").read_text()
+    assert rundir.state(tmp_path / "out" / "after") == "completed"

@@ -30,9 +30,11 @@ checks before it starts) ``fedsuite sweep --search``. A queued run is anything w
   checkpoint like a partial run: its completed rounds are kept, and a failure of the run itself
   (a diverged model) comes back at the same round, while one of its surroundings (a machine out of
   memory, a lost Ray node, a fixed bug) does not;
-* each run is a ``fedsuite simulate`` child process in this process's group, started with
-  ``PR_SET_PDEATHSIG`` (``fedsuite.reaper.die_with_parent``), so a killed queue takes its runs with
-  it; Ctrl-C or SIGTERM stops each run's whole process tree (``fedsuite.processes.stop_tree``);
+* each run is a ``fedsuite simulate`` process of its own in this process's group, forked from a
+  warm process that has imported torch, the methods and the CLI once (``fedsuite.warm``: about 2.5
+  CPU-seconds a run saved); both die with their parent (``PR_SET_PDEATHSIG``,
+  ``fedsuite.reaper.die_with_parent``), so a killed queue takes its runs with it; Ctrl-C or SIGTERM
+  stops each run's whole process tree (``fedsuite.processes.stop_tree``);
 * with ``jobs`` > 1, each running run (its private Ray, clients and server) is pinned to its own
   share of the cores (``fedsuite.processes.core_slices``), so that runs do not spin on each
   other's cores; what a run computes does not depend on it.
@@ -44,7 +46,6 @@ import inspect
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -233,8 +234,9 @@ IN_USE = "in use"
 def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = (),
               console=None, poll_s: float = 0.5, retry_failed: bool = False) -> dict[Path, str]:
     """Run every spec that is not completed or failed (failed too with ``retry_failed``), ``jobs``
-    at a time, each as a ``fedsuite simulate`` child (``--resume`` where a partial or failed run
-    exists); show one progress display. Returns each run directory's final state
+    at a time, each as a ``fedsuite simulate`` process of its own (``--resume`` where a partial or
+    failed run exists), forked from one warm process that has the imports done
+    (``fedsuite.warm``); show one progress display. Returns each run directory's final state
     (``rundir.state``, or ``failed`` for a run whose process exited non-zero, or ``in use`` for a
     run that another fedsuite process is running: a second queue of the same target, which this
     queue leaves it to; it is not started, or, held after it started, its refusal is no failure). Ctrl-C/SIGTERM stops
@@ -244,8 +246,8 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
     from rich.table import Table
     from rich.text import Text
 
-    from fedsuite import reaper
     from fedsuite.cli_support import plain_console
+    from fedsuite.warm import WarmStarter
 
     console = console or plain_console()
     slices = core_slices(jobs)  # each running run's own share of the cores (None: one job, unpinned)
@@ -257,7 +259,7 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
                                  rundir.rounds_done(s.run_dir) if initial[s.run_dir] in ("partial", "failed") else 0)
                      for s in specs}
     progress = dict(done_at_start)
-    running: dict[subprocess.Popen, tuple[Any, Any, int]] = {}  # spec, log, slot
+    running: dict[Any, tuple[Any, Path, int]] = {}  # a run's process (fedsuite.warm) -> spec, log, slot
     started = time.monotonic()
     total_rounds = sum(s.rounds for s in specs)
 
@@ -278,24 +280,18 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
     def start(spec: Any) -> None:
         state = initial[spec.run_dir]
         spec.run_dir.parent.mkdir(parents=True, exist_ok=True)
-        log = (spec.run_dir.parent / f"{spec.run_dir.name}.log").open("ab")
+        log = spec.run_dir.parent / f"{spec.run_dir.name}.log"
         slot = min(set(range(jobs)) - {s for *_, s in running.values()})
-        die_with_parent = reaper.die_with_parent()
-
-        def preexec() -> None:  # in the child: it dies with this process, on its share of the cores
-            die_with_parent()
-            if slices is not None:
-                os.sched_setaffinity(0, slices[slot])
-
-        proc = subprocess.Popen(spec.command(resume=state in ("partial", "failed"), placement=placement), stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=fedsuite_first(os.environ), preexec_fn=preexec)
+        # its own process, on its share of the cores, dying with this one (fedsuite.warm)
+        proc = starter.start(spec.command(resume=state in ("partial", "failed"), placement=placement), log,
+                             None if slices is None else slices[slot], fedsuite_first(os.environ))
         states[spec.run_dir] = "running"
         running[proc] = (spec, log, slot)
         verb = ("retry " if state == "failed" else "start " if state != "partial" else
                 "extend" if rundir.summary_status(spec.run_dir) else "resume")
         console.print(f"{verb} {spec.label} -> {spec.run_dir}", highlight=False, soft_wrap=True)
 
+    starter = WarmStarter() if todo else None
     try:
         with Live(display(), console=console, refresh_per_second=2, transient=True) as live:
             while todo or running:
@@ -312,7 +308,6 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
                     progress[spec.run_dir] = max(progress[spec.run_dir], rundir.rounds_done(spec.run_dir))
                     if proc.poll() is None:
                         continue
-                    log.close()
                     del running[proc]
                     state = rundir.state(spec.run_dir, spec.rounds)
                     if proc.returncode == 2 and rundir.held_elsewhere(spec.run_dir):  # taken while it started
@@ -325,10 +320,12 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
                 live.update(display())
                 time.sleep(poll_s)
     except BaseException:
-        for proc, (spec, log, _) in running.items():
+        for proc in running:
             stop_tree(proc)
-            log.close()
         raise
+    finally:
+        if starter is not None:
+            starter.close()
     return {s.run_dir: states[s.run_dir] for s in specs}
 
 

@@ -1,0 +1,230 @@
+"""A warm process that starts a queue's runs (``fedsuite reproduce``, ``fedsuite sweep``) already
+imported: each run is still a ``fedsuite simulate`` process of its own, forked from this one.
+
+A run's command process spends about 2.5 CPU-seconds importing torch, the registry of methods, the
+CLI and matplotlib before it does anything (2 cores); an in-process run of a few rounds on a small
+model spends less than that training. :class:`WarmStarter` starts ``python -m fedsuite.warm`` once
+per queue, which imports all that (:data:`PRELOAD`) and then forks one child per run it is asked
+for. The child is what ``fedsuite simulate ...`` would have been: its own PID, the run's log as its
+output, its share of the cores, the environment the queue gives it, and it dies with the warm
+process, which dies with the queue (``PR_SET_PDEATHSIG``). What it computes is the same: a run seeds
+everything it draws (``fedsuite.seeding``), and nothing here has computed anything before the fork
+(the warm process only imports: no torch op, so no thread pool of torch's, runs in it).
+
+Protocol (lines of JSON on the warm process's stdin and stdout): the queue writes
+``{"argv": [...], "log": path, "cores": [...] | null, "env": {...}}``; the warm process answers
+``{"started": pid}``, and ``{"ended": pid, "code": exit code}`` when it has reaped that child
+(a negative code: killed by that signal, as ``subprocess`` reports it). End of stdin ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+from fedsuite import reaper
+from fedsuite.processes import fedsuite_first
+
+#: what a run's command process imports before its first round, imported once here
+PRELOAD = ("torch", "fedsuite.cli", "fedsuite.registry", "fedsuite.runner", "fedsuite.launch", "fedsuite.engine",
+           "fedsuite.client_app", "fedsuite.runtime", "matplotlib.pyplot")
+
+
+class WarmRun:
+    """A run forked by the warm process, as much of ``subprocess.Popen`` as the queue uses:
+    ``pid``, ``poll()``, ``returncode``, ``wait()``."""
+
+    def __init__(self, pid: int, ended: threading.Event) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._ended = ended
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class WarmStarter:
+    """Starts ``fedsuite simulate`` commands as children of one warm process (see module). Use as
+    a context manager; :meth:`start` falls back to a plain ``subprocess.Popen`` if the warm process
+    is gone (it ended, or never started)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "fedsuite.warm"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=fedsuite_first(os.environ),
+                                     preexec_fn=reaper.die_with_parent())
+        self.runs: dict[int, tuple[WarmRun, threading.Event]] = {}
+        self.started: list[int] = []
+        self.lock = threading.Condition()
+        self.reader = threading.Thread(target=self._read, name="warm-starter", daemon=True)
+        self.reader.start()
+
+    def __enter__(self) -> WarmStarter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            with self.lock:
+                if "started" in message:
+                    self.started.append(message["started"])
+                    self.lock.notify_all()
+                else:
+                    self._end(message["ended"], message["code"])
+        with self.lock:  # the warm process is gone, and its children with it (PDEATHSIG)
+            for pid in list(self.runs):
+                self._end(pid, -signal.SIGTERM)
+            self.started.append(-1)
+            self.lock.notify_all()
+
+    def _end(self, pid: int, code: int) -> None:
+        run, ended = self.runs.pop(pid, (None, None))
+        if run is not None:
+            run.returncode = code
+            ended.set()
+
+    def start(self, argv: Sequence[str], log: Path, cores: Sequence[int] | None,
+              env: dict[str, str]) -> WarmRun | subprocess.Popen:
+        """``argv`` (a ``fedsuite simulate`` command: ``[python, -m, fedsuite.cli, simulate, ...]``)
+        as a child of the warm process, its output appended to ``log``, on ``cores`` (None: this
+        process's), with ``env``."""
+        request = json.dumps({"argv": list(argv[3:]), "log": str(log), "cores": None if cores is None else sorted(cores),
+                              "env": env})
+        with self.lock:
+            try:
+                self.proc.stdin.write(request.encode() + b"\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                return self._cold(argv, log, cores, env)
+            self.lock.wait_for(lambda: self.started)
+            pid = self.started.pop(0)
+            if pid < 0:
+                return self._cold(argv, log, cores, env)
+            ended = threading.Event()
+            run = WarmRun(pid, ended)
+            self.runs[pid] = (run, ended)
+            return run
+
+    @staticmethod
+    def _cold(argv: Sequence[str], log: Path, cores: Sequence[int] | None, env: dict[str, str]) -> subprocess.Popen:
+        die_with_parent = reaper.die_with_parent()
+
+        def preexec() -> None:
+            die_with_parent()
+            if cores is not None:
+                os.sched_setaffinity(0, cores)
+
+        with open(log, "ab") as out:
+            return subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, preexec_fn=preexec)
+
+    def close(self) -> None:
+        """End the warm process (its stdin closed), once the runs it started have ended."""
+        if self.proc.stdin and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.reader.join(timeout=5)
+
+
+def serve() -> None:
+    """The warm process: import :data:`PRELOAD`, then fork a run per request until stdin ends,
+    reaping the children and saying how each ended. No threads: it forks."""
+    import importlib
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the queue's to handle: it stops the runs
+    say = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nothing an import prints mixes into the protocol
+    for module in PRELOAD:
+        importlib.import_module(module)
+    die_with_this = reaper.die_with_parent()  # for the children: this process's PID, taken before the forks
+    children: set[int] = set()
+    pending = b""
+    open_input = True
+    while open_input or children:
+        if open_input and select.select([0], [], [], 0.05)[0]:
+            chunk = os.read(0, 65536)
+            if not chunk:
+                open_input = False
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                pid = os.fork()
+                if pid == 0:
+                    say.close()  # the queue sees this process's output end when this process ends
+                    die_with_this()
+                    run_child(json.loads(line))  # never returns
+                children.add(pid)
+                say.write(json.dumps({"started": pid}) + "\n")
+        elif not open_input:
+            select.select([], [], [], 0.05)
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            children.discard(pid)
+            say.write(json.dumps({"ended": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n")
+
+
+def run_child(request: dict[str, Any]) -> None:
+    """In a forked child (which dies with the warm process, as the warm process dies with the
+    queue): become the run's ``fedsuite simulate`` process, then exit with its code."""
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        if request["cores"] is not None:
+            os.sched_setaffinity(0, request["cores"])
+        sys.argv = ["fedsuite", *request["argv"]]
+        from fedsuite.cli import app
+
+        try:
+            app(args=request["argv"], prog_name="fedsuite")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - said in the run's log, and by its exit code
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    serve()
