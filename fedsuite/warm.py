@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import select
 import signal
 import subprocess
@@ -170,11 +171,17 @@ def serve() -> None:
             pending += chunk
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
                 pid = os.fork()
                 if pid == 0:
                     say.close()  # the queue sees this process's output end when this process ends
                     die_with_this()
-                    run_child(json.loads(line))  # never returns
+                    run_child(request)  # never returns
+                if request["cores"] is not None:  # in place when the queue learns the PID (the child sets it too)
+                    try:
+                        os.sched_setaffinity(pid, request["cores"])
+                    except ProcessLookupError:
+                        pass
                 children.add(pid)
                 say.write(json.dumps({"started": pid}) + "\n")
         elif not open_input:
@@ -205,11 +212,9 @@ def run_child(request: dict[str, Any]) -> None:
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         if request["cores"] is not None:
             os.sched_setaffinity(0, request["cores"])
-        sys.argv = ["fedsuite", *request["argv"]]
-        from fedsuite.cli import app
-
+        sys.argv = ["fedsuite", *request["argv"]]  # runpy puts the module's path first, as `python -m` does
         try:
-            app(args=request["argv"], prog_name="fedsuite")
+            runpy.run_module("fedsuite.cli", run_name="__main__", alter_sys=True)  # `python -m fedsuite.cli ...`
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
