@@ -12,13 +12,15 @@ everything it draws (``fedsuite.seeding``), and nothing here has computed anythi
 (the warm process only imports: no torch op, so no thread pool of torch's, runs in it).
 
 Protocol (lines of JSON on the warm process's stdin and stdout): the queue writes
-``{"argv": [...], "log": path, "cores": [...] | null, "env": {...}}``; the warm process answers
+``{"argv": [...], "stdout": path, "stderr": path, "cores": [...] | null, "env": {...}, "cwd": path |
+null, "new_session": bool}``; the warm process answers
 ``{"started": pid}``, and ``{"ended": pid, "code": exit code}`` when it has reaped that child
 (a negative code: killed by that signal, as ``subprocess`` reports it). End of stdin ends it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import runpy
@@ -33,9 +35,11 @@ from typing import Any, Sequence
 from fedsuite import reaper
 from fedsuite.processes import fedsuite_first
 
-#: what a run's command process imports before its first round, imported once here
-PRELOAD = ("torch", "fedsuite.cli", "fedsuite.registry", "fedsuite.runner", "fedsuite.launch", "fedsuite.engine",
-           "fedsuite.client_app", "fedsuite.runtime", "matplotlib.pyplot")
+#: what a run's command process imports before its first round, imported once here; ``fedsuite.cli``
+#: itself is not: each child runs it as ``python -m`` does, as ``__main__`` (which it could not be
+#: once imported under its own name)
+PRELOAD = ("torch", "typer", "rich.table", "fedsuite.cli_support", "fedsuite.registry", "fedsuite.runner",
+           "fedsuite.launch", "fedsuite.engine", "fedsuite.client_app", "fedsuite.runtime", "matplotlib.pyplot")
 
 
 class WarmRun:
@@ -99,30 +103,37 @@ class WarmStarter:
             run.returncode = code
             ended.set()
 
-    def start(self, argv: Sequence[str], log: Path, cores: Sequence[int] | None,
-              env: dict[str, str]) -> WarmRun | subprocess.Popen:
-        """``argv`` (a ``fedsuite simulate`` command: ``[python, -m, fedsuite.cli, simulate, ...]``)
-        as a child of the warm process, its output appended to ``log``, on ``cores`` (None: this
-        process's), with ``env``."""
-        request = json.dumps({"argv": list(argv[3:]), "log": str(log), "cores": None if cores is None else sorted(cores),
-                              "env": env})
+    def start(self, argv: Sequence[str], log: Path, cores: Sequence[int] | None, env: dict[str, str], *,
+              stderr: Path | None = None, cwd: Path | None = None,
+              new_session: bool = False) -> WarmRun | subprocess.Popen:
+        """``argv`` (a ``fedsuite`` command: ``[python, -m, fedsuite.cli, ...]``) as a child of the
+        warm process, its output appended to ``log`` (its standard error to ``stderr`` if given), on
+        ``cores`` (None: this process's), with ``env``, in ``cwd`` (None: this process's), in a
+        session of its own with ``new_session``."""
+        if list(argv[1:3]) != ["-m", "fedsuite.cli"]:
+            raise ValueError(f"not a fedsuite command: {argv}")
+        request = json.dumps({"argv": list(argv[3:]), "stdout": str(log), "stderr": str(stderr or log),
+                              "cores": None if cores is None else sorted(cores), "env": env,
+                              "cwd": None if cwd is None else str(cwd), "new_session": new_session})
+        cold = functools.partial(self._cold, argv, log, cores, env, stderr, cwd, new_session)
         with self.lock:
             try:
                 self.proc.stdin.write(request.encode() + b"\n")
                 self.proc.stdin.flush()
             except (BrokenPipeError, ValueError):
-                return self._cold(argv, log, cores, env)
+                return cold()
             self.lock.wait_for(lambda: self.started)
             pid = self.started.pop(0)
             if pid < 0:
-                return self._cold(argv, log, cores, env)
+                return cold()
             ended = threading.Event()
             run = WarmRun(pid, ended)
             self.runs[pid] = (run, ended)
             return run
 
     @staticmethod
-    def _cold(argv: Sequence[str], log: Path, cores: Sequence[int] | None, env: dict[str, str]) -> subprocess.Popen:
+    def _cold(argv: Sequence[str], log: Path, cores: Sequence[int] | None, env: dict[str, str],
+              stderr: Path | None, cwd: Path | None, new_session: bool) -> subprocess.Popen:
         die_with_parent = reaper.die_with_parent()
 
         def preexec() -> None:
@@ -130,9 +141,10 @@ class WarmStarter:
             if cores is not None:
                 os.sched_setaffinity(0, cores)
 
-        with open(log, "ab") as out:
-            return subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, preexec_fn=preexec)
+        with open(log, "ab") as out, open(stderr or os.devnull, "ab") as err:
+            return subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT if stderr is None else err,
+                                    stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=new_session,
+                                    preexec_fn=preexec)
 
     def close(self) -> None:
         """End the warm process (its stdin closed), once the runs it started have ended."""
@@ -159,6 +171,9 @@ def serve() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nothing an import prints mixes into the protocol
     for module in PRELOAD:
         importlib.import_module(module)
+    from fedsuite import registry
+
+    registry.methods()  # every method's module
     die_with_this = reaper.die_with_parent()  # for the children: this process's PID, taken before the forks
     children: set[int] = set()
     pending = b""
@@ -200,12 +215,16 @@ def run_child(request: dict[str, Any]) -> None:
     code = 1
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if request["new_session"]:
+            os.setsid()
         os.environ.clear()
         os.environ.update(request["env"])
-        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
+        if request["cwd"] is not None:
+            os.chdir(request["cwd"])
+        for fd, key in ((1, "stdout"), (2, "stderr")):
+            out = os.open(request[key], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(out, fd)
+            os.close(out)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", buffering=1, closefd=False)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from fedsuite.config import ConfigError, build_config, config_model, from_run_config, to_run_config
+from tests.conftest import fedsuite_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,7 +96,7 @@ def test_pyproject_flower_config_matches_defaults():
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedsuite.cli", *args], cwd=cwd, capture_output=True, text=True)
+    return fedsuite_run(list(args), cwd=cwd)
 
 
 @pytest.mark.parametrize(

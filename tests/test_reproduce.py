@@ -56,7 +56,7 @@ from fedsuite.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, 
                                          paired_verdict, verdict)
 from fedsuite.results import run_value, write_atomically, write_json
 from fedsuite.rundir import read_metrics
-from tests.conftest import FAST, assert_same_arrays, tree_snapshot
+from tests.conftest import FAST, assert_same_arrays, fedsuite_run, tree_snapshot
 from tests.test_data import make_cifar10, make_cifar100
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -827,11 +827,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     for args, words in ((["nope"], "unknown target 'nope'"), (["tiny", "--rows", "x"], "unknown row x"),
                         (["tiny", "--methods", "fedyogi"], "unknown method fedyogi"),
                         (["tiny", "--jobs", "0"], "--jobs must be at least 1")):
-        out = subprocess.run(_cmd(*args, *base), env=_env(), capture_output=True, text=True, timeout=120)
+        out = fedsuite_run(["reproduce", *args, *base], env=_env(), timeout=120)
         assert out.returncode == 2, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1 and words in out.stderr, out.stderr
     # missing data: the missing files and the layout are named, nothing is started or created
-    out = subprocess.run(_cmd("tiny", *base), env=_env(), capture_output=True, text=True, timeout=120)
+    out = fedsuite_run(["reproduce", "tiny", *base], env=_env(), timeout=120)
     assert out.returncode == 2
     assert "missing data, nothing was started" in out.stderr and "train-images-idx3-ubyte.gz" in out.stderr
     assert "Expected layout" in out.stderr
@@ -919,8 +919,8 @@ def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
     before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
 
     # 2. the same command again, two runs at a time
-    again = subprocess.run(_cmd("tiny", "--output-dir", str(out), "--jobs", "2", *common, *on_cluster), env=_env(),
-                           capture_output=True, text=True, timeout=900)
+    again = fedsuite_run(["reproduce", "tiny", "--output-dir", str(out), "--jobs", "2", *common, *on_cluster],
+                         env=_env(), timeout=900)
     text = again.stdout + again.stderr
     assert again.returncode == 0, text
     ref_text, _ = ref.communicate(timeout=900)
@@ -962,8 +962,7 @@ def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
     assert (report / "dir0.5.png").stat().st_size > 0
 
     # --report alone rewrites the same report from the runs on disk
-    out2 = subprocess.run(_cmd("tiny", "--output-dir", str(out), "--report", *common), env=_env(),
-                          capture_output=True, text=True, timeout=120)
+    out2 = fedsuite_run(["reproduce", "tiny", "--output-dir", str(out), "--report", *common], env=_env(), timeout=120)
     assert out2.returncode == 0 and list(csv.DictReader((report / "report.csv").open())) == rows
 
     # numbers labelled cpu scale are compared on orderings only: no difference against the paper
@@ -1336,8 +1335,7 @@ def test_raising_a_targets_rounds_continues_its_completed_runs(tmp_path):
 
     def reproduce(rounds: int, out: Path) -> subprocess.CompletedProcess:
         tables.write_text(tiny.replace('"rounds=2"', f'"rounds={rounds}"'))
-        return subprocess.run(_cmd("tiny", "--output-dir", str(out), *common), env=_env(), capture_output=True, text=True,
-                              timeout=900)
+        return fedsuite_run(["reproduce", "tiny", "--output-dir", str(out), *common], env=_env(), timeout=900)
 
     out, ref_out = tmp_path / "out", tmp_path / "reference"
     run, reference = (o / "tiny" / "paper" / "dir0.5" / "fedavg-s0" for o in (out, ref_out))

@@ -31,7 +31,7 @@ from fedsuite.cli import app
 from fedsuite.rundir import read_metrics
 from fedsuite.search import Range, parse_space
 from fedsuite.sweep import SweepError
-from tests.conftest import tree_snapshot
+from tests.conftest import fedsuite_run, tree_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ["--set", "rounds=3", "--set", "num_clients=8", "--set", "clients_per_round=3", "--set", "batch_size=32"]
@@ -66,11 +66,10 @@ def test_ranges_are_read_as_the_tune_domains_they_name():
 def test_an_asha_search_stops_a_poor_trial_early_and_keeps_every_trials_run(tmp_path):
     out = tmp_path / "out"
     folder = out / "lr-search"
-    res = subprocess.run(_search("--search", "asha", "--samples", "4", "--space", "lr=choice:0.0005,0.1",
+    res = fedsuite_run(["sweep", "--search", "asha", "--samples", "4", "--space", "lr=choice:0.0005,0.1",
                                  "--grace-rounds", "1", *BASE, "--set", f"data_root={tmp_path / 'data'}",
                                  "--output-dir", str(out), "--name", "lr-search", "--jobs", "2", "--last", "2",
-                                 "--engine", "inprocess"),
-                         env=_env(), capture_output=True, text=True, timeout=900)
+                                 "--engine", "inprocess"], env=_env(), timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     with (folder / "trials.csv").open() as fh:
         rows = list(csv.DictReader(fh))
@@ -131,7 +130,7 @@ def test_a_search_run_again_names_what_changed_and_a_grid_keeps_out_of_its_folde
     args = ["--search", "random", "--samples", "1", "--space", "lr=choice:0.05", "--set", "rounds=1", "--set",
             "num_clients=6", "--set", "clients_per_round=2", "--set", "batch_size=32", "--set",
             f"data_root={tmp_path / 'data'}", "--output-dir", str(out), "--name", "one", "--engine", "inprocess"]
-    res = subprocess.run(_search(*args), env=_env(), capture_output=True, text=True, timeout=900)
+    res = fedsuite_run(["sweep", *args], env=_env(), timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (trial,) = [p for p in (folder / "trials").iterdir() if p.is_dir()]
     assert rundir.state(trial) == "completed"
@@ -201,10 +200,9 @@ def test_a_failed_trial_is_one_line_naming_its_run_folder_and_why(tmp_path):
     run folder and the reason its summary.json gives, as a grid names a failed run; no traceback
     of Ray Tune's. The command exits 1."""
     out = tmp_path / "out"
-    res = subprocess.run(_search("--search", "random", "--samples", "1", "--space", "faults.client_error=choice:1.0",
+    res = fedsuite_run(["sweep", "--search", "random", "--samples", "1", "--space", "faults.client_error=choice:1.0",
                                  "--set", "rounds=1", *SMALL, "--set", f"data_root={tmp_path / 'data'}",
-                                 "--output-dir", str(out), "--name", "bad"),
-                         env=_env(), capture_output=True, text=True, timeout=900)
+                                 "--output-dir", str(out), "--name", "bad"], env=_env(), timeout=900)
     text = res.stdout + res.stderr
     assert res.returncode == 1, text[-3000:]
     assert "Traceback" not in text and "RuntimeError" not in text and "Error" not in text, text[-3000:]

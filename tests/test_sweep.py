@@ -30,7 +30,7 @@ import pytest
 from fedsuite import rundir
 from fedsuite.rundir import read_metrics
 from fedsuite.sweep import parse_grid, split_values
-from tests.conftest import tree_snapshot
+from tests.conftest import fedsuite_run, tree_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ["--set", "rounds=2", "--set", "num_clients=8", "--set", "clients_per_round=3", "--set", "batch_size=32",
@@ -82,7 +82,7 @@ def test_a_killed_sweep_resumes_and_reports_what_its_runs_give(tmp_path):
                 for r in runs() if rundir.state(r) == "completed"}
     assert 2 <= len(finished) < 8
 
-    again = subprocess.run(_sweep(*args, "--jobs", "2"), env=_env(), capture_output=True, text=True, timeout=900)
+    again = fedsuite_run(["sweep", *args, "--jobs", "2"], env=_env(), timeout=900)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "8 runs, " in again.stdout and f"{len(finished)} already done" in again.stdout
     for r, files in finished.items():  # a finished run is not run again
@@ -124,8 +124,7 @@ def test_a_sweep_reuses_only_its_own_runs_and_names_a_failed_one(tmp_path):
     args = ["--grid", "faults.client_error=0.0,1.0", "--seeds", "0", "--set", "num_clients=6", "--set",
             "clients_per_round=2", "--set", "batch_size=32", "--set", f"data_root={tmp_path / 'data'}", "--output-dir",
             str(out), "--name", "grid", *ENGINE]
-    sweep = lambda *more: subprocess.run(_sweep(*args, *more), env=_env(), capture_output=True, text=True,  # noqa: E731
-                                         timeout=900)
+    sweep = lambda *more: fedsuite_run(["sweep", *args, *more], env=_env(), timeout=900)  # noqa: E731
     first = sweep("--set", "rounds=1")
     assert first.returncode == 1, first.stdout + first.stderr
     assert rundir.state(ok) == "completed" and rundir.state(bad) == "failed"
@@ -163,8 +162,8 @@ def test_a_sweep_reuses_only_its_own_runs_and_names_a_failed_one(tmp_path):
     assert rundir.summary(bad)["failure"]["message"] == failure
 
     report = tree_snapshot(folder)
-    search = subprocess.run(_sweep("--search", "random", "--space", "lr=choice:0.05", "--set", "rounds=1", "--output-dir",
-                                   str(out), "--name", "grid"), env=_env(), capture_output=True, text=True, timeout=300)
+    search = fedsuite_run(["sweep", "--search", "random", "--space", "lr=choice:0.05", "--set", "rounds=1",
+                           "--output-dir", str(out), "--name", "grid"], env=_env(), timeout=300)
     assert search.returncode == 2 and search.stderr == (
         f"error: {folder} holds a grid sweep, whose report.md a search's would replace: give the search another "
         "--name\n"), search.stdout + search.stderr
@@ -179,9 +178,9 @@ def test_a_sweep_section_in_the_config_file(tmp_path):
     config = tmp_path / "mine.toml"
     config.write_text('rounds = 1\nnum_clients = 6\nclients_per_round = 2\n\n[sweep]\n'
                       'grid = { fedprox.mu = [0.0, 0.1] }\nseeds = [3]\n')
-    res = subprocess.run(_sweep("--config", str(config), "--set", "strategy=fedprox", "--set",
-                                f"data_root={tmp_path / 'data'}", "--output-dir", str(tmp_path / "out"), "--jobs", "2"),
-                         env=_env(), capture_output=True, text=True, timeout=600)
+    res = fedsuite_run(["sweep", "--config", str(config), "--set", "strategy=fedprox", "--set",
+                        f"data_root={tmp_path / 'data'}", "--output-dir", str(tmp_path / "out"), "--jobs", "2"],
+                       env=_env(), timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     folder = tmp_path / "out" / "mine"
     runs = sorted(p for p in folder.glob("*/s*") if p.is_dir())
@@ -197,8 +196,8 @@ def test_a_sweep_section_with_seeds_only_takes_the_grid_from_the_command_line(tm
     """A [sweep] section is never a config key for the runs; a refused setting writes nothing."""
     config = tmp_path / "seeds.toml"
     config.write_text("rounds = 1\n\n[sweep]\nseeds = [4, 5]\n")
-    res = subprocess.run(_sweep("--config", str(config), "--grid", "lr=0.1,-1", "--output-dir", str(tmp_path / "out")),
-                         env=_env(), capture_output=True, text=True, timeout=120)
+    res = fedsuite_run(["sweep", "--config", str(config), "--grid", "lr=0.1,-1", "--output-dir", str(tmp_path / "out")],
+                       env=_env(), timeout=120)
     assert res.returncode == 2 and "setting lr=-1" in res.stderr and "sweep" not in res.stderr.split("lr=-1")[1], res.stderr
     assert not (tmp_path / "out").exists()
     from fedsuite.sweep import plan, read_sweep_section
@@ -221,8 +220,7 @@ def test_a_sweep_section_with_seeds_only_takes_the_grid_from_the_command_line(tm
     (["--grid", "lr=0.1", "--seeds", "a,b"], "--seeds takes non-negative integers"),
 ])
 def test_a_bad_grid_is_one_line_before_anything_runs(tmp_path, args, words):
-    res = subprocess.run(_sweep(*args, "--output-dir", str(tmp_path / "out")), env=_env(), capture_output=True, text=True,
-                         timeout=120)
+    res = fedsuite_run(["sweep", *args, "--output-dir", str(tmp_path / "out")], env=_env(), timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     assert words in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert len([line for line in res.stderr.splitlines() if line.strip()]) <= 2, res.stderr
@@ -242,8 +240,8 @@ def test_a_setting_simulate_would_refuse_is_one_line_before_anything_runs(tmp_pa
     "a model that cannot take the data" and the hardware check) is made for every run of the grid
     before the queue starts: the runs started, failed, and the report said "not run"."""
     out = tmp_path / "out"
-    res = subprocess.run(_sweep(*args, *SMALL, "--set", f"data_root={tmp_path / 'data'}", "--output-dir", str(out),
-                                *ENGINE), env=_env(), capture_output=True, text=True, timeout=600)
+    res = fedsuite_run(["sweep", *args, *SMALL, "--set", f"data_root={tmp_path / 'data'}", "--output-dir", str(out),
+                        *ENGINE], env=_env(), timeout=600)
     assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
     assert res.stderr.startswith("error: ") and len(res.stderr.splitlines()) == 1, res.stderr
     assert all(w in res.stderr for w in words), res.stderr
@@ -259,9 +257,8 @@ def test_a_reproduce_queue_makes_simulates_checks_before_it_starts(tmp_path):
                       '[targets.tiny.methods]\nfedavg = { set = ["strategy=fedavg"] }\n'
                       'fedprox = { set = ["strategy=fedprox"] }\n\n[[targets.tiny.rows]]\nname = "a"\n')
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-m", "fedsuite.cli", "reproduce", "tiny", "--tables", str(tables),
-                          "--output-dir", str(out), "--data-root", str(tmp_path / "data"), *ENGINE],
-                         env=_env(), capture_output=True, text=True, timeout=600)
+    res = fedsuite_run(["reproduce", "tiny", "--tables", str(tables), "--output-dir", str(out), "--data-root",
+                        str(tmp_path / "data"), *ENGINE], env=_env(), timeout=600)
     assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
     assert res.stderr.startswith("error: a fedavg s0: ") and "model 'cnn' needs image input" in res.stderr, res.stderr
     assert len(res.stderr.splitlines()) == 1 and not list(out.rglob("*")), res.stderr
@@ -316,7 +313,7 @@ def test_a_second_sweep_into_a_running_sweeps_folder_is_refused_naming_the_first
     while first.poll() is None and not (run / "config.json").is_file() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert first.poll() is None, first.stdout.read()
-    second = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=600)
+    second = fedsuite_run(args[3:], env=_env(), timeout=600)
     assert first.poll() is None, "the first sweep ended before the second was refused: a slower run is needed"
     assert second.returncode == 2 and second.stdout == "", second.stdout + second.stderr
     assert second.stderr == (f"error: {folder} is in use by another fedsuite sweep (PID {first.pid}): wait for it to "
@@ -324,7 +321,7 @@ def test_a_second_sweep_into_a_running_sweeps_folder_is_refused_naming_the_first
                              "--output-dir\n"), second.stderr
     assert first.wait(timeout=600) == 0, first.stdout.read()
     assert rundir.state(run) == "completed"
-    again = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=600)  # the lock went with it
+    again = fedsuite_run(args[3:], env=_env(), timeout=600)  # the lock went with it
     assert again.returncode == 0 and "1 already done, 0 to run" in again.stdout, again.stdout + again.stderr
 
 
