@@ -42,15 +42,17 @@ torch.set_num_threads(1)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Compile fedsuite's sources to bytecode once, before any test runs (in the controller, not in
+    """Compile this project's sources to bytecode once, before any test runs (in the controller, not in
     each xdist worker). The suite starts some 600 Python processes (CLIs, simulation processes, Ray
-    actors, SuperNodes' ClientApps), most of which import fedsuite; where ``PYTHONDONTWRITEBYTECODE``
-    is set (as on this project's machines) none of them writes a cache, so each compiled the package
-    again: 0.4 CPU-s a process (measured: importing the CLI, ClientApp, simulation and engine
+    actors, SuperNodes' ClientApps), most of which import fedsuite and its methods; where
+    ``PYTHONDONTWRITEBYTECODE`` is set (as on this project's machines) none of them writes a cache,
+    so each compiled the packages again: 0.4 CPU-s a process (measured: importing the CLI, ClientApp, simulation and engine
     modules took 3.4 CPU-s from source and 3.0 from bytecode). An installed package has its
     bytecode from pip; an editable install's source has none until something writes it."""
     if not hasattr(config, "workerinput"):
-        compileall.compile_dir(Path(__file__).resolve().parents[1] / "fedsuite", quiet=2)
+        root = Path(__file__).resolve().parents[1]
+        for package in ("fedsuite", "strategies", "clients"):  # pyproject.toml's packages
+            compileall.compile_dir(root / package, quiet=2)
 
 
 #: small, quick defaults for simulation tests: the generated benchmark at 30 of its 100 devices

@@ -51,7 +51,7 @@ from fedsuite.processes import process_tree
 from fedsuite.rundir import read_metrics
 from fedsuite.state import ClientState, prune_committed
 from tests.conftest import FAST as SMALL_FAST
-from tests.conftest import assert_same_arrays
+from tests.conftest import assert_same_arrays, fedsuite_run
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the generated benchmark at its full 100 devices (conftest's FAST takes 30): rounds long enough for
@@ -218,8 +218,8 @@ def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_ro
     assert point["checkpointed_round"] < ROUNDS and not (run_dir / "summary.json").exists()
 
     # continue with nothing but the run's name: the run's own config.json is the config
-    res = subprocess.run(_cli("--output-dir", str(out), "--run-name", name, "--resume"), env=_env(), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+    res = fedsuite_run(["simulate", "--output-dir", str(out), "--run-name", name, "--resume"],
+                       env=_env(), cwd=tmp_path, timeout=600)
     assert res.returncode == 0, f"resume failed (killed at {point}): {res.stdout[-2000:]} {res.stderr[-3000:]}"
     _assert_same_run(run_dir, reference, method)
 
@@ -289,8 +289,8 @@ def test_row_and_checkpoint_are_one_step_on_resume(simulate, data_root, tmp_path
     with (run_dir / "metrics.jsonl").open("a") as f:  # round 5's row, whose checkpoint never came
         f.write(json.dumps(orphan, sort_keys=True) + "\n")
 
-    res = subprocess.run(_cli("--output-dir", str(tmp_path), "--run-name", "r", "--resume", "--rounds", str(ROUNDS)),
-                         env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    res = fedsuite_run(["simulate", "--output-dir", str(tmp_path), "--run-name", "r", "--resume", "--rounds",
+                        str(ROUNDS)], env=_env(), cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert json.loads((run_dir / "config.json").read_text())["rounds"] == ROUNDS
     _assert_same_run(run_dir, reference, method)
@@ -578,8 +578,7 @@ def test_a_run_killed_in_its_start_up_window_resumes_or_restarts(simulate, data_
             if proc.poll() is None:
                 _kill_9(proc, run_dir)
         assert set(left) <= rundir.START_FILES, left
-        res = subprocess.run(_cli("-c", str(toml), *again), env=_env(), cwd=tmp_path, capture_output=True, text=True,
-                             timeout=600)
+        res = fedsuite_run(["simulate", "-c", str(toml), *again], env=_env(), cwd=tmp_path, timeout=600)
         assert res.returncode == 0, f"{again} after a kill in the window ({left}): {res.stdout[-2000:]} {res.stderr[-2000:]}"
         rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
         assert rows == reference.metrics_without_time()
@@ -688,8 +687,8 @@ def test_a_run_whose_launcher_is_killed_stays_partial_and_resumes(simulate, data
     assert rundir.state(run_dir) == "partial", (rundir.summary(run_dir), (run_dir / "flower.log").read_text()[-3000:])
     assert not (run_dir / "error.txt").exists()
 
-    res = subprocess.run(_cli("--output-dir", str(out), "--run-name", run_dir.name, "--resume"), env=_env(),
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    res = fedsuite_run(["simulate", "--output-dir", str(out), "--run-name", run_dir.name, "--resume"],
+                       env=_env(), cwd=tmp_path, timeout=600)
     assert res.returncode == 0, f"resume failed: {res.stdout[-2000:]} {res.stderr[-3000:]}"
     rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
     assert rows == reference.metrics_without_time()
@@ -763,8 +762,8 @@ def test_a_resume_while_the_run_goes_on_is_refused_and_the_run_is_unharmed(simul
         _wait_for_round(proc, run_dir, log, 0)
         os.kill(proc.pid, signal.SIGSTOP)
         try:
-            second = subprocess.run(_cli("--output-dir", str(out), "--run-name", run_dir.name, "--resume"),
-                                    env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+            second = fedsuite_run(["simulate", "--output-dir", str(out), "--run-name", run_dir.name, "--resume"],
+                                  env=_env(), cwd=tmp_path, timeout=300)
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
@@ -843,8 +842,8 @@ def test_a_resume_started_inside_its_run_folder_is_not_held_up_by_itself(simulat
         _wait_for_round(proc, run_dir, log, 2)
     finally:
         _kill_9(proc, run_dir)
-    res = subprocess.run(_cli("--output-dir", "..", "--run-name", run_dir.name, "--resume"), env=_env(),
-                         cwd=run_dir, capture_output=True, text=True, timeout=600)
+    res = fedsuite_run(["simulate", "--output-dir", "..", "--run-name", run_dir.name, "--resume"],
+                       env=_env(), cwd=run_dir, timeout=600)
     assert res.returncode == 0, f"resume from inside the run folder failed: {res.stdout[-2000:]} {res.stderr[-3000:]}"
     rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
     assert rows == reference.metrics_without_time()
