@@ -46,9 +46,10 @@ def pytest_configure(config: pytest.Config) -> None:
     each xdist worker). The suite starts some 600 Python processes (CLIs, simulation processes, Ray
     actors, SuperNodes' ClientApps), most of which import fedsuite and its methods; where
     ``PYTHONDONTWRITEBYTECODE`` is set (as on this project's machines) none of them writes a cache,
-    so each compiled the packages again: 0.4 CPU-s a process (measured: importing the CLI, ClientApp, simulation and engine
-    modules took 3.4 CPU-s from source and 3.0 from bytecode). An installed package has its
-    bytecode from pip; an editable install's source has none until something writes it."""
+    so each compiled the packages again (measured: importing the CLI, ClientApp, simulation and
+    engine modules and the registry's methods took 3.06 CPU-s from source, 2.80 from bytecode;
+    ``benchmarks/README.md``). An installed package has its bytecode from pip; an editable
+    install's source has none until something writes it."""
     if not hasattr(config, "workerinput"):
         root = Path(__file__).resolve().parents[1]
         for package in ("fedsuite", "strategies", "clients"):  # pyproject.toml's packages
