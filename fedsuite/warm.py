@@ -43,8 +43,8 @@ PRELOAD = ("torch", "typer", "rich.table", "fedsuite.cli_support", "fedsuite.reg
 
 
 class WarmRun:
-    """A run forked by the warm process, as much of ``subprocess.Popen`` as the queue uses:
-    ``pid``, ``poll()``, ``returncode``, ``wait()``."""
+    """A run forked by the warm process, as much of ``subprocess.Popen`` as the queue and the tests
+    use: ``pid``, ``poll()``, ``returncode``, ``wait()``, ``send_signal()``, ``kill()``."""
 
     def __init__(self, pid: int, ended: threading.Event) -> None:
         self.pid = pid
@@ -59,6 +59,17 @@ class WarmRun:
             raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
         assert self.returncode is not None
         return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """``sig`` to the run's process, unless it has ended (and its PID may be another's), as ``Popen``."""
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 class WarmStarter:

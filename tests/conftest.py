@@ -132,16 +132,9 @@ def fedsuite_run(args: list[str], *, cwd: Path | str | None = None, env: dict[st
     torch, the methods and the CLI once for this test process, instead of 2.5 CPU-seconds of imports
     a command. For a command whose output or timing is the test's subject from a fresh interpreter
     (what a command imports, what it prints while importing), keep ``subprocess``."""
-    global _WARM
-    from fedsuite.warm import WarmStarter
-
-    if _WARM is None:
-        _WARM = WarmStarter()
-        atexit.register(_WARM.close)
     with tempfile.TemporaryDirectory(prefix="fedsuite-cli-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        proc = _WARM.start([sys.executable, "-m", "fedsuite.cli", *args], out, None,
-                           dict(os.environ if env is None else env), stderr=err, cwd=None if cwd is None else Path(cwd))
+        proc = fedsuite_start(args, out, stderr=err, env=env, cwd=cwd)
         try:
             code = proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -149,6 +142,24 @@ def fedsuite_run(args: list[str], *, cwd: Path | str | None = None, env: dict[st
             proc.wait()
             raise
         return subprocess.CompletedProcess(args, code, out.read_text(), err.read_text())
+
+
+def fedsuite_start(args: list[str], log: Path, *, stderr: Path | None = None, env: dict[str, str] | None = None,
+                   cwd: Path | str | None = None, new_session: bool = False):
+    """``python -m fedsuite.cli ARGS`` started as ``subprocess.Popen`` would, forked from this test
+    process's warm process (see :func:`fedsuite_run`): its output appended to ``log`` (standard error
+    to ``stderr`` if given), in a session of its own with ``new_session`` (a signal to its process
+    group reaches it and what it starts, nothing of the test's). Returns what ``Popen`` offers the
+    tests: ``pid``, ``poll()``, ``wait(timeout)``, ``returncode``."""
+    global _WARM
+    from fedsuite.warm import WarmStarter
+
+    if _WARM is None:
+        _WARM = WarmStarter()
+        atexit.register(_WARM.close)
+    return _WARM.start([sys.executable, "-m", "fedsuite.cli", *args], Path(log), None,
+                       dict(os.environ if env is None else env), stderr=stderr,
+                       cwd=None if cwd is None else Path(cwd), new_session=new_session)
 
 
 def start_ray_node(log: Path, num_cpus: int, worker_ports: tuple[int, int], head_port: int | None = None,

@@ -16,7 +16,7 @@
   time) and the report, for one claim of FedMRUR's and FedNLR's; on a GPU (``-m gpu``) every cell
   of every claims target, two simulations sharing the GPU.
 * End to end, real processes: a tiny target (the generated synthetic dataset, 2 methods x 2 seeds x
-  2 rounds) is SIGKILLed as a process group while its second run is mid-way, then started again:
+  2 rounds, on the in-process engine) is SIGKILLed as a process group while its second run is mid-way, then started again:
   the finished run is not touched, the killed one resumes, every round appears once, the report is
   complete, and the resumed run equals, bit for bit, the same cell run without interruption.
 """
@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import torch
 from rich.console import Console
@@ -865,43 +864,33 @@ def test_options_take_several_values_after_one_flag_and_a_usage_error_is_one_lin
         assert result.exit_code == 2 and words in text and len(text.strip().splitlines()) == 1, text
 
 
-def _flower_processes(under: Path) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("FLWR_HOME", "").startswith(str(under)):
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
 def _state(run_dir: Path) -> str:
     return rundir.state(run_dir)
 
 
 @pytest.mark.long
-def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
+def test_kill_and_restart_resumes_and_reports(tmp_path):
     tables = tmp_path / "tiny" / "tables.toml"
     tables.parent.mkdir()
     tables.write_text(TINY.format(dataset="synthetic"))
     out = tmp_path / "out"
     common = ["--tables", str(tables), "--data-root", str(tmp_path / "data")]
-    # the queue's runs on Flower's engine (this is the suite's killed-and-restarted queue on Flower);
-    # the reference on the in-process engine, whose numbers are Flower's bit for bit
-    on_cluster = ["--ray-address", worker_ray_cluster]
+    # the queue is the subject, not how a run's messages travel: every run on the in-process engine.
+    # Flower's processes under a kill: a killed batch of Flower runs and a kill -9 of a run with its
+    # private Ray (tests/test_resume.py), a CLI's process group killed (tests/test_robustness.py)
+    inprocess = ["--engine", "inprocess"]
     runs = out / "tiny" / "paper" / "dir0.5"
     first, second = runs / "fedavg-s0", runs / "fedavg-s1"
 
     # the cell that will be interrupted, run without interruption (beside step 1, into another folder)
     ref_out = tmp_path / "reference"
     ref = subprocess.Popen(_cmd("tiny", "--output-dir", str(ref_out), "--methods", "fedavg", "--seeds", "1", *common,
-                                "--engine", "inprocess"),
+                                *inprocess),
                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
 
     # 1. one run at a time; SIGKILL the command's process group once the second run is mid-way
-    proc = subprocess.Popen(_cmd("tiny", "--output-dir", str(out), "--jobs", "1", *common, *on_cluster), env=_env(),
+    proc = subprocess.Popen(_cmd("tiny", "--output-dir", str(out), "--jobs", "1", *common, *inprocess), env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 900  # a guard against a hang, not a timing: the suite shares 2 cores
     while time.monotonic() < deadline and proc.poll() is None:
@@ -911,15 +900,16 @@ def test_kill_and_restart_resumes_and_reports(tmp_path, worker_ray_cluster):
     assert proc.poll() is None, proc.stdout.read().decode()
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    # a run's process holds its folder (rundir.claimed: a flock the kernel drops when the process ends)
     deadline = time.monotonic() + 60
-    while _flower_processes(out) and time.monotonic() < deadline:
+    while any(rundir.held_elsewhere(run) for run in (first, second)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _flower_processes(out), "a run outlived the killed command"
+    assert not any(rundir.held_elsewhere(run) for run in (first, second)), "a run outlived the killed command"
     assert _state(first) == "completed" and _state(second) == "partial"
     before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
 
     # 2. the same command again, two runs at a time
-    again = fedsuite_run(["reproduce", "tiny", "--output-dir", str(out), "--jobs", "2", *common, *on_cluster],
+    again = fedsuite_run(["reproduce", "tiny", "--output-dir", str(out), "--jobs", "2", *common, *inprocess],
                          env=_env(), timeout=900)
     text = again.stdout + again.stderr
     assert again.returncode == 0, text

@@ -1,9 +1,9 @@
 """``--resume`` is exact (issue 16 items 2-4).
 
 * A run of a method with per-client state (SCAFFOLD, FedDyn, FedInit in client-state mode), killed
-  with SIGKILL (the whole process tree: CLI, the simulation process with the ServerApp, and the
-  private Ray of the FedInit run; the others run on the xdist worker's Ray node, whose job the kill
-  ends) at a seeded
+  with SIGKILL (the whole process tree: for FedInit the CLI, the simulation process with the
+  ServerApp and the run's private Ray; FedDyn's batch runs on the xdist worker's Ray node, whose job
+  the kill ends; SCAFFOLD's run is one process, on the in-process engine) at a seeded
   point in the middle of a round, then continued with ``fedsuite simulate --resume``, ends with the same metrics
   (all but wall-clock) and the same global model and client state, bit for bit, as the run that was
   never interrupted.
@@ -14,7 +14,7 @@
   continues the run, which does (issue 42 item 4).
 
 Real processes throughout: the killed, stopped and resumed runs are ``fedsuite simulate`` processes
-on Flower's Simulation Engine. The uninterrupted runs they are compared with come from the
+on Flower's Simulation Engine (SCAFFOLD's killed run aside: the in-process engine's). The uninterrupted runs they are compared with come from the
 session-cached ``simulate`` fixture on the in-process engine (this file's ``pytestmark``), whose
 numbers are Flower's bit for bit (tests/test_registry_e2e.py), so a resumed Flower run is held
 against a run made the other way.
@@ -51,7 +51,7 @@ from fedsuite.processes import process_tree
 from fedsuite.rundir import read_metrics
 from fedsuite.state import ClientState, prune_committed
 from tests.conftest import FAST as SMALL_FAST
-from tests.conftest import assert_same_arrays, fedsuite_run
+from tests.conftest import assert_same_arrays, fedsuite_run, fedsuite_start
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the generated benchmark at its full 100 devices (conftest's FAST takes 30): rounds long enough for
@@ -64,8 +64,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "scaffold": {"strategy": "scaffold"},
     "fedinit": {"strategy": "fedinit", "relaxed_init.storage": "client-state"},
 }  # FedDyn's killed run is the one killed inside a batch (test_a_killed_batch_...)
-#: the killed run that starts its own Ray (the product's default); the others use the worker's node
-PRIVATE_RAY = "fedinit"
+#: where each killed run runs: FedInit on Flower's engine with a Ray of its own (the product's
+#: default: the kill takes the private Ray too), SCAFFOLD on the in-process engine (one process;
+#: Flower runs on a shared Ray node are killed in the batch of test_a_killed_batch_...)
+PLACEMENT: dict[str, dict[str, Any]] = {"fedinit": {}, "scaffold": {"engine": "inprocess"}}
 pytestmark = pytest.mark.inprocess  # the ``simulate`` fixture's uninterrupted references (module docstring)
 
 
@@ -88,9 +90,16 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "fedsuite.cli", "simulate", *args]
 
 
-def _start(toml: Path, log: Path) -> subprocess.Popen:
+def _start(toml: Path, log: Path):
     """``fedsuite simulate -c toml`` in its own session (a kill reaches only what the test aims at),
-    its output in ``log``."""
+    its output in ``log``: forked from the warm process (``fedsuite_start``; the run, not the
+    command's imports, is what these tests stop and continue)."""
+    return fedsuite_start(["simulate", "-c", str(toml)], log, env=_env(), cwd=log.parent, new_session=True)
+
+
+def _start_cold(toml: Path, log: Path) -> subprocess.Popen:
+    """``_start`` from a fresh interpreter: for the kill in the start-up window, whose moments lie
+    in what a fresh ``fedsuite simulate`` does between creating the run folder and config.json."""
     with log.open("wb") as f:
         return subprocess.Popen(_cli("-c", str(toml)), env=_env(), cwd=log.parent, stdout=f,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -200,12 +209,11 @@ def _assert_same_run(resumed_dir: Path, reference, method: str) -> None:
 
 @pytest.mark.long
 @pytest.mark.parametrize("method", list(METHODS))
-def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_root, tmp_path, worker_ray_cluster):
+def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_root, tmp_path):
     overrides = {"rounds": ROUNDS, **METHODS[method]}
     reference = simulate(**overrides)
     out, name = tmp_path / "runs", f"killed-{method}"
-    placement = {} if method == PRIVATE_RAY else {"ray_address": worker_ray_cluster}
-    toml = _write_toml(tmp_path / "run.toml", {**FAST, **overrides, **placement, "data_root": str(data_root),
+    toml = _write_toml(tmp_path / "run.toml", {**FAST, **overrides, **PLACEMENT[method], "data_root": str(data_root),
                                                 "output_dir": str(out), "run_name": name})
     run_dir = out / name
     log = tmp_path / "killed.log"
@@ -571,14 +579,17 @@ def test_a_run_killed_in_its_start_up_window_resumes_or_restarts(simulate, data_
     run_dir = out / "r"
     for attempt, again in enumerate((["--resume"], [])):
         log = tmp_path / f"killed-{attempt}.log"
-        proc = _start(toml, log)
+        proc = _start_cold(toml, log)
         try:
             left = _kill_in_start_window(proc, run_dir, rng.uniform(0.0, 1.0), log)
         finally:
             if proc.poll() is None:
                 _kill_9(proc, run_dir)
         assert set(left) <= rundir.START_FILES, left
-        res = fedsuite_run(["simulate", "-c", str(toml), *again], env=_env(), cwd=tmp_path, timeout=600)
+        # continued on the in-process engine (a resume may change the engine: RESUME_MUTABLE): what
+        # the kill left is the subject, and the reference is the in-process engine's
+        res = fedsuite_run(["simulate", "-c", str(toml), "--engine", "inprocess", *again], env=_env(), cwd=tmp_path,
+                           timeout=600)
         assert res.returncode == 0, f"{again} after a kill in the window ({left}): {res.stdout[-2000:]} {res.stderr[-2000:]}"
         rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
         assert rows == reference.metrics_without_time()
@@ -708,12 +719,8 @@ def test_ctrl_c_stops_the_run_and_prints_the_command_that_continues_it(simulate,
                                                   worker_ray_cluster, "data_root": str(data_root),
                                                   "output_dir": str(out), "run_name": run_dir.name})
     log, err = tmp_path / "ctrl-c.log", tmp_path / "ctrl-c.err"
-    with log.open("wb") as stdout, err.open("wb") as stderr:
-        # SIGINT handled as in a terminal: a process started where SIGINT is ignored (a non-interactive
-        # shell's background job) inherits that, and Python then raises no KeyboardInterrupt
-        proc = subprocess.Popen(_cli("-c", str(toml)), env=_env(), cwd=tmp_path, stdout=stdout, stderr=stderr,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # SIGINT handled as in a terminal (the warm process's child takes Python's default handler)
+    proc = fedsuite_start(["simulate", "-c", str(toml)], log, stderr=err, env=_env(), cwd=tmp_path, new_session=True)
     try:
         _wait_for_round(proc, run_dir, log, 2)
         proc.send_signal(signal.SIGINT)  # by PID: the CLI only

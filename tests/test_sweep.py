@@ -37,7 +37,8 @@ BASE = ["--set", "rounds=2", "--set", "num_clients=8", "--set", "clients_per_rou
         "--set", "faults.delay_s=0.5"]
 #: the queue's runs use the in-process engine: these tests are about the queue (kill, resume, reuse,
 #: report), and the engine gives Flower's numbers bit for bit (tests/test_registry_e2e.py); a queue of
-#: runs on Flower's engine, killed and restarted, is tests/test_reproduce.py's
+#: runs on Flower's engine is test_a_sweep_section_in_the_config_file's, a killed batch of them
+#: tests/test_resume.py's
 ENGINE = ["--engine", "inprocess"]
 
 
