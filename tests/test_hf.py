@@ -29,6 +29,7 @@ from PIL import Image
 from fedsuite.config import ConfigError, build_config
 from fedsuite.data import DATASETS, PARTITIONERS, DatasetError, load_dataset, partition_indices
 from fedsuite.data.hf import HUB_PROBE_TIMEOUT_S
+from tests.conftest import fedsuite_run
 
 datasets = pytest.importorskip("datasets")
 
@@ -474,16 +475,13 @@ def test_recipe_femnist_by_writer_through_fedsuite_simulate(tmp_path):
     options = f'dataset_options={{path="{src}", test_fraction=0.1, cache_dir="{tmp_path / "hf-cache"}"}}'
     common = ["--dataset", "hf", "--model", "cnn", "--partitioner", "natural", "--set", "partition_by=writer_id",
               "--set", options, "--set", f"data_root={tmp_path / 'data'}", "--output-dir", str(tmp_path / "runs")]
-    refused = subprocess.run([sys.executable, "-m", "fedsuite.cli", "simulate", *common], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=600)
+    refused = fedsuite_run(["simulate", *common], cwd=tmp_path, timeout=600)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert one_line(refused.stderr.strip()) == (
         "error: The 'natural' partition by writer_id has 4 clients (the distinct writer_id values; 4 in all), "
         "but num_clients=100; set num_clients=4.")
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedsuite.cli", "simulate", "--strategy", "fedavg", *common, "--num-clients", "4",
-         "--clients-per-round", "2", "--rounds", "1", "--batch-size", "16", "--run-name", "femnist"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = fedsuite_run(["simulate", "--strategy", "fedavg", *common, "--num-clients", "4", "--clients-per-round", "2",
+                         "--rounds", "1", "--batch-size", "16", "--run-name", "femnist"], cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = tmp_path / "runs" / "femnist"
     summary = json.loads((run / "summary.json").read_text())

@@ -24,7 +24,7 @@ import pytest
 from fedsuite.processes import stop_tree
 from fedsuite.superlink import free_port
 from fedsuite.raycluster import NodeResources, actors_that_fit, resource_problem, translate_connect_error
-from tests.conftest import ray_env, start_ray_node, wait_for_ray
+from tests.conftest import fedsuite_run, ray_env, start_ray_node, wait_for_ray
 
 def cluster_query(address: str, code: str) -> object:
     """Run ``code`` (which sets ``out``) in a fresh driver connected to the cluster; return ``out``."""
@@ -73,12 +73,12 @@ def cluster(tmp_path_factory):
 
 def test_simulation_runs_its_clients_on_both_nodes(cluster, tmp_path):
     address, data = cluster
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedsuite.cli", "simulate", "--strategy", "fedavg", "--dataset", "npz", "--model", "logreg",
+    proc = fedsuite_run(
+        ["simulate", "--strategy", "fedavg", "--dataset", "npz", "--model", "logreg",
          "--num-clients", "4", "--clients-per-round", "4", "--partitioner", "iid", "--rounds", "3",
          "--output-dir", str(tmp_path), "--run-name", "r", "--ray-address", address,
          "--set", "data_root=$FEDSUITE_TEST_DATA", "--set", 'dataset_options={path="mine.npz"}'],
-        capture_output=True, text=True, timeout=600, env=ray_env(FEDSUITE_TEST_DATA=str(data)),
+        timeout=600, env=ray_env(FEDSUITE_TEST_DATA=str(data)),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
@@ -95,12 +95,12 @@ def test_simulation_runs_its_clients_on_both_nodes(cluster, tmp_path):
 
 def test_a_node_without_the_data_fails_the_run_with_one_line_naming_it(cluster, tmp_path):
     address, data = cluster
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedsuite.cli", "simulate", "--strategy", "fedavg", "--dataset", "npz", "--model", "logreg",
+    proc = fedsuite_run(
+        ["simulate", "--strategy", "fedavg", "--dataset", "npz", "--model", "logreg",
          "--num-clients", "4", "--clients-per-round", "4", "--partitioner", "iid", "--rounds", "2",
          "--output-dir", str(tmp_path), "--run-name", "r", "--ray-address", address,
          "--set", "data_root=$FEDSUITE_NODE_DATA", "--set", 'dataset_options={path="mine.npz"}'],
-        capture_output=True, text=True, timeout=600, env=ray_env(FEDSUITE_NODE_DATA=str(data)),
+        timeout=600, env=ray_env(FEDSUITE_NODE_DATA=str(data)),
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -112,11 +112,11 @@ def test_a_node_without_the_data_fails_the_run_with_one_line_naming_it(cluster, 
 
 def test_gpus_the_cluster_lacks_are_refused_before_the_run(cluster, tmp_path):
     address, data = cluster
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedsuite.cli", "simulate", "--strategy", "fedavg", "--num-clients", "4",
+    proc = fedsuite_run(
+        ["simulate", "--strategy", "fedavg", "--num-clients", "4",
          "--output-dir", str(tmp_path), "--ray-address", address, "--num-gpus", "0.5",
          "--set", f"data_root={data}"],
-        capture_output=True, text=True, timeout=300, env=ray_env(),
+        timeout=300, env=ray_env(),
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "this cluster has 0 GPUs" in proc.stderr and "Traceback" not in proc.stderr
@@ -124,10 +124,10 @@ def test_gpus_the_cluster_lacks_are_refused_before_the_run(cluster, tmp_path):
 
 
 def test_unreachable_cluster_is_one_line(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedsuite.cli", "simulate", "--strategy", "fedavg", "--output-dir", str(tmp_path),
+    proc = fedsuite_run(
+        ["simulate", "--strategy", "fedavg", "--output-dir", str(tmp_path),
          "--ray-address", f"127.0.0.1:{free_port()}", "--set", f"data_root={tmp_path / 'data'}"],
-        capture_output=True, text=True, timeout=300, env=ray_env(),
+        timeout=300, env=ray_env(),
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "cannot connect to the Ray cluster" in proc.stderr and "Traceback" not in proc.stderr

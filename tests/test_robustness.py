@@ -101,10 +101,11 @@ def test_flower_processes_get_single_threaded_openblas(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("strategy", ["fedavg", "fedinit"])
-def test_offline_default_starts_repeatedly(tmp_path, strategy):
-    # a few real starts of the offline default (synthetic + mlp), watchdog armed so a hang fails
-    cfg = build_config(values={**FAST, "strategy": strategy, "rounds": 1, "seed": 3,
+def test_offline_default_starts_and_completes(tmp_path):
+    # a real start of the offline default (synthetic + mlp) on a private Ray, watchdog armed so a
+    # hang fails (the suite starts private Rays in many more tests: FedInit's kill -9 and resume,
+    # the process and watchdog tests below)
+    cfg = build_config(values={**FAST, "strategy": "fedavg", "rounds": 1, "seed": 3,
                                "data_root": str(tmp_path / "data"), "stall_timeout_s": 180})
     outcome = launch.simulate(cfg, tmp_path / "run")
     assert outcome.ok, outcome.details
