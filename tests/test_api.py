@@ -40,7 +40,7 @@ from fedsuite import processes, rundir
 from fedsuite.api import OWN_KEYWORDS
 from fedsuite.rundir import read_metrics
 
-from tests.conftest import FAST, assert_same_arrays
+from tests.conftest import FAST, assert_same_arrays, fedsuite_run
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "python-api.md"
@@ -79,10 +79,9 @@ def sweep(setup) -> Path:
     """``fedsuite sweep`` of two settings (lr) x one seed over the FAST file, on the in-process engine
     (``api_run`` is on Flower's, so the two are compared across engines): its folder."""
     folder, toml = setup
-    res = subprocess.run([sys.executable, "-m", "fedsuite.cli", "sweep", "--config", str(toml), "--grid",
-                          "lr=0.05,0.1", "--seeds", "7", "--last", "1", "--output-dir", str(folder / "sweeps"),
-                          "--name", "lr", "--engine", "inprocess"], env=_env(), capture_output=True, text=True,
-                         timeout=900)
+    res = fedsuite_run(["sweep", "--config", str(toml), "--grid", "lr=0.05,0.1", "--seeds", "7", "--last", "1",
+                        "--output-dir", str(folder / "sweeps"), "--name", "lr", "--engine", "inprocess"], env=_env(),
+                       timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return folder / "sweeps" / "lr"
 

@@ -6,7 +6,6 @@ import gzip
 import json
 import os
 import pickle
-import shutil
 import struct
 import subprocess
 import sys

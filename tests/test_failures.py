@@ -19,7 +19,7 @@ import torch
 from fedsuite.config import FaultsConfig, build_config
 from fedsuite.faults import FaultDraw, InjectedFault
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from tests.conftest import FAST, assert_same_arrays, assert_same_client_state, assert_same_state
+from tests.conftest import FAST, assert_same_arrays, assert_same_client_state, assert_same_state, fedsuite_run
 
 MIXED = {"client_error": 0.2, "nan": 0.1, "wrong_shape": 0.1}
 
@@ -81,11 +81,10 @@ def test_fault_actions_raise_sleep_and_corrupt(monkeypatch):
 def test_all_clients_failing_exits_nonzero_with_one_line(tmp_path, data_root):
     """`fedsuite simulate --set faults.client_error=1.0` exits non-zero and names the failure in one
     line; the run directory records status failed, the round, the clients and the first error."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedsuite.cli", "simulate", "--strategy", "fedavg", "--rounds", "2",
-         "--num-clients", "6", "--clients-per-round", "3", "--output-dir", str(tmp_path), "--run-name", "r",
-         "--set", f"data_root={data_root}", "--set", "faults.client_error=1.0"],
-        capture_output=True, text=True, timeout=600,
+    proc = fedsuite_run(
+        ["simulate", "--strategy", "fedavg", "--rounds", "2", "--num-clients", "6", "--clients-per-round", "3",
+         "--output-dir", str(tmp_path), "--run-name", "r", "--set", f"data_root={data_root}",
+         "--set", "faults.client_error=1.0"], timeout=600,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.strip()]

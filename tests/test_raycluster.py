@@ -10,13 +10,11 @@ a node no data at all, as a cluster node without the shared storage would be.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest

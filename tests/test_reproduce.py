@@ -1275,7 +1275,8 @@ def test_every_committed_claims_record_is_the_run_its_target_asks_for(targets, t
 
 def test_reproduce_reuses_a_moved_run_and_stops_on_a_changed_target(simulate, data_root, tmp_path):
     """A completed run of the target's one cell, moved into the target's folder (its record names
-    another output_dir and run_name, and another Ray): the queue reuses it and runs nothing. The
+    another output_dir and run_name, and another engine: the in-process one, where the queue asks
+    Flower's): the queue reuses it and runs nothing. The
     target replaced by a tables file of the same paper (``--tables``) whose row sets another alpha:
     the queue, and ``--report``, stop in one line naming the run folder and the field, exit 2, and
     write nothing (today's code read the old run as the new target's)."""
@@ -1283,7 +1284,8 @@ def test_reproduce_reuses_a_moved_run_and_stops_on_a_changed_target(simulate, da
 
     from fedsuite.cli import app
 
-    done = simulate(strategy="fedavg", dataset_options={})  # the cell's data: the benchmark as it comes
+    # the cell's data: the benchmark as it comes
+    done = simulate(strategy="fedavg", dataset_options={}, engine="inprocess")
     tiny = TINY.format(dataset="synthetic").replace(', "faults.delay_s=1.0"', "")
     tables = tmp_path / "tiny" / "tables.toml"
     tables.parent.mkdir()

@@ -30,7 +30,7 @@ import torch
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
-from conftest import FAST
+from conftest import FAST, fedsuite_run
 from fedsuite import launch, processes, reaper
 from fedsuite.cli import app
 from fedsuite.config import build_config
@@ -117,10 +117,9 @@ def test_offline_default_starts_and_completes(tmp_path):
 def test_watchdog_fails_a_run_without_progress_and_stops_it(tmp_path):
     # start-up takes seconds (Ray, actors): with a 1 s watchdog the run stalls "during start-up"
     out = tmp_path / "runs"
-    proc = subprocess.run([str(FEDSUITE), "simulate", "--num-clients", "4", "--clients-per-round", "2",
-                           "--rounds", "1", "--output-dir", str(out), "--run-name", "stall",
-                           "--set", f"data_root={tmp_path / 'data'}", "--set", "stall_timeout_s=1"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = fedsuite_run(["simulate", "--num-clients", "4", "--clients-per-round", "2", "--rounds", "1",
+                         "--output-dir", str(out), "--run-name", "stall", "--set", f"data_root={tmp_path / 'data'}",
+                         "--set", "stall_timeout_s=1"], timeout=300, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "no progress for 1 s (stall_timeout_s)" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -713,11 +712,11 @@ def test_report_and_tables_files_are_checked_like_the_run(tmp_path):
     code, text, exc = _cli("report", str(d), "--output-dir", "/proc/fedsuite-report")
     _assert_one_line_error(code, text, exc, "cannot be created")
     tables = _not_utf8(tmp_path / "tables.toml")
-    out = subprocess.run([sys.executable, "-m", "fedsuite.cli", "reproduce", "list", "--tables", str(tables)],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = fedsuite_run(["reproduce", "list", "--tables", str(tables)], timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 2 and "not UTF-8" in out.stderr and "Traceback" not in out.stderr, out.stderr
-    out = subprocess.run([sys.executable, "-m", "fedsuite.cli", "reproduce", "fedmr-claims", "--output-dir", "/sys/x"],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = fedsuite_run(["reproduce", "fedmr-claims", "--output-dir", "/sys/x"], timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 2 and "--output-dir: a folder cannot be created in /sys" in out.stderr, out.stderr
 
 
