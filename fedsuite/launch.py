@@ -176,16 +176,23 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     and its Ray are stopped, the folders this call created are removed, and the exception
     propagates: nothing is left behind."""
     run_dir = run_dir.resolve()
-    created = run_dir
-    while not created.parent.exists():  # the outermost folder this call creates, removed if called off
-        created = created.parent
-    created = None if created.exists() else created
-    run_dir.mkdir(parents=True, exist_ok=True)
+    created = _make_run_dir(run_dir)
     # this process's run until it returns: a second one is refused
     with rundir.claimed(run_dir, exclude=(process.pid,) if process is not None else ()):
         if cfg.engine == "inprocess":
             return _simulate_inprocess(cfg, run_dir, created, on_progress, before_start)
         return _simulate(cfg, run_dir, created, on_progress, before_start, process)
+
+
+def _make_run_dir(run_dir: Path) -> Path | None:
+    """Make ``run_dir`` (and its missing parents); return the outermost folder this made, which is
+    removed if the run is called off before it starts (None: ``run_dir`` existed)."""
+    outermost = run_dir
+    while not outermost.parent.exists():
+        outermost = outermost.parent
+    made = None if outermost.exists() else outermost
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return made
 
 
 def _simulate_inprocess(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
@@ -267,14 +274,7 @@ def simulate_batch(runs: list[tuple[BaseRunConfig, Path]],
     resolved = [(cfg, run_dir.resolve()) for cfg, run_dir in runs]
     if len({run_dir for _, run_dir in resolved}) < len(resolved):
         raise LaunchError("a batch names one run folder twice")
-    created = []
-    for _, run_dir in resolved:
-        outermost = run_dir
-        while not outermost.parent.exists():
-            outermost = outermost.parent
-        if not outermost.exists():
-            created.append(outermost)
-        run_dir.mkdir(parents=True, exist_ok=True)
+    created = [folder for _, run_dir in resolved if (folder := _make_run_dir(run_dir)) is not None]
     with ExitStack() as held:
         for _, run_dir in resolved:
             held.enter_context(rundir.claimed(run_dir))

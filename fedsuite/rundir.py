@@ -548,11 +548,9 @@ def claimed(run_dir: Path, wait_s: float = REMNANT_WAIT_S, exclude: tuple[int, .
     process, started before the run was named, works wherever the CLI does)."""
     fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _lock_now(fd):
             raise RunDirError(f"{run_dir} is in use by another fedsuite process (its run is going on); "
-                              "wait for it or stop it first") from None
+                              "wait for it or stop it first")
         deadline = time.monotonic() + wait_s
         while left := remnants(run_dir, exclude):
             if time.monotonic() >= deadline:
@@ -573,12 +571,18 @@ def held_elsewhere(run_dir: Path) -> bool:
     except OSError:  # no folder (yet): nobody holds it
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        return not _lock_now(fd)
     finally:
         os.close(fd)  # closing drops a lock this call took
-    return False
+
+
+def _lock_now(fd: int) -> bool:
+    """Take the exclusive ``flock`` of the folder open as ``fd`` if no one holds it; whether it did."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def remnants(run_dir: Path, exclude: tuple[int, ...] = ()) -> list[psutil.Process]:

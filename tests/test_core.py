@@ -321,7 +321,7 @@ def test_divergent_clients_fail_the_run_loudly(flower_runs):
 def test_fmnist_real_data_learns_above_chance(simulate, tmp_path_factory):
     root = tmp_path_factory.mktemp("fmnist-root")
     (root / "FashionMNIST").symlink_to(SHARED_DATA / "FashionMNIST")
-    res = simulate(strategy="fedavg", dataset="fmnist", model="cnn", data_root=str(root), num_clients=20,
+    res = simulate(strategy="fedavg", dataset="fmnist", model="cnn", data_root=str(root), num_clients=40,
                    clients_per_round=4, rounds=3, partitioner="dirichlet", alpha=0.5, lr=0.05, batch_size=32,
                    eval_batch_size=2000, engine="inprocess")  # the data is tested here, not the engine
     assert res.rows[-1]["test_accuracy"] > 0.45  # chance is 0.10
