@@ -418,6 +418,7 @@ def _tune(search: str, space: Sequence[Range], samples: int, grace: int, rounds:
 
     from fedsuite import reaper
     from fedsuite.processes import fedsuite_first
+    from fedsuite.simulation import lean_private_ray
 
     class RecordingASHA(ASHAScheduler):
         """ASHA, noting the trials it stops (a partial run of one of them is "stopped early", of any
@@ -452,7 +453,10 @@ def _tune(search: str, space: Sequence[Range], samples: int, grace: int, rounds:
     _LIVE[key] = (console, interrupt)
     try:
         # Tune's own Ray only places the trials (a trial is a process that starts a run, one CPU each:
-        # --jobs at a time); the runs' clients go to their own private Ray, or to --ray-address
+        # --jobs at a time); the runs' clients go to their own private Ray, or to --ray-address. It
+        # starts without the daemons Tune does not use either (API server, autoscaler monitor, log
+        # monitor: simulation.lean_private_ray)
+        lean_private_ray()
         ray.init(num_cpus=jobs, num_gpus=0, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                  _temp_dir=str(ray_tmpdir / "ray"))
         tuner = tune.Tuner(
