@@ -16,8 +16,6 @@ from __future__ import annotations
 import csv
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,7 +29,7 @@ from fedsuite.cli import app
 from fedsuite.rundir import read_metrics
 from fedsuite.search import Range, parse_space
 from fedsuite.sweep import SweepError
-from tests.conftest import fedsuite_run, tree_snapshot
+from tests.conftest import fedsuite_run, fedsuite_start, tree_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ["--set", "rounds=3", "--set", "num_clients=8", "--set", "clients_per_round=3", "--set", "batch_size=32"]
@@ -39,10 +37,6 @@ BASE = ["--set", "rounds=3", "--set", "num_clients=8", "--set", "clients_per_rou
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-
-
-def _search(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fedsuite.cli", "sweep", *args]
 
 
 def test_ranges_are_read_as_the_tune_domains_they_name():
@@ -223,20 +217,19 @@ def test_an_interrupted_search_exits_130_and_names_every_trial_that_did_not_comp
     continues its run) and the one that never started, and exits 130, as a grid does."""
     out = tmp_path / "out"
     folder = (out / "stop").resolve()
-    proc = subprocess.Popen(
-        _search("--search", "random", "--samples", "2", "--space", "lr=choice:0.05", "--set", "rounds=10", "--set",
-                "faults.delay_s=1.0", *SMALL, "--set", f"data_root={tmp_path / 'data'}", "--output-dir", str(out),
-                "--name", "stop"),
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        # SIGINT handled as in a terminal (a process started where SIGINT is ignored inherits that)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    log = tmp_path / "search.log"
+    # SIGINT handled as in a terminal (the warm process's child takes Python's default handler)
+    proc = fedsuite_start(["sweep", "--search", "random", "--samples", "2", "--space", "lr=choice:0.05", "--set",
+                           "rounds=10", "--set", "faults.delay_s=1.0", *SMALL, "--set", f"data_root={tmp_path / 'data'}",
+                           "--output-dir", str(out), "--name", "stop"], log, env=_env())
     deadline = time.monotonic() + 600  # a guard against a hang, not a timing
     while proc.poll() is None and time.monotonic() < deadline and not any(
             r["round"] >= 1 for p in folder.glob("trials/*/") for r in read_metrics(p, tolerant=True)):
         time.sleep(0.2)
-    assert proc.poll() is None, proc.stdout.read()
+    assert proc.poll() is None, log.read_text()
     proc.send_signal(signal.SIGINT)  # by PID: the CLI only
-    text = proc.communicate(timeout=300)[0]
+    proc.wait(timeout=300)
+    text = log.read_text()
     assert proc.returncode == 130, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     with (folder / "trials.csv").open() as fh:
