@@ -43,7 +43,7 @@ torch.set_num_threads(1)
 
 def pytest_configure(config: pytest.Config) -> None:
     """Compile this project's sources to bytecode once, before any test runs (in the controller, not in
-    each xdist worker). The suite starts some 670 processes, most of them Python (CLIs, simulation
+    each xdist worker). The suite starts some 600 processes, most of them Python (CLIs, simulation
     processes, Ray actors, SuperNodes' ClientApps) importing fedsuite and its methods; where
     ``PYTHONDONTWRITEBYTECODE`` is set (as on this project's machines) none of them writes a cache,
     so each compiled the packages again (measured: importing the CLI, ClientApp, simulation and
