@@ -30,6 +30,23 @@ def test_toml_then_values_then_set_overrides(tmp_path):
     assert cfg.dataset == "fmnist"  # bare strings need no quotes
 
 
+def test_a_parsed_file_or_value_is_the_callers_own_and_an_edited_file_is_read_again(tmp_path):
+    """TOML is parsed once per text (planning a target builds thousands of configs): each caller
+    gets a copy it may change, and a file's new text is parsed anew."""
+    from fedsuite.config import load_toml, parse_value
+
+    path = tmp_path / "c.toml"
+    path.write_text('rounds = 3\n[fedprox]\nmu = 0.1\n')
+    first = load_toml(path)
+    first["fedprox"]["mu"] = 9.0
+    assert load_toml(path) == {"rounds": 3, "fedprox": {"mu": 0.1}}
+    path.write_text('rounds = 4\n')
+    assert load_toml(path) == {"rounds": 4}
+    value = parse_value("[1, 2]")
+    value.append(3)
+    assert parse_value("[1, 2]") == [1, 2] and parse_value("fmnist") == "fmnist"
+
+
 @pytest.mark.parametrize(
     ("overrides", "fragment"),
     [
