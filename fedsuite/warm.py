@@ -44,7 +44,7 @@ PRELOAD = ("torch", "typer", "rich.table", "fedsuite.cli_support", "fedsuite.reg
 
 class WarmRun:
     """A run forked by the warm process, as much of ``subprocess.Popen`` as the queue and the tests
-    use: ``pid``, ``poll()``, ``returncode``, ``wait()``, ``send_signal()``, ``kill()``."""
+    use: ``pid``, ``poll()``, ``returncode``, ``wait()``, ``send_signal()``."""
 
     def __init__(self, pid: int, ended: threading.Event) -> None:
         self.pid = pid
@@ -67,9 +67,6 @@ class WarmRun:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 class WarmStarter:
