@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from typer.testing import CliRunner
@@ -214,7 +215,8 @@ def test_an_interrupted_search_exits_130_and_names_every_trial_that_did_not_comp
     """SIGINT to a random search while its first of two trials runs: the search exited 0 and its
     report dropped the trial that never ran. Now it stops its trial's run (partial, with its
     checkpoint: resumable), writes the report naming the interrupted trial (with the command that
-    continues its run) and the one that never started, and exits 130, as a grid does."""
+    continues its run) and the one that never started, and exits 130, as a grid does. While it runs,
+    Tune's Ray has none of the daemons a search does not use."""
     out = tmp_path / "out"
     folder = (out / "stop").resolve()
     log = tmp_path / "search.log"
@@ -227,6 +229,16 @@ def test_an_interrupted_search_exits_130_and_names_every_trial_that_did_not_comp
             r["round"] >= 1 for p in folder.glob("trials/*/") for r in read_metrics(p, tolerant=True)):
         time.sleep(0.2)
     assert proc.poll() is None, log.read_text()
+    # Tune's Ray started lean, as a simulation's private Ray (simulation.lean_private_ray): its raylet,
+    # and no API server, autoscaler monitor or log monitor
+    started = []
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            started.append(" ".join(child.cmdline()))
+        except psutil.Error:  # ended meanwhile
+            continue
+    assert any("raylet" in c for c in started), started
+    assert not [c for c in started if "dashboard/dashboard.py" in c or "monitor.py" in c], started
     proc.send_signal(signal.SIGINT)  # by PID: the CLI only
     proc.wait(timeout=300)
     text = log.read_text()
