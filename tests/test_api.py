@@ -65,12 +65,15 @@ def setup(tmp_path_factory, data_root) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def api_run(setup) -> tuple[fedsuite.Run, str]:
-    """``fedsuite.simulate`` of the FAST setup, silent: (the run, what it printed)."""
+def api_run(setup, worker_ray_cluster) -> tuple[fedsuite.Run, str]:
+    """``fedsuite.simulate`` of the FAST setup on Flower's engine, its clients on the xdist worker's
+    Ray node (the API's run on a private Ray: the Ctrl-C test below), silent: (the run, what it
+    printed)."""
     folder, toml = setup
     printed = io.StringIO()
     with redirect_stdout(printed):  # where a console prints (rich reads sys.stdout when it prints)
-        run = fedsuite.simulate(config=toml, output_dir=folder / "runs", run_name="api", progress=False)
+        run = fedsuite.simulate(config=toml, output_dir=folder / "runs", run_name="api", progress=False,
+                                ray_address=worker_ray_cluster)
     return run, printed.getvalue()
 
 
@@ -124,7 +127,7 @@ def test_simulate_equals_fedsuite_simulate_from_the_cli_bit_for_bit(api_run, swe
     model's arrays."""
     run, _ = api_run
     cli = fedsuite.load_run(sweep / "lr-0.05" / "s7")
-    where = ("output_dir", "run_name", "engine")
+    where = ("output_dir", "run_name", "engine", "ray_address")
     assert {k: v for k, v in cli.config.items() if k not in where} == {k: v for k, v in run.config.items() if k not in where}
     assert _without_time(read_metrics(cli.dir)) == _without_time(read_metrics(run.dir))
     pd.testing.assert_frame_equal(cli.metrics.drop(columns="wall_seconds"), run.metrics.drop(columns="wall_seconds"))

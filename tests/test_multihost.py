@@ -10,7 +10,7 @@ bridge in the SuperLink's namespace; each sees the others only through that netw
   are reached from its own machine alone: the admin registers the two SuperNodes' keys and submits
   the run from there;
 * ``fedsuite gateway`` (nginx) publishes the Fleet API alone on 10.15.0.1:9093, over TLS with the
-  SuperLink's certificate, and the SuperNodes connect through it; 2 rounds complete.
+  SuperLink's certificate, and the SuperNodes connect through it; a round completes.
 
 On that federation, while it trains (one module-scoped fixture runs it once; each test reads what
 it recorded): a SuperNode whose key was never registered is refused, a CLI and a SuperNode without
@@ -194,7 +194,7 @@ def run_federation(net: Network, tmp_path: Path, data_root: Path) -> Federation:
     (stranger.root / "supernodes").mkdir(parents=True)
     shutil.copy(creds.ca_cert, stranger.ca_cert)
     make_supernode_key(stranger, "stranger")
-    _, run_dir, app_dir = deployment_app(tmp_path, data_root, rounds=2)
+    _, run_dir, app_dir = deployment_app(tmp_path, data_root, rounds=1)
     fed = Federation(run_dir)
     gateway_address, link_address = f"{LINK_IP}:{PORT}", f"127.0.0.1:{LINK_PORT}"
     procs: list[tuple[subprocess.Popen, Path | None]] = []  # with the FLWR_HOME that marks its detached children
@@ -296,7 +296,7 @@ def test_federation_across_network_namespaces(federation):
     error = (run_dir / "error.txt").read_text() if (run_dir / "error.txt").exists() else fed.details
     assert fed.status == "finished:completed", error
     rows = read_metrics(run_dir)
-    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert [r["round"] for r in rows] == [0, 1]
     assert all(sorted(r["cohort"]) == [0, 1] and r["dropped"] == [] for r in rows[1:]), rows
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
     # the SuperNodes reached the SuperLink through the gateway, on the Fleet API only

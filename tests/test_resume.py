@@ -209,7 +209,7 @@ def _assert_same_run(resumed_dir: Path, reference, method: str) -> None:
 
 @pytest.mark.long
 @pytest.mark.parametrize("method", list(METHODS))
-def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_root, tmp_path):
+def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_root, tmp_path, worker_ray_cluster):
     overrides = {"rounds": ROUNDS, **METHODS[method]}
     reference = simulate(**overrides)
     out, name = tmp_path / "runs", f"killed-{method}"
@@ -225,8 +225,11 @@ def test_kill_9_mid_round_then_resume_is_bit_identical(method, simulate, data_ro
             _kill_9(proc, run_dir)
     assert point["checkpointed_round"] < ROUNDS and not (run_dir / "summary.json").exists()
 
-    # continue with nothing but the run's name: the run's own config.json is the config
-    res = fedsuite_run(["simulate", "--output-dir", str(out), "--run-name", name, "--resume"],
+    # continue with nothing but the run's name (the run's own config.json is the config); FedInit's,
+    # killed with its private Ray, on the xdist worker's Ray node (where the clients run may change
+    # on resume: config.RESUME_MUTABLE)
+    elsewhere = ["--ray-address", worker_ray_cluster] if PLACEMENT[method].get("engine") != "inprocess" else []
+    res = fedsuite_run(["simulate", "--output-dir", str(out), "--run-name", name, "--resume", *elsewhere],
                        env=_env(), cwd=tmp_path, timeout=600)
     assert res.returncode == 0, f"resume failed (killed at {point}): {res.stdout[-2000:]} {res.stderr[-3000:]}"
     _assert_same_run(run_dir, reference, method)

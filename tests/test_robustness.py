@@ -35,6 +35,7 @@ from fedsuite import launch, processes, reaper
 from fedsuite.cli import app
 from fedsuite.config import build_config
 from fedsuite.data import DatasetError, load_dataset
+from fedsuite.rundir import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 FEDSUITE = Path(sys.executable).parent / "fedsuite"
@@ -99,19 +100,6 @@ def test_flower_processes_get_single_threaded_openblas(tmp_path):
     assert env["OPENBLAS_NUM_THREADS"] == "1"
     proc = _fork_race(tmp_path, "matmul", 10, env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def test_offline_default_starts_and_completes(tmp_path):
-    # a real start of the offline default (synthetic + mlp) on a private Ray, watchdog armed so a
-    # hang fails (the suite starts private Rays in many more tests: FedInit's kill -9 and resume,
-    # the process and watchdog tests below)
-    cfg = build_config(values={**FAST, "strategy": "fedavg", "rounds": 1, "seed": 3,
-                               "data_root": str(tmp_path / "data"), "stall_timeout_s": 180})
-    outcome = launch.simulate(cfg, tmp_path / "run")
-    assert outcome.ok, outcome.details
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rows] == [0, 1]
-    assert not (tmp_path / "run" / "ray-logs").exists()  # Ray's logs are kept only for a run that did not complete
 
 
 def test_watchdog_fails_a_run_without_progress_and_stops_it(tmp_path):
@@ -179,7 +167,9 @@ def test_a_completed_run_leaves_no_process_behind(tmp_path):
     ``ray::RuntimeEnvAgent`` lived on for 50-90 s (the CLI killed the simulation process before
     collecting what it had started, and their environment no longer shows the run's mark). Every
     process the run started is gone when ``fedsuite simulate`` returns (a short grace for the
-    kernel to reap them, not a timing of Ray's)."""
+    kernel to reap them, not a timing of Ray's). The run is the offline default (Synthetic + mlp,
+    no download) on a private Ray: it completes every round and keeps no Ray logs (they are kept only
+    for a run that did not complete)."""
     out = tmp_path / "runs"
     flwr_home = str(out / "done" / ".flwr")
     cli = subprocess.Popen(
@@ -199,6 +189,8 @@ def test_a_completed_run_leaves_no_process_behind(tmp_path):
         # the CLI waited for them to go before it returned (2 s: the kernel's reaping, not Ray's timing)
         _, alive = psutil.wait_procs(started, timeout=2)
         assert not alive, f"processes outlived the completed run: {_describe(alive)}"
+        assert [r["round"] for r in read_metrics(out / "done")] == [0, 1, 2, 3]
+        assert not (out / "done" / "ray-logs").exists()
     finally:
         if cli.poll() is None:
             processes.stop_tree(cli, ("FLWR_HOME", flwr_home))
