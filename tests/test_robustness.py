@@ -30,8 +30,8 @@ import torch
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
-from conftest import FAST, fedsuite_run
-from fedsuite import launch, processes, reaper
+from conftest import fedsuite_run
+from fedsuite import processes, reaper
 from fedsuite.cli import app
 from fedsuite.config import build_config
 from fedsuite.data import DatasetError, load_dataset
