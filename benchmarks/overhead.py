@@ -8,7 +8,7 @@ process (torch using all cores): ``harness.plain_fedavg``, no Flower, no Ray, no
 fedsuite runs as users run it: ``fedsuite simulate`` as a child process (``harness.timed_cli_run``).
 
     python benchmarks/overhead.py [--rounds 12] [--dataset fmnist|synthetic] [--num-cpus 2]
-                                  [--ray-address HOST:PORT]
+                                  [--ray-address HOST:PORT] [--engine flower|inprocess]
 
 prints seconds per round (median over rounds 3..R, so start-up is excluded) for each, the ratio, and
 fedsuite's start-up: from the command's start to the round-0 evaluation (the first round begins).
@@ -36,13 +36,17 @@ def main() -> None:
     ap.add_argument("--ray-address", default=None,
                     help="run the clients on this running Ray cluster (`ray start --head`) instead of a "
                          "private Ray started by the run: the start-up without Ray's own start")
+    ap.add_argument("--engine", choices=["flower", "inprocess"], default="flower",
+                    help="the run's engine: Flower's Simulation Engine (what users run) or the in-process one")
     args = ap.parse_args()
     work, values = cpu_fedavg_setup(args.dataset, args.rounds, "fedsuite-bench-")
     dataset = values["dataset"]
     values["num_cpus"] = args.num_cpus
+    values["engine"] = args.engine
     if args.ray_address:
         values["ray_address"] = args.ray_address
-    print(f"dataset={dataset} model={values['model']} clients=100 K=10 rounds={args.rounds}", flush=True)
+    print(f"dataset={dataset} model={values['model']} clients=100 K=10 rounds={args.rounds} engine={args.engine}",
+          flush=True)
 
     run = timed_cli_run(values, work / "runs" / "bench")
     fed = run["round_s"]
@@ -50,7 +54,7 @@ def main() -> None:
 
     fed_med, plain_med = statistics.median(fed[2:]), statistics.median(plain[2:])
     result = {
-        "dataset": dataset, "model": values["model"], "rounds": args.rounds,
+        "dataset": dataset, "model": values["model"], "rounds": args.rounds, "engine": args.engine,
         "fedsuite_s_per_round": round(fed_med, 4), "plain_s_per_round": round(plain_med, 4),
         "ratio": round(fed_med / plain_med, 3),
         "fedsuite_whole_run_s": round(run["total_s"], 1), "fedsuite_startup_s": round(run["startup_s"], 1),
