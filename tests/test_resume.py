@@ -14,10 +14,10 @@
   continues the run, which does (issue 42 item 4).
 
 Real processes throughout: the killed, stopped and resumed runs are ``fedsuite simulate`` processes
-on Flower's Simulation Engine (SCAFFOLD's killed run aside: the in-process engine's). The uninterrupted runs they are compared with come from the
-session-cached ``simulate`` fixture on the in-process engine (this file's ``pytestmark``), whose
-numbers are Flower's bit for bit (tests/test_registry_e2e.py), so a resumed Flower run is held
-against a run made the other way.
+on Flower's Simulation Engine (SCAFFOLD's killed run aside: the in-process engine's). The
+uninterrupted runs they are compared with come from the session-cached ``simulate`` fixture on
+the in-process engine (this file's ``pytestmark``), whose numbers are Flower's bit for bit
+(tests/test_registry_e2e.py), so a resumed Flower run is held against a run made the other way.
 """
 
 from __future__ import annotations
