@@ -229,14 +229,24 @@ def test_the_cifar10_claims_targets_plan_the_papers_cells(targets, tmp_path):
                 for s in plan(targets[name], "paper", tmp_path, data_root=str(tmp_path))}
 
     fedmr = cells("fedmr-claims-cifar10")
-    assert sorted(fedmr) == sorted((row, m) for row in ("cnn-c10-0.1", "cnn-c10-0.1-m0.5", "cnn-c10-0.5")
-                                   for m in ("fedavg", "fedmut", "fedmr"))
+    # FedMut at spec A27's alternative (α = 4, T_mut = 50) runs in its own row, beside the momentum-0.5
+    # row's FedAvg and FedMR runs (one folder: those are planned once)
+    assert sorted(fedmr) == sorted([*((row, m) for row in ("cnn-c10-0.1", "cnn-c10-0.1-m0.5", "cnn-c10-0.5")
+                                      for m in ("fedavg", "fedmut", "fedmr")), ("cnn-c10-0.1-m0.5-a27", "fedmut-a4")])
     for (row, method), cfg in fedmr.items():  # the paper's CNN setting (spec §4), evaluated every 5 rounds
-        momentum = 0.5 if row.endswith("-m0.5") else 0.9
+        momentum = 0.5 if "-m0.5" in row else 0.9
         assert (cfg.dataset, cfg.model, cfg.num_clients, cfg.cohort_size, cfg.local_epochs, cfg.batch_size,
                 cfg.lr, cfg.momentum, cfg.rounds, cfg.eval_every) == ("cifar10", "cnn", 100, 10, 5, 50, 0.01, momentum,
                                                                       500, 5)
-        assert cfg.alpha == float(row.removesuffix("-m0.5").split("-")[-1]) and cfg.strategy == method
+        assert cfg.alpha == float(row.split("-")[2]) and cfg.strategy == method.removesuffix("-a4")
+        if cfg.strategy == "fedmut":  # spec A27: the FedMR repository's defaults, or the FedMut repository's
+            assert (cfg.fedmut.radius, cfg.fedmut.mut_acc_rate, cfg.fedmut.mut_bound) == (
+                (4.0, 0.3, 50) if method == "fedmut-a4" else (5.0, 0.3, 100))
+    (alternative,) = [r for r in targets["fedmr-claims-cifar10"].rows if r.name == "cnn-c10-0.1-m0.5-a27"]
+    assert alternative.setting == "claims-cnn-c10-0.1-m0.5" and alternative.claims == [
+        ("fedmr", "fedmut-a4"), ("fedmut-a4", "fedavg")]
+    assert {pair: value for pair, (value, _) in alternative.paper_differences.items()} == pytest.approx(
+        {("fedmr", "fedmut-a4"): 54.63 - 52.88, ("fedmut-a4", "fedavg"): 52.88 - 50.66})
     (at_half,) = [r for r in targets["fedmr-claims-cifar10"].rows if r.name == "cnn-c10-0.1-m0.5"]
     assert {pair: value for pair, (value, _) in at_half.paper_differences.items()} == pytest.approx(
         {("fedmr", "fedavg"): 54.63 - 50.66, ("fedmr", "fedmut"): 54.63 - 52.88, ("fedmut", "fedavg"): 52.88 - 50.66})
