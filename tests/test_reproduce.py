@@ -1064,6 +1064,38 @@ def test_the_report_shows_the_papers_difference_beside_each_ordering(tmp_path):
     assert md.count("n/a (cpu scale)") == 3
 
 
+def test_rows_sharing_a_setting_share_runs_and_report_only_their_own_methods(tmp_path):
+    """A row that names its methods and shares another row's setting folder (FedMut at spec A27's
+    alternative beside FedMR's momentum-0.5 row) plans only its new method's runs, reads the shared
+    FedAvg runs, and shows only the methods it names, in its cells and in its list of runs not
+    completed; the other row does not show the new method."""
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    tables.write_text(TINY.format(dataset="synthetic").replace(
+        'fedprox = {{ label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }}'.replace("{{", "{").replace("}}", "}"),
+        'fedprox = { label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }\n'
+        'fedprox-big = { label = "FedProx μ=0.1", set = ["strategy=fedprox", "fedprox.mu=0.1"] }').replace(
+        'set = ["alpha=0.5"]\n', 'set = ["alpha=0.5"]\nmethods = ["fedavg", "fedprox"]\n')
+        + '\n[[targets.tiny.rows]]\nname = "dir0.5-big"\nsetting = "dir0.5"\nlabel = "Synthetic, Dir 0.5, μ = 0.1"\n'
+          'set = ["alpha=0.5"]\nmethods = ["fedavg", "fedprox-big"]\n'
+          'claims = [["fedprox-big", "fedavg"]]\n'
+          'paper_differences = { "fedprox-big>fedavg" = { value = 1.0, source = "the μ = 0.01 cell" } }\n')
+    target = parse_tables(tables)["tiny"]
+    specs = {(s.method, s.seed): s for s in plan(target, "paper", tmp_path / "out")}
+    assert sorted(specs) == [(m, seed) for m in ("fedavg", "fedprox", "fedprox-big") for seed in (0, 1)]
+    assert specs["fedprox-big", 0].run_dir.parent == specs["fedavg", 0].run_dir.parent  # one folder
+    assert [s.method for s in plan(target, "paper", tmp_path / "out", methods=["fedprox-big"])] == ["fedprox-big"] * 2
+    _write_runs(specs, {("fedavg", 0): 0.50, ("fedavg", 1): 0.60, ("fedprox", 0): 0.52,
+                        ("fedprox", 1): 0.61, ("fedprox-big", 0): 0.55})
+    md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
+    first, second = md.split("## Synthetic, Dir 0.5")[1:]
+    assert "| FedProx | 51.00 ± 1.00 | 56.50 ± 4.50 | 2/2 |" in first and "FedProx μ=0.1" not in first
+    assert "| FedAvg | - | 55.00 ± 5.00 | 2/2 |" in second and "| FedProx μ=0.1 | - | 55.00 | 1/2 |" in second
+    assert "| FedProx |" not in second
+    assert "- fedprox-big seed 1: not run" in second and "fedprox-big" not in first
+    assert "| FedProx μ=0.1 > FedAvg | 1 | +5.00 | - | +1.00† | **not judged** |" in second
+
+
 def test_the_report_says_inert_here_with_the_measured_activity(tmp_path):
     """Where a row names the component of an ordering, report.md and claims.csv show its measure and
     the better method's value (the runs' summary.json ``activity``, mean over the paired seeds): below

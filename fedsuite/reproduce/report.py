@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from fedsuite import registry, rundir
-from fedsuite.reproduce.tables import RunSpec, Target
+from fedsuite.reproduce.tables import Row, RunSpec, Target
 from fedsuite.reproduce.verdicts import ACTIVITY_NOT_RECORDED, VERDICT_RULE, VERDICTS, Activity, claims, verdict
 from fedsuite.plots import plot_groups
 from fedsuite.provenance import report_lines, run_summaries
@@ -76,6 +76,12 @@ def recorded_activity(run_dir: Path) -> dict[str, float] | None:
             if isinstance(entry, dict) and isinstance(entry.get("mean"), (int, float))}
 
 
+def _row_specs(specs: Sequence[RunSpec], row: Row) -> list[RunSpec]:
+    """The runs a row reads: those of its setting (rows sharing a setting share runs), of the methods
+    it names where it names them (``methods``), so that a row shows only its own methods' cells."""
+    return [s for s in specs if s.row.setting == row.setting and (row.methods is None or s.method in row.methods)]
+
+
 def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[str, Any]]:
     """Per row: its cells (published, obtained mean ± std over the completed seeds, best accuracy,
     difference at paper scale), its claims (with the activity of the component that distinguishes
@@ -83,7 +89,7 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
     known = registry.components()
     rows = []
     for row in target.rows:
-        mine = [s for s in specs if s.row.setting == row.setting]
+        mine = _row_specs(specs, row)
         if not mine:
             continue
         methods = [m for m in target.methods if any(s.method == m for s in mine)]
@@ -232,8 +238,8 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                    "the better method's runs (its measure's mean over each run's rounds, averaged over the paired "
                    "seeds; below the threshold: **inert here**):", "", *measures]
         md += ["", f"**Row: {d['verdict']}.**"]
-        incomplete = [rundir.why_incomplete(sp.run_dir, f"{sp.method} seed {sp.seed}", sp.rounds) for sp in specs
-                      if sp.row.setting == row.setting and rundir.state(sp.run_dir, sp.rounds) != "completed"]
+        incomplete = [rundir.why_incomplete(sp.run_dir, f"{sp.method} seed {sp.seed}", sp.rounds)
+                      for sp in _row_specs(specs, row) if rundir.state(sp.run_dir, sp.rounds) != "completed"]
         if incomplete:
             md += ["", "Runs that did not complete (not in the numbers above):", "",
                    *[f"- {line}" for line in incomplete]]
