@@ -1008,6 +1008,19 @@ def test_report_names_each_run_that_did_not_complete_and_why(tmp_path):
     assert "- fedavg seed 1: not run" in md
 
 
+def _tiny_target(tmp_path: Path, methods: str, rows: str = "", three_seeds: bool = True):
+    """TINY's target (Synthetic, FedProx against FedAvg) with ``methods`` (TOML lines) added to its
+    [methods], ``rows`` (TOML) appended after its row, and seeds 0-2 unless ``three_seeds`` is false."""
+    tables = tmp_path / "tiny" / "tables.toml"
+    tables.parent.mkdir()
+    text = TINY.format(dataset="synthetic")
+    fedprox = 'fedprox = { label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }\n'
+    assert text.count(fedprox) == 1
+    text = text.replace(fedprox, fedprox + methods)
+    tables.write_text((text.replace("seeds = [0, 1]", "seeds = [0, 1, 2]") if three_seeds else text) + rows)
+    return parse_tables(tables)["tiny"]
+
+
 def _write_runs(specs: dict, accuracies: dict, rounds: int = 2) -> None:
     """Completed runs on disk as ``fedsuite simulate`` leaves them: round 0 at 10%, then rounds 1..
     ``rounds`` at the run's accuracy (a fraction; a list: one per round)."""
@@ -1024,15 +1037,9 @@ def test_the_report_shows_the_papers_difference_beside_each_ordering(tmp_path):
     """Each ordering's row of report.md and claims.csv carries the paper's difference: its published
     numbers', or the nearest cell's, marked and named under the table; the verdicts weigh the
     paired differences against it, and the row's summary counts them."""
-    tables = tmp_path / "tiny" / "tables.toml"
-    tables.parent.mkdir()
-    tables.write_text(TINY.format(dataset="synthetic").replace("seeds = [0, 1]", "seeds = [0, 1, 2]").replace(
-        'fedprox = {{ label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }}'.replace("{{", "{").replace("}}", "}"),
-        'fedprox = { label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }\n'
-        'fedprox-big = { label = "FedProx μ=0.1", set = ["strategy=fedprox", "fedprox.mu=0.1"] }')
-        + 'claims = [["fedprox", "fedavg"], ["fedprox-big", "fedavg"]]\n'
-          'paper_differences = { "fedprox-big>fedavg" = { value = 5.0, source = "Table 9, the μ = 0.1 cell" } }\n')
-    target = parse_tables(tables)["tiny"]
+    target = _tiny_target(tmp_path, 'fedprox-big = { label = "FedProx μ=0.1", set = ["strategy=fedprox", "fedprox.mu=0.1"] }\n',
+                          'claims = [["fedprox", "fedavg"], ["fedprox-big", "fedavg"]]\n'
+                          'paper_differences = { "fedprox-big>fedavg" = { value = 5.0, source = "Table 9, the μ = 0.1 cell" } }\n')
     specs = {(s.method, s.seed): s for s in plan(target, "paper", tmp_path / "out")}
     # per seed, FedProx − FedAvg = −1, 0, +1 (band ±1.15 holds the paper's 51 − 50 = 1); FedProx μ=0.1
     # − FedAvg = 0, +0.5, −0.5 (band ±0.58, below the nearest cell's 5)
@@ -1069,18 +1076,12 @@ def test_rows_sharing_a_setting_share_runs_and_report_only_their_own_methods(tmp
     alternative beside FedMR's momentum-0.5 row) plans only its new method's runs, reads the shared
     FedAvg runs, and shows only the methods it names, in its cells and in its list of runs not
     completed; the other row does not show the new method."""
-    tables = tmp_path / "tiny" / "tables.toml"
-    tables.parent.mkdir()
-    tables.write_text(TINY.format(dataset="synthetic").replace(
-        'fedprox = {{ label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }}'.replace("{{", "{").replace("}}", "}"),
-        'fedprox = { label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }\n'
-        'fedprox-big = { label = "FedProx μ=0.1", set = ["strategy=fedprox", "fedprox.mu=0.1"] }').replace(
-        'set = ["alpha=0.5"]\n', 'set = ["alpha=0.5"]\nmethods = ["fedavg", "fedprox"]\n')
-        + '\n[[targets.tiny.rows]]\nname = "dir0.5-big"\nsetting = "dir0.5"\nlabel = "Synthetic, Dir 0.5, μ = 0.1"\n'
-          'set = ["alpha=0.5"]\nmethods = ["fedavg", "fedprox-big"]\n'
-          'claims = [["fedprox-big", "fedavg"]]\n'
-          'paper_differences = { "fedprox-big>fedavg" = { value = 1.0, source = "the μ = 0.01 cell" } }\n')
-    target = parse_tables(tables)["tiny"]
+    target = _tiny_target(tmp_path, 'fedprox-big = { label = "FedProx μ=0.1", set = ["strategy=fedprox", "fedprox.mu=0.1"] }\n',
+                          'methods = ["fedavg", "fedprox"]\n'  # TINY's row, then one sharing its folder
+                          '\n[[targets.tiny.rows]]\nname = "dir0.5-big"\nsetting = "dir0.5"\nlabel = "Synthetic, Dir 0.5, μ = 0.1"\n'
+                          'set = ["alpha=0.5"]\nmethods = ["fedavg", "fedprox-big"]\nclaims = [["fedprox-big", "fedavg"]]\n'
+                          'paper_differences = { "fedprox-big>fedavg" = { value = 1.0, source = "the μ = 0.01 cell" } }\n',
+                          three_seeds=False)
     specs = {(s.method, s.seed): s for s in plan(target, "paper", tmp_path / "out")}
     assert sorted(specs) == [(m, seed) for m in ("fedavg", "fedprox", "fedprox-big") for seed in (0, 1)]
     assert specs["fedprox-big", 0].run_dir.parent == specs["fedavg", 0].run_dir.parent  # one folder
@@ -1102,18 +1103,12 @@ def test_the_report_says_inert_here_with_the_measured_activity(tmp_path):
     the threshold the verdict is **inert here**; above it, judged; runs recorded before activity was
     measured say "activity not recorded" and are judged as before. Orderings without a component
     have empty activity columns."""
-    tables = tmp_path / "tiny" / "tables.toml"
-    tables.parent.mkdir()
-    tables.write_text(TINY.format(dataset="synthetic").replace("seeds = [0, 1]", "seeds = [0, 1, 2]").replace(
-        'fedprox = {{ label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }}'.replace("{{", "{").replace("}}", "}"),
-        'fedprox = { label = "FedProx", set = ["strategy=fedprox", "fedprox.mu=0.01"] }\n'
-        'fedinit = { label = "FedInit", set = ["strategy=fedinit"] }\n'
-        'fednlr = { label = "FedNLR", set = ["strategy=fednlr"] }')
-        + 'claims = [["fedinit", "fedavg"], ["fednlr", "fedavg"], ["fedprox", "fedavg"]]\n'
-          'paper_differences = { "fedinit>fedavg" = { value = 3.0, source = "T1" }, '
-          '"fednlr>fedavg" = { value = 1.5, source = "T2" } }\n'
-          'components = { "fedinit>fedavg" = "relaxed_init", "fednlr>fedavg" = "neuron_lr" }\n')
-    target = parse_tables(tables)["tiny"]
+    target = _tiny_target(tmp_path, 'fedinit = { label = "FedInit", set = ["strategy=fedinit"] }\n'
+                                    'fednlr = { label = "FedNLR", set = ["strategy=fednlr"] }\n',
+                          'claims = [["fedinit", "fedavg"], ["fednlr", "fedavg"], ["fedprox", "fedavg"]]\n'
+                          'paper_differences = { "fedinit>fedavg" = { value = 3.0, source = "T1" }, '
+                          '"fednlr>fedavg" = { value = 1.5, source = "T2" } }\n'
+                          'components = { "fedinit>fedavg" = "relaxed_init", "fednlr>fedavg" = "neuron_lr" }\n')
     specs = {(s.method, s.seed): s for s in plan(target, "paper", tmp_path / "out")}
     accuracy = {"fedavg": 0.50, "fedprox": 0.51, "fedinit": 0.52, "fednlr": 0.53}
     _write_runs(specs, {(m, seed): accuracy[m] + 0.001 * seed for m, seed in specs})
