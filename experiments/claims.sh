@@ -72,7 +72,8 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     # four methods; FedMRUR: its four methods. FedNLR's, FedInit's and FedMRUR's runs record how much each method's own component acted
     # (summary.json's activity), which their verdicts need: their pinned commit is one that does.
     # Two seeds of each paper come before any third seed, so that every paper gets a paired verdict
-    # as early as the budget allows (FedMR's first two seeds were under way when this order was set).
+    # as early as the budget allows (FedMR's first two seeds were under way when this order was set;
+    # FedMRUR's cell, added later, was moved up to that rule on 2026-11-27).
     fednlr_seed() { UNITS+=("fednlr:$1:methods=fedavg" "fednlr:$1:methods=fednlr" "fednlr:$1"); }
     fedinit_seed() { local m; for m in fedavg fedinit scaffold scaffold-ri; do UNITS+=("fedinit:$1:methods=$m"); done; }
     fedmrur_seed() { local m; for m in fedavg mofedsam fedmrur-n fedmrur; do UNITS+=("fedmrur:$1:methods=$m"); done; }
@@ -86,12 +87,11 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     # and FedMR runs being the momentum-0.5 row's
     fedmut_a4() { UNITS+=("fedmr:$1:methods=fedmut-a4"); }
     fedmr_m05 1; fednlr_seed 0; fedmr_m05 2; fednlr_seed 1; fedinit_seed 0; fedinit_seed 1
+    fedmrur_seed 0; fedmrur_seed 1
     fedmut_a4 1; fedmut_a4 2
     UNITS+=(fedmr:1:rows=cnn-c10-0.1 fedmr:2:rows=cnn-c10-0.1)
     fedmr_m05 3; fedmut_a4 3; UNITS+=(fedmr:3:rows=cnn-c10-0.1)
-    fednlr_seed 2; fedinit_seed 2
-    # FedMRUR's Table 6 cell (added after the list above was set), the last of the four papers
-    fedmrur_seed 0; fedmrur_seed 1; fedmrur_seed 2
+    fednlr_seed 2; fedinit_seed 2; fedmrur_seed 2
     UNITS+=(fedmr:1:rows=cnn-c10-0.5 fedmr:2:rows=cnn-c10-0.5 fedmr:3:rows=cnn-c10-0.5) ;;
 *)
     sed -n '2,17p' "$0"; exit 2 ;;
