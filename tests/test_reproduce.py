@@ -283,6 +283,9 @@ def test_the_cifar10_claims_targets_plan_the_papers_cells(targets, tmp_path):
         {("fedmrur", "fedmrur-n"): 55.49 - 54.27})  # Table 4's: Table 6 has no FedMRUR-N
     for name in ("fedmr-claims-cifar10", "fednlr-claims-cifar10", "fedinit-claims-cifar10", "fedmrur-claims-cifar10"):
         assert "CIFAR-10 (JPEG copy)" in " ".join(r.label for r in targets[name].rows)
+        # FedMR's cell trains the paper's own CNN (compared number to number); the others FedMR's CNN
+        # in place of the paper's model (orderings only)
+        assert {bool(r.model_deviation) for r in targets[name].rows} == {name != "fedmr-claims-cifar10"}
         with pytest.raises(ReproduceError, match="has no cpu scale"):
             plan(targets[name], "cpu", tmp_path)
 
@@ -1069,6 +1072,31 @@ def test_the_report_shows_the_papers_difference_beside_each_ordering(tmp_path):
     assert "the paper's difference beside each ordering is the one it measured in its own setting" in md
     assert "| FedProx μ=0.1 > FedAvg | 3 | +0.00 | 0.29 | +5.00† | **smaller than the paper's** |" in md
     assert md.count("n/a (cpu scale)") == 3
+
+
+def test_a_row_on_another_model_compares_orderings_not_numbers(tmp_path):
+    """A row whose runs train another model than the paper's numbers were measured with
+    (``model_deviation``: the CIFAR-10 claims cells of FedNLR, FedInit and FedMRUR) shows the
+    published numbers for reference, no difference from them ("n/a (other model)", "n/a" in
+    report.csv), the sentence naming the models, and judges the orderings as any row; a value that
+    is not a string is refused, naming the key."""
+    target = _tiny_target(tmp_path, "", 'model_deviation = "an MLP; the paper\'s numbers are a CNN\'s"\n')
+    specs = {(s.method, s.seed): s for s in plan(target, "paper", tmp_path / "out")}
+    _write_runs(specs, {("fedavg", 0): 0.50, ("fedavg", 1): 0.60, ("fedavg", 2): 0.55,
+                        ("fedprox", 0): 0.53, ("fedprox", 1): 0.62, ("fedprox", 2): 0.58})
+    md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
+    assert "| FedAvg | 50.00 ± 1.00 | 55.00 ± 4.08 | 3/3 | 55.00 | n/a (other model) |" in md
+    assert md.count("n/a (other model)") == 2
+    assert ("These runs train another model than the paper's numbers were measured with (an MLP; the paper's "
+            "numbers are a CNN's): the published numbers are shown for reference, and only the orderings are "
+            "compared.") in md
+    assert "| FedProx > FedAvg | 3 | +2.67 | 0.33 | +1.00 | **holds** |" in md
+    assert {c["difference"] for c in csv.DictReader((tmp_path / "report" / "report.csv").open())} == {"n/a"}
+    bad = tmp_path / "bad" / "tables.toml"
+    bad.parent.mkdir()
+    bad.write_text(TINY.format(dataset="synthetic") + "model_deviation = 3\n")
+    with pytest.raises(ReproduceError, match=r"rows\[0\]\.model_deviation: expected a string, got 3"):
+        parse_tables(bad)
 
 
 def test_rows_sharing_a_setting_share_runs_and_report_only_their_own_methods(tmp_path):

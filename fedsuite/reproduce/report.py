@@ -119,7 +119,7 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
                     activity[m][s.seed] = acted
             mean, std = aggregate(values, tails, target.metric, target.spread)
             pub = row.published.get(m)
-            diff = (mean - pub[0] if scale == "paper" and pub and mean is not None
+            diff = (mean - pub[0] if scale == "paper" and not row.model_deviation and pub and mean is not None
                     and math.isfinite(mean) and math.isfinite(pub[0]) else None)
             cells[m] = {"method": m, "label": target.methods[m][0], "published": pub, "mean": mean, "std": std,
                         "seeds": len(values), "planned": len(runs),
@@ -183,9 +183,12 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
         if row.note:
             md += [row.note, ""]
         md += [f"| method | published | obtained ({unit}) | seeds | best acc (%) | difference |", "|---|---|---|---|---|---|"]
+        # no difference from the published number where the cell is not the paper's (cpu scale,
+        # another model): the orderings are compared, not the numbers
+        not_paper = "n/a (cpu scale)" if scale == "cpu" else "n/a (other model)" if row.model_deviation else ""
         for m, c in d["cells"].items():
             pub = c["published"]
-            diff = "n/a (cpu scale)" if scale == "cpu" else ("-" if c["diff"] is None else f"{c['diff']:+.2f}")
+            diff = not_paper or ("-" if c["diff"] is None else f"{c['diff']:+.2f}")
             md.append(f"| {c['label']} | {_fmt(*pub, target.metric) if pub else '-'} | "
                       f"{_fmt(c['mean'], c['std'], target.metric)} | {c['seeds']}/{c['planned']} | "
                       f"{_fmt(c['best'])} | {diff} |")
@@ -194,8 +197,12 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                 "published_mean": pub[0] if pub else "", "published_std": pub[1] if pub and pub[1] is not None else "",
                 "obtained_mean": "" if c["mean"] is None else c["mean"], "obtained_std": "" if c["std"] is None else c["std"],
                 "seeds_completed": c["seeds"], "seeds_planned": c["planned"], "best_mean": "" if c["best"] is None else c["best"],
-                "difference": "n/a" if scale == "cpu" else ("" if c["diff"] is None else c["diff"]),
+                "difference": "n/a" if not_paper else ("" if c["diff"] is None else c["diff"]),
                 "row_verdict": d["verdict"]})
+        if row.model_deviation and scale == "paper":
+            md += ["", f"These runs train another model than the paper's numbers were measured with "
+                   f"({row.model_deviation}): the published numbers are shown for reference, and only the "
+                   "orderings are compared."]
         md += ["", f"Orderings the paper claims, paired by seed (difference = the first method's value minus the "
                f"second's, in {unit_short}, positive where the paper says; the paper's difference is the same "
                "difference of its published numbers for this cell):", ""]

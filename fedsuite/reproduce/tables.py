@@ -30,6 +30,13 @@ that the worse method lacks (``fedsuite.activity``; the names are ``fedsuite.reg
 The key is one of the row's claims; the better method's runs must use the component (checked when
 the runs are planned). Where those runs recorded it acting below its threshold, the ordering's
 verdict is **inert here** (:mod:`fedsuite.reproduce.verdicts`).
+
+A row whose runs train another model than the one the paper's numbers were measured with says so::
+
+    model_deviation = "FedMR's CNN; the paper's numbers are VGG-9's"
+
+and its report compares orderings only: each cell's difference from the published number is
+"n/a (other model)", with the sentence under the row's table, as at the cpu scale.
 """
 
 from __future__ import annotations
@@ -77,6 +84,9 @@ class Row:
     # the component that distinguishes a claimed ordering: (better, worse) -> its name
     # (``fedsuite.registry.components``); see the module docstring
     components: dict[tuple[str, str], str] = field(default_factory=dict)
+    # the model these runs train where the paper's numbers are another model's ("" : the paper's
+    # model): the report then compares orderings only (see the module docstring)
+    model_deviation: str = ""
 
 
 @dataclass
@@ -149,6 +159,12 @@ def _paper_differences(value: Any, where: str) -> dict[tuple[str, str], tuple[fl
                                  f'source = "the table and cell it comes from" }}, got {entry!r}')
         out[(pair[0], pair[1])] = (float(number), source.strip())
     return out
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ReproduceError(f"{where}: expected a string, got {value!r}")
+    return value.strip()
 
 
 def _claim_key(key: str, where: str) -> tuple[str, str]:
@@ -238,6 +254,7 @@ def parse_tables(path: Path) -> dict[str, Target]:
                     claims=_pairs(r["claims"], rw + ".claims") if "claims" in r else None,
                     paper_differences=_paper_differences(r.get("paper_differences", {}), rw + ".paper_differences"),
                     components=_components(r.get("components", {}), rw + ".components"),
+                    model_deviation=_text(r.get("model_deviation", ""), rw + ".model_deviation"),
                 ))
             target = Target(
                 name=name, file=path, paper=data.get("paper", path.parent.name), title=t.get("title", name),
