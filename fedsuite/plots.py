@@ -1,7 +1,7 @@
 """fedsuite's figures, drawn on matplotlib's file-only Agg backend: a run's accuracy curve and its pool
 diagnostics (``fedsuite.recording``), a report's curves with a ± std band per setting
-(``fedsuite.results``, ``reproduce``, ``sweep``, a search) and a partition's label skew
-(``fedsuite partition``)."""
+(``fedsuite.results``, ``reproduce``, ``sweep``, a search), a reproduce report's claimed orderings
+against the paper's differences, and a partition's label skew (``fedsuite partition``)."""
 
 from __future__ import annotations
 
@@ -138,6 +138,39 @@ def plot_groups(curves: dict[str, list[list[dict[str, Any]]]], path: Path, title
     if title or common:
         ax.set_title(title or " ".join(w for w in labels[0].split() if w in common), fontsize=9)
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_claims(orderings: list[dict[str, Any]], path: Path, unit: str = "points", title: str | None = None) -> None:
+    """The claimed orderings of a report as a forest plot, one line each, top to bottom: each paired
+    seed's difference (dots), their mean with a ± 2 SE bar (the verdict's band, coloured by the
+    verdict), the paper's difference (a black diamond) and zero (a vertical line). ``orderings``:
+    dicts with ``label``, ``differences`` (per seed), ``mean`` and ``se`` (None without pairs),
+    ``paper`` (the paper's difference), ``verdict`` and its ``colour`` (a matplotlib colour);
+    ``unit`` names the difference's unit."""
+    plt = pyplot()
+    n = len(orderings)
+    fig, ax = plt.subplots(figsize=(8.0, 0.9 + 0.42 * n), dpi=120)
+    for y, o in zip(range(n - 1, -1, -1), orderings):
+        colour = o["colour"]
+        diffs = list(o["differences"])
+        if diffs:
+            ax.plot(diffs, [y] * len(diffs), "o", ms=3.5, color=colour, alpha=0.45, mec="none")
+        if o["mean"] is not None:
+            half = 2 * o["se"] if o["se"] is not None else 0.0
+            ax.errorbar([o["mean"]], [y], xerr=[[half], [half]], fmt="s", ms=5, color=colour, capsize=3, lw=1.4)
+        ax.plot([o["paper"]], [y], "D", ms=5, color="black", mfc="none", mew=1.2)
+        ax.annotate(o["verdict"], xy=(1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=7,
+                    color=colour)
+    ax.axvline(0.0, color="black", lw=0.8, alpha=0.6)
+    ax.set_yticks(range(n - 1, -1, -1), [o["label"] for o in orderings], fontsize=7)
+    ax.set_ylim(-0.7, n - 0.3)
+    ax.set_xlabel(f"difference, better minus worse ({unit}): seeds (dots), mean ± 2 SE (square), the paper's (diamond)",
+                  fontsize=7)
+    ax.grid(axis="x", alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=9)
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 

@@ -1058,6 +1058,9 @@ def test_the_report_shows_the_papers_difference_beside_each_ordering(tmp_path):
     assert "| FedProx μ=0.1 > FedAvg | 3 | +0.00 | 0.29 | +5.00† | **smaller than the paper's** |" in md
     assert "- FedProx μ=0.1 > FedAvg: Table 9, the μ = 0.1 cell" in md
     assert "**Row: 1 could not tell, 1 smaller than the paper's.**" in md
+    # the figure of the orderings: one line each, seeds, mean ± 2 SE and the paper's difference
+    figure = tmp_path / "report" / "claims.png"
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "](claims.png)" in md
     own, near = csv.DictReader((tmp_path / "report" / "claims.csv").open())
     assert (own["better"], float(own["paper_difference"]), own["paper_difference_source"], own["verdict"]) == \
         ("fedprox", 1.0, "", COULD_NOT_TELL)

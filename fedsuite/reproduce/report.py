@@ -29,8 +29,10 @@ import numpy as np
 
 from fedsuite import registry, rundir
 from fedsuite.reproduce.tables import Row, RunSpec, Target
-from fedsuite.reproduce.verdicts import ACTIVITY_NOT_RECORDED, VERDICT_RULE, VERDICTS, Activity, claims, verdict
-from fedsuite.plots import plot_groups
+from fedsuite.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, HOLDS, INERT_HERE, NOT_JUDGED,
+                                         REVERSED, SMALLER_THAN_PAPERS, VERDICT_RULE, VERDICTS, Activity, claims,
+                                         verdict)
+from fedsuite.plots import plot_claims, plot_groups
 from fedsuite.provenance import report_lines, run_summaries
 from fedsuite.results import best_accuracy, evaluations, run_value, write_atomically
 from fedsuite.rundir import read_metrics
@@ -74,6 +76,11 @@ def recorded_activity(run_dir: Path) -> dict[str, float] | None:
         return None
     return {name: float(entry["mean"]) for name, entry in activity.items()
             if isinstance(entry, dict) and isinstance(entry.get("mean"), (int, float))}
+
+
+#: each verdict's colour in the report's figure of its orderings (``claims.png``)
+VERDICT_COLOURS = {HOLDS: "tab:green", REVERSED: "tab:red", COULD_NOT_TELL: "tab:orange",
+                   SMALLER_THAN_PAPERS: "tab:purple", INERT_HERE: "tab:gray", NOT_JUDGED: "tab:gray"}
 
 
 def _row_specs(specs: Sequence[RunSpec], row: Row) -> list[RunSpec]:
@@ -150,8 +157,9 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
     ordering: its paired differences, the paper's difference (with the nearest cell it comes from
     where the row's own cell is not published: ``paper_difference_source``, empty otherwise), the
     component that distinguishes it with its measure, value and threshold (empty where the row
-    names none) and the verdict) and ``<row>.png`` (accuracy vs round, band over
-    seeds) into ``folder``; returns the Markdown path."""
+    names none) and the verdict), ``<row>.png`` (accuracy vs round, band over seeds) and
+    ``claims.png`` (every claimed ordering's paired differences and mean ± 2 SE beside the paper's
+    difference, :func:`fedsuite.plots.plot_claims`) into ``folder``; returns the Markdown path."""
     folder.mkdir(parents=True, exist_ok=True)
     data = collect(target, specs, scale)
     unit = "rounds to target" if target.metric == "rounds" else "test accuracy (%)"
@@ -177,6 +185,16 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
             str(sum(1 for c in d["claims"] if c.verdict == v)) for v in VERDICTS) + " |")
     csv_rows, claim_rows = [], []
     unit_short = "rounds" if target.metric == "rounds" else "points"
+    orderings = [{"label": f"{target.methods[c.better][0]} > {target.methods[c.worse][0]}  [{d['row'].name}]",
+                  "differences": [c.differences[s] for s in sorted(c.differences)], "mean": c.result[0],
+                  "se": c.result[1], "paper": c.paper_difference, "verdict": c.verdict,
+                  "colour": VERDICT_COLOURS[c.verdict]} for d in data for c in d["claims"]]
+    if orderings:
+        write_atomically(folder / "claims.png", lambda tmp: plot_claims(
+            orderings, tmp, unit="rounds saved" if target.metric == "rounds" else "points",
+            title=f"{target.name} ({scale} scale): the claimed orderings against the paper's differences"))
+        md += ["", "![the claimed orderings: each seed's difference, their mean ± 2 SE, the paper's difference]"
+                   "(claims.png)"]
     for d in data:
         row = d["row"]
         md += ["", f"## {row.label}" + (f" (target {d['target_accuracy']:g}%)" if d["target_accuracy"] else ""), ""]
