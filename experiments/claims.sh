@@ -82,7 +82,7 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     # code's momentum 0.5 comes first, beside FedNLR's seeds; the two 0.9 runs in flight finish after.
     fedmr_m05() { UNITS+=("fedmr:$1:rows=cnn-c10-0.1-m0.5"); }
     UNITS=()
-    # FedMut at spec A27's alternative setting (α = 4, T_mut = 50; row cnn-c10-0.1-m0.5-a27, added after
+    # FedMut at the stand-alone FedMut repository's setting (α = 4, T_mut = 50; row cnn-c10-0.1-m0.5-a27, added after
     # FedMut at α = 5 diverged in seed 1 of the momentum-0.5 cell): only its own run, the row's FedAvg
     # and FedMR runs being the momentum-0.5 row's
     fedmut_a4() { UNITS+=("fedmr:$1:methods=fedmut-a4"); }
