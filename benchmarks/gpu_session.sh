@@ -1,35 +1,56 @@
 #!/bin/bash
 # The GPU checks of a session that is lent the GPU machine, run there from the checkout's root.
 #
-#   bash benchmarks/gpu_session.sh check OUT     # set-up, gpu_round.py, the row started, pytest -m gpu
-#   bash benchmarks/gpu_session.sh row OUT SECS  # wait up to SECS for the row, then pack its runs
+#   bash benchmarks/gpu_session.sh check OUT [UNTIL]  # set-up, gpu_round.py, the row started, pytest -m gpu,
+#                                                     # then the row waited for until UNTIL seconds since the start
+#   bash benchmarks/gpu_session.sh row OUT SECS       # wait up to SECS more for the row, then pack its runs
 #
-# What it needs beside the checkout, in .device/ (ignored by git): site312.tar.xz (flwr, ray and the
-# rest for the machine's Python 3.12, built as ../shared/tools/device/README.md says), and
-# cifar10_jpeg.npz + make_cifar10.py from ../shared/data/cifar10-jpeg/. The checkout (18 MiB
-# tracked) and .device/ must stay under the 64 MiB a call may send: with flwr 1.42 the bundle fits
-# (28.9 MB) only after `strip --strip-unneeded` on every unstripped .so in it and `strip --strip-all`
-# on ray's raylet and gcs_server (2026-11-27: then 63.3 MiB in all; Ray and Flower ran from it).
+# What it needs beside the checkout, in .device/ (ignored by git: `echo /.device/ >> .git/info/exclude`):
+# site312.tar.xz (flwr, ray and the rest for the machine's Python 3.12, built as
+# ../shared/tools/device/README.md says), and cifar10_jpeg.npz + make_cifar10.py from
+# ../shared/data/cifar10-jpeg/. The checkout's tracked files and .device/ must stay under the 64 MiB
+# a call may send. With flwr 1.42 the bundle fits (29.1 MB) only after `strip --strip-unneeded` on
+# every shared object in it and `strip_ray.sh SITE --elf`; and since the committed in-flight
+# checkpoints of the CPU claims queue (experiments/*/results/claims-cifar10-inflight/, 17 MB on
+# 2026-11-28) grew the checkout to 32 MB, they leave the working tree for the call (moved aside,
+# then `git checkout` them back).
 #
-# Timing seen (2026-11-27, one H200; 15 minutes of device time in all): the machine started in
-# ~30 s; "check" took 240 s; "row" then waited 470 s, when the row had reached round 280 of 500 at
-# 1.7 s a round (three runs at once). Issue the second call within the machine's 30 s warm window,
-# or the machine, and the row with it, goes back.
+# Timing seen on one H200 (15 minutes of device time in all): 2026-11-27, the machine started in ~30
+# s, "check" took 240 s, "row" then waited 470 s (a 500-round row at round 280, 1.7 s a round, three
+# runs at once). A second call must come within the machine's 30 s warm window, or the machine, and
+# the row with it, goes back.
 #
 # "check": (1) unpacks the bundle and writes CIFAR-10 (JPEG copy) to /tmp/data; (2) times
 # benchmarks/gpu_round.py on both engines while the GPU is otherwise idle; (3) starts one row of
-# the CIFAR-10 claims at the paper's scale in the background (FedMR's Table 1 cell, CNN, Dir 0.1,
-# momentum 0.5, seed 1: FedAvg, FedMut and FedMR, 500 rounds each, on the in-process engine, three
-# runs at once), in its own process session so that it outlives this call while the machine stays
-# warm; (4) runs `pytest -m gpu` beside it. "row", the next call, waits for the row and packs its
-# records into OUT/rows.tar.gz; a row stopped at SECS is interrupted (SIGTERM: each run records
-# its status and keeps its last checkpoint), and says so in its summaries.
+# the CIFAR-10 claims at the paper's scale in the background, in its own process session so that it
+# outlives this call while the machine stays warm: FedNLR's Table 1 cell (CIFAR-10 Dir(20, 0.3),
+# 20 clients, 40% a round, 2 local epochs, 200 rounds), seed 2, FedDyn and FedDyn + FedNLR at
+# weight decay 1e-3, both at once, on the in-process engine: runs short enough to end within one
+# session's device time, whose CPU twins the claims queue runs, so the two devices are compared on
+# whole runs; (4) runs `pytest -m gpu` beside it; (5) waits for the row until UNTIL seconds after
+# the start (default 0: no wait) and, if it ended, packs it. "row" waits for the row and packs its
+# records into OUT/rows.tar.gz (configs, metrics, summaries and logs; no checkpoints); a row stopped
+# at SECS is interrupted (SIGTERM: each run records its status and keeps its last checkpoint), and
+# says so in its summaries.
 set -uo pipefail
 phase=${1:-} out=${2:-/tmp/gpu-session}
 mkdir -p /tmp/site "$out"
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH FLWR_TELEMETRY_ENABLED=0 PYTHONUNBUFFERED=1
-ROW=(python3 -m fedsuite.cli reproduce fedmr-claims-cifar10 --rows cnn-c10-0.1-m0.5 --seeds 1 --jobs 3
-     --engine inprocess --data-root /tmp/data --output-dir /tmp/rows)
+ROW=(python3 -m fedsuite.cli reproduce fednlr-claims-cifar10 --methods feddyn-wd1e-3 feddyn-nlr-wd1e-3 --seeds 2
+     --jobs 2 --engine inprocess --data-root /tmp/data --output-dir /tmp/rows)
+
+pack_row() {  # pack_row OUT SECS: wait up to SECS for the row; stop it if still running; pack its records
+  local out=$1 secs=$2 pid end
+  pid=$(cat /tmp/row.pid) end=$((SECONDS + secs))
+  while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 5; done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "the row ran past ${secs}s: interrupted"; kill -TERM -- -"$pid"
+    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  fi
+  tail -30 /tmp/row.log; cp /tmp/row.log "$out/row.log"
+  tar -czf "$out/rows.tar.gz" --exclude=client-state --exclude='*.pt' -C /tmp rows
+  for m in $(find /tmp/rows -name metrics.jsonl); do echo "$m: $(tail -1 "$m" | cut -c1-200)"; done
+}
 
 if [ "$phase" = check ]; then
   {
@@ -49,20 +70,11 @@ if [ "$phase" = check ]; then
   timeout 200 python3 -m pytest -m gpu -n 8 --dist load -v -p no:cacheprovider tests/test_gpu.py \
     > "$out/pytest-gpu.log" 2>&1; echo "pytest exit $?"; grep -v PytestBenchmark "$out/pytest-gpu.log" | tail -25
   echo "== the row so far"; tail -5 /tmp/row.log
-  for m in /tmp/rows/*/paper/*/*/metrics.jsonl /tmp/rows/*/*/*/*/metrics.jsonl; do
-    [ -f "$m" ] && echo "$m: $(tail -1 "$m" | cut -c1-160)"
-  done
+  for m in $(find /tmp/rows -name metrics.jsonl); do echo "$m: $(tail -1 "$m" | cut -c1-160)"; done
+  until=${3:-0}
+  if [ "$until" -gt "$SECONDS" ]; then echo "== waiting for the row until ${until}s"; pack_row "$out" $((until - SECONDS)); fi
 elif [ "$phase" = row ]; then
-  secs=$3 pid=$(cat /tmp/row.pid)
-  end=$((SECONDS + secs))
-  while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 5; done
-  if kill -0 "$pid" 2>/dev/null; then
-    echo "the row ran past ${secs}s: interrupted"; kill -TERM -- -"$pid"
-    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-  fi
-  tail -30 /tmp/row.log; cp /tmp/row.log "$out/row.log"
-  tar -czf "$out/rows.tar.gz" -C /tmp rows
-  for m in $(find /tmp/rows -name metrics.jsonl); do echo "$m: $(tail -1 "$m" | cut -c1-200)"; done
+  pack_row "$out" "$3"
 else
-  echo "usage: bash benchmarks/gpu_session.sh check OUT | row OUT SECONDS (not '$phase')" >&2; exit 2
+  echo "usage: bash benchmarks/gpu_session.sh check OUT [UNTIL] | row OUT SECONDS (not '$phase')" >&2; exit 2
 fi
