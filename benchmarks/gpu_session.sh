@@ -17,7 +17,9 @@
 #
 # Timing seen on one H200 (15 minutes of device time in all): 2026-11-27, the machine started in ~30
 # s, "check" took 240 s, "row" then waited 470 s (a 500-round row at round 280, 1.7 s a round, three
-# runs at once). A second call must come within the machine's 30 s warm window, or the machine, and
+# runs at once). 2026-11-28: set-up 25 s, gpu_round.py 210 s, pytest -m gpu 96 s (32 tests); the
+# FedNLR row ran at 2.6-3.1 s a round, two runs at once (beside pytest or not); "check OUT 555"
+# then "row OUT 245" left 44 s of the 900: FedDyn's 200 rounds ended, FedDyn + FedNLR's reached 185. A second call must come within the machine's 30 s warm window, or the machine, and
 # the row with it, goes back.
 #
 # "check": (1) unpacks the bundle and writes CIFAR-10 (JPEG copy) to /tmp/data; (2) times
@@ -28,7 +30,7 @@
 # weight decay 1e-3, both at once, on the in-process engine: runs short enough to end within one
 # session's device time, whose CPU twins the claims queue runs, so the two devices are compared on
 # whole runs; (4) runs `pytest -m gpu` beside it; (5) waits for the row until UNTIL seconds after
-# the start (default 0: no wait) and, if it ended, packs it. "row" waits for the row and packs its
+# the start (default 0: no wait) and packs it if it ended, else leaves it running for "row". "row" waits for the row and packs its
 # records into OUT/rows.tar.gz (configs, metrics, summaries and logs; no checkpoints); a row stopped
 # at SECS is interrupted (SIGTERM: each run records its status and keeps its last checkpoint), and
 # says so in its summaries.
@@ -39,16 +41,16 @@ export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH FLWR_TELEMETRY_ENABLED
 ROW=(python3 -m fedsuite.cli reproduce fednlr-claims-cifar10 --methods feddyn-wd1e-3 feddyn-nlr-wd1e-3 --seeds 2
      --jobs 2 --engine inprocess --data-root /tmp/data --output-dir /tmp/rows)
 
-pack_row() {  # pack_row OUT SECS: wait up to SECS for the row; stop it if still running; pack its records
-  local out=$1 secs=$2 pid end
-  pid=$(cat /tmp/row.pid) end=$((SECONDS + secs))
+wait_row() {  # wait_row SECS: wait up to SECS for the row; true if it ended
+  local pid end
+  pid=$(cat /tmp/row.pid) end=$((SECONDS + $1))
   while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 5; done
-  if kill -0 "$pid" 2>/dev/null; then
-    echo "the row ran past ${secs}s: interrupted"; kill -TERM -- -"$pid"
-    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-  fi
-  tail -30 /tmp/row.log; cp /tmp/row.log "$out/row.log"
-  tar -czf "$out/rows.tar.gz" --exclude=client-state --exclude='*.pt' -C /tmp rows
+  ! kill -0 "$pid" 2>/dev/null
+}
+
+pack_row() {  # pack_row OUT: the row's log and records (no checkpoints or client state) into OUT
+  tail -30 /tmp/row.log; cp /tmp/row.log "$1/row.log"
+  tar -czf "$1/rows.tar.gz" --exclude=client-state --exclude='*.pt' -C /tmp rows
   for m in $(find /tmp/rows -name metrics.jsonl); do echo "$m: $(tail -1 "$m" | cut -c1-200)"; done
 }
 
@@ -72,9 +74,17 @@ if [ "$phase" = check ]; then
   echo "== the row so far"; tail -5 /tmp/row.log
   for m in $(find /tmp/rows -name metrics.jsonl); do echo "$m: $(tail -1 "$m" | cut -c1-160)"; done
   until=${3:-0}
-  if [ "$until" -gt "$SECONDS" ]; then echo "== waiting for the row until ${until}s"; pack_row "$out" $((until - SECONDS)); fi
+  if [ "$until" -gt "$SECONDS" ]; then
+    echo "== waiting for the row until ${until}s"
+    if wait_row $((until - SECONDS)); then pack_row "$out"
+    else echo "the row is still running: 'row' (the next call, within the warm window) waits for it"; fi
+  fi
 elif [ "$phase" = row ]; then
-  pack_row "$out" "$3"
+  if ! wait_row "$3"; then
+    echo "the row ran past ${3}s: interrupted"; kill -TERM -- -"$(cat /tmp/row.pid)"
+    for _ in $(seq 30); do kill -0 "$(cat /tmp/row.pid)" 2>/dev/null || break; sleep 1; done
+  fi
+  pack_row "$out"
 else
   echo "usage: bash benchmarks/gpu_session.sh check OUT [UNTIL] | row OUT SECONDS (not '$phase')" >&2; exit 2
 fi
