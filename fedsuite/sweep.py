@@ -57,8 +57,8 @@ from rich.text import Text
 from fedsuite import rundir
 from fedsuite.config import (BaseRunConfig, ConfigError, build_config, check_settings_used, load_toml, own_settings,
                              parse_value, setting_keys, unused_setting)
-from fedsuite.reproduce.queue import (ReproduceError, check_recorded, completed, name_failed, other_folder, pending,
-                                      queue_and_report, simulate_command)
+from fedsuite.reproduce.queue import (QueuedRun, ReproduceError, check_recorded, completed, name_failed, other_folder,
+                                      pending, queue_and_report)
 from fedsuite.reproduce.report import aggregate
 
 
@@ -134,24 +134,15 @@ def setting_folder(setting: dict[str, Any]) -> str:
 
 
 @dataclass
-class SweepRun:
+class SweepRun(QueuedRun):
     """One ``fedsuite simulate`` run of a sweep: a setting and a seed (the queue's unit of work)."""
 
     setting: dict[str, Any]
     seed: int
-    run_dir: Path
-    config: Path | None
-    overrides: list[str]
-    rounds: int
-    dataset: tuple[str, str, str]
-    cfg: BaseRunConfig  # the config the run runs: what its recorded config.json must equal
 
     @property
     def label(self) -> str:
         return f"{setting_label(self.setting)} s{self.seed}"
-
-    def command(self, resume: bool, placement: Sequence[str] = ()) -> list[str]:
-        return simulate_command(self.config, self.overrides, resume, placement)
 
 
 def plan(config: Path | None, base_set: Sequence[str], grid: dict[str, list[Any]], seeds: Sequence[int],
@@ -198,7 +189,8 @@ def plan(config: Path | None, base_set: Sequence[str], grid: dict[str, list[Any]
             except ConfigError as exc:
                 raise SweepError(f"setting {setting_label(setting)}: {str(exc).splitlines()[0]}") from None
             dataset = (cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True))
-            runs.append(SweepRun(setting, seed, run_dir, config, items, cfg.rounds, dataset, cfg))
+            runs.append(SweepRun(setting, seed, run_dir=run_dir, config=config, overrides=items, rounds=cfg.rounds,
+                                 dataset=dataset, cfg=cfg))
     unused = [(item, why) for item, why in unused_base.items() if why]
     if unused:  # dropped from every run: it would change nothing, without a word
         raise SweepError(f"--set {unused[0][0]}: no run of the sweep uses it (its first run: {unused[0][1]})")

@@ -1,9 +1,8 @@
 """The queue: runs as ``fedsuite simulate`` processes, ``--jobs`` at a time, resumable.
 
 The queue of ``fedsuite reproduce``, ``fedsuite sweep`` and (its command line, environment and the
-checks before it starts) ``fedsuite sweep --search``. A queued run is anything with ``run_dir``,
-``cfg`` (the config it runs), ``rounds``, ``label``, ``dataset`` and ``command(resume, placement)``
-(a :class:`fedsuite.reproduce.tables.RunSpec`, a sweep's ``SweepRun``):
+checks before it starts) ``fedsuite sweep --search``. A queued run is a :class:`QueuedRun` (a
+target's :class:`fedsuite.reproduce.tables.RunSpec`, a sweep's ``SweepRun``):
 
 * before anything starts (:func:`pending`), every run folder that holds a run is checked to hold
   the run asked for: its recorded ``config.json`` equals the run's config up to the rounds and the
@@ -48,15 +47,41 @@ import os
 import signal
 import sys
 import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from fedsuite import rundir
 from fedsuite.processes import core_slices, fedsuite_first, stop_tree
 
+if TYPE_CHECKING:
+    from fedsuite.config import BaseRunConfig
+
 
 class ReproduceError(ValueError):
     """A user error (unknown target, row or method, a bad tables file, missing data); one line."""
+
+
+@dataclass(kw_only=True)
+class QueuedRun(ABC):
+    """One ``fedsuite simulate`` run of a queue: what the queue needs of it, whatever grid it
+    belongs to (a subclass adds its place in the grid and its ``label``)."""
+
+    run_dir: Path
+    config: Path | None  # the TOML file the run starts from (None: the defaults)
+    overrides: list[str]  # --set key=value, in order
+    rounds: int
+    dataset: tuple[str, str, str]  # (name, data_root, dataset_options as JSON)
+    cfg: BaseRunConfig  # the config the run runs: what its recorded config.json must equal
+
+    @property
+    @abstractmethod
+    def label(self) -> str:
+        """The run's name in the queue's lines."""
+
+    def command(self, resume: bool, placement: Sequence[str] = ()) -> list[str]:
+        return simulate_command(self.config, self.overrides, resume, placement)
 
 
 def simulate_command(config: Path | None, overrides: Sequence[str], resume: bool,

@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from fedsuite import registry
-from fedsuite.config import BaseRunConfig, ConfigError, build_config, own_settings
-from fedsuite.reproduce.queue import ReproduceError, simulate_command
+from fedsuite.config import ConfigError, build_config, own_settings
+from fedsuite.reproduce.queue import QueuedRun, ReproduceError
 from fedsuite.reproduce.verdicts import paper_difference
 
 #: the tables files that ship with fedsuite: experiments/<paper>/tables.toml
@@ -307,25 +307,16 @@ def load_targets(extra: Sequence[Path] = ()) -> dict[str, Target]:
 
 
 @dataclass
-class RunSpec:
+class RunSpec(QueuedRun):
     """One ``fedsuite simulate`` run of the grid (a run of :mod:`fedsuite.reproduce.queue`)."""
 
     row: Row
     method: str
     seed: int
-    run_dir: Path
-    config: Path | None
-    overrides: list[str]  # --set key=value, in order
-    rounds: int
-    dataset: tuple[str, str, str]  # (name, data_root, dataset_options as JSON)
-    cfg: BaseRunConfig  # the config the run runs: what its recorded config.json must equal
 
     @property
     def label(self) -> str:
         return f"{self.row.setting} {self.method} s{self.seed}"
-
-    def command(self, resume: bool, placement: Sequence[str] = ()) -> list[str]:
-        return simulate_command(self.config, self.overrides, resume, placement)
 
 
 def cell_overrides(target: Target, row: Row, method: str, scale: str) -> list[str]:
@@ -404,5 +395,6 @@ def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = Non
                                          f"{str(exc).splitlines()[0]}") from None
                 _check_components_used(target, row, method, cfg)
                 dataset = (cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True))
-                specs[run_dir] = RunSpec(row, method, seed, run_dir, row.config, items, cfg.rounds, dataset, cfg)
+                specs[run_dir] = RunSpec(row, method, seed, run_dir=run_dir, config=row.config, overrides=items,
+                                         rounds=cfg.rounds, dataset=dataset, cfg=cfg)
     return list(specs.values())
