@@ -15,7 +15,11 @@ in one process) runs the same model. ``--engines inprocess`` times the in-proces
 client called in the run's own process, no Ray: ``fedsuite simulate --engine inprocess``).
 Printed per method and engine: fedsuite s/round (median of rounds 2..R),
 the plain FedAvg loop's s/round for that model, their ratio, the target (benchmarks/README.md) and
-whether it is met. SAM-type methods do two forward/backward passes per step, so their ratio to plain FedAvg is
+whether it is met; and the plain loop again under ``torch.use_deterministic_algorithms(True)`` (as
+fedsuite's clients train on a GPU: deterministic cuDNN and cuBLAS kernels), with fedsuite's ratio to
+it, which says how much of fedsuite's time is the price of bit-for-bit repeatable runs. The whole
+script runs with ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, which fedsuite's processes set and deterministic
+cuBLAS needs, so that the two plain loops differ in the switch alone. SAM-type methods do two forward/backward passes per step, so their ratio to plain FedAvg is
 about 2 by construction; their target says so.
 
     python benchmarks/gpu_round.py [--rounds 6] [--num-gpus 0.25] [--methods fedavg fedinit ...]
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import tomllib
@@ -41,6 +46,8 @@ import torch
 from fedsuite.config import build_config
 
 from harness import plain_fedavg, timed_cli_run
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read at cuBLAS's first use: before any CUDA work
 
 ROOT = Path(__file__).resolve().parent.parent
 FEDINIT_SCALE = ROOT / "experiments" / "fedinit" / "resnet18gn_cifar10.toml"
@@ -108,6 +115,7 @@ def main() -> None:
     print(f"device: {where}; rounds {args.rounds}; --num-gpus {args.num_gpus}; data {data}", flush=True)
 
     plain: dict[str, float] = {}  # model name -> plain FedAvg s/round
+    plain_det: dict[str, float] = {}  # the same, under torch.use_deterministic_algorithms(True)
     results = []
     for engine, name in [(e, n) for e in args.engines for n in args.methods]:
         values = method_config(name, data, args, engine)
@@ -118,20 +126,25 @@ def main() -> None:
             print(f"{name}: plain FedAvg loop ({model}) ...", flush=True)
             cfg = build_config(values={**values, "strategy": "fedavg"})
             plain[model] = statistics.median(plain_fedavg(cfg, args.rounds, device).round_s[1:])
+            print(f"{name}: plain FedAvg loop ({model}), deterministic algorithms ...", flush=True)
+            plain_det[model] = statistics.median(plain_fedavg(cfg, args.rounds, device, deterministic=True).round_s[1:])
         fed = statistics.median(run["round_s"][1:])
         target = METHODS[name][2]
         results.append({"method": name, "engine": engine, "model": model, "fedsuite_s_per_round": round(fed, 3),
                         "plain_fedavg_s_per_round": round(plain[model], 3), "ratio": round(fed / plain[model], 2),
+                        "plain_deterministic_s_per_round": round(plain_det[model], 3),
+                        "ratio_to_deterministic": round(fed / plain_det[model], 2),
                         "target_s_per_round": target, "meets_target": fed <= target,
                         "startup_s": round(run["startup_s"], 1)})
         print(json.dumps(results[-1]), flush=True)
 
     print(f"\n{where}, median of rounds 2..{args.rounds}" + ("  (--small: numbers mean nothing)" if args.small else ""))
     print(f"{'method':10s} {'engine':9s} {'model':12s} {'fedsuite':>9s} {'plain':>7s} {'ratio':>6s} "
-          f"{'target':>7s}  met")
+          f"{'plain-det':>9s} {'ratio':>6s} {'target':>7s}  met")
     for r in results:
         print(f"{r['method']:10s} {r['engine']:9s} {r['model']:12s} {r['fedsuite_s_per_round']:9.3f} "
-              f"{r['plain_fedavg_s_per_round']:7.3f} {r['ratio']:6.2f} {r['target_s_per_round']:7.2f}  "
+              f"{r['plain_fedavg_s_per_round']:7.3f} {r['ratio']:6.2f} {r['plain_deterministic_s_per_round']:9.3f} "
+              f"{r['ratio_to_deterministic']:6.2f} {r['target_s_per_round']:7.2f}  "
               f"{'yes' if r['meets_target'] else 'NO'}")
 
 

@@ -64,7 +64,7 @@ if [ "$phase" = check ]; then
   } > "$out/setup.log" 2>&1 || { cat "$out/setup.log"; exit 1; }
   tail -3 "$out/setup.log"
   echo "== gpu_round.py"
-  timeout 260 python3 benchmarks/gpu_round.py --rounds 4 --methods fedavg fedmr-cnn --engines flower inprocess \
+  timeout 320 python3 benchmarks/gpu_round.py --rounds 4 --methods fedavg fedmr-cnn --engines flower inprocess \
     > "$out/gpu_round.log" 2>&1; echo "gpu_round exit $?"; tail -8 "$out/gpu_round.log"
   echo "== the row, in the background"
   setsid nohup "${ROW[@]}" > /tmp/row.log 2>&1 < /dev/null & echo $! > /tmp/row.pid

@@ -122,10 +122,18 @@ class PlainRun:
     state: dict[str, np.ndarray]  # the global model after the last round
 
 
-def plain_fedavg(cfg, rounds: int, device: torch.device, log: bool = True) -> PlainRun:
+def plain_fedavg(cfg, rounds: int, device: torch.device, log: bool = True, deterministic: bool = False) -> PlainRun:
     """Run ``rounds`` rounds of plain FedAvg for ``cfg``: each round's seconds and test accuracy, and
     the final global model (``tests/test_core.py`` checks that a fedsuite simulation ends with this
-    very model, bit for bit)."""
+    very model, bit for bit). ``deterministic``: under ``torch.use_deterministic_algorithms(True)``,
+    as fedsuite's clients train on CUDA (deterministic cuDNN and cuBLAS kernels), restored after."""
+    if deterministic:
+        before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            return plain_fedavg(cfg, rounds, device, log)
+        finally:
+            torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     bundle = runtime.load_bundle(cfg)
     initial = models.initial_arrays(cfg, bundle)
     sampler = FedSuiteStrategy(ServerSetup(cfg=cfg, node_to_pid={p: p for p in range(cfg.num_clients)},
