@@ -36,6 +36,10 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 #: run's wall time on 2 cores).
 STOP_GRACE_S = 1.0
 
+#: ``CUBLAS_WORKSPACE_CONFIG`` for deterministic cuBLAS, which ``torch.use_deterministic_algorithms``
+#: needs on CUDA (a run's processes get it; no effect on a CPU)
+DETERMINISTIC_CUBLAS_WORKSPACE = ":4096:8"
+
 
 def available_cores() -> int:
     """The CPU cores this process may run on: its affinity mask (a container's cpuset, ``taskset``'s,
@@ -125,8 +129,7 @@ def process_env() -> dict[str, str]:
         # threaded BLAS call in another thread spinning forever
         "OPENBLAS_NUM_THREADS": "1",
     })
-    # deterministic cuBLAS (torch.use_deterministic_algorithms needs it on CUDA); no effect on CPU
-    env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    env.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS_WORKSPACE)
     # Flower's processes start others by name (flower-superexec, flwr-serverapp; Ray its workers):
     # put this environment's scripts first
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
