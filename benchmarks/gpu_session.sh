@@ -5,15 +5,14 @@
 #                                                     # then the row waited for until UNTIL seconds since the start
 #   bash benchmarks/gpu_session.sh row OUT SECS       # wait up to SECS more for the row, then pack its runs
 #
-# What it needs beside the checkout, in .device/ (ignored by git: `echo /.device/ >> .git/info/exclude`):
-# site312.tar.xz (flwr, ray and the rest for the machine's Python 3.12, built as
-# ../shared/tools/device/README.md says), and cifar10_jpeg.npz + make_cifar10.py from
-# ../shared/data/cifar10-jpeg/. The checkout's tracked files and .device/ must stay under the 64 MiB
-# a call may send. With flwr 1.42 the bundle fits (29.1 MB) only after `strip --strip-unneeded` on
-# every shared object in it and `strip_ray.sh SITE --elf`; and since the committed in-flight
-# checkpoints of the CPU claims queue (experiments/*/results/claims-cifar10-inflight/, 17 MB on
-# 2026-11-28) grew the checkout to 32 MB, they leave the working tree for the call (moved aside,
-# then `git checkout` them back).
+# What it needs beside the checkout, in .device/ (ignored by git), is made by
+# `bash benchmarks/device_bundle.sh` (3 minutes): site312.tar.xz (flwr, ray and the rest for the
+# machine's Python 3.12: ../shared/tools/device's bundle with this project's flwr swapped in, every
+# shared object stripped) and cifar10_jpeg.npz + make_cifar10.py from ../shared/data/cifar10-jpeg/.
+# The checkout's tracked files and .device/ must stay under the 64 MiB a call may send; that script
+# prints the sum. Over it (the committed in-flight checkpoints of the CPU claims queue,
+# experiments/*/results/claims-cifar10-inflight/, 17 MB on 2026-11-28), move those out of the
+# working tree for the calls, then `git checkout` them back.
 #
 # Timing seen on one H200 (15 minutes of device time in all): 2026-11-27, the machine started in ~30
 # s, "check" took 240 s, "row" then waited 470 s (a 500-round row at round 280, 1.7 s a round, three
