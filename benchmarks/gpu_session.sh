@@ -25,10 +25,11 @@
 # benchmarks/gpu_round.py on both engines while the GPU is otherwise idle; (3) starts one row of
 # the CIFAR-10 claims at the paper's scale in the background, in its own process session so that it
 # outlives this call while the machine stays warm: FedNLR's Table 1 cell (CIFAR-10 Dir(20, 0.3),
-# 20 clients, 40% a round, 2 local epochs, 200 rounds), seed 2, FedDyn and FedDyn + FedNLR at
-# weight decay 1e-3, both at once, on the in-process engine: runs short enough to end within one
-# session's device time, whose CPU twins the claims queue runs, so the two devices are compared on
-# whole runs; (4) runs `pytest -m gpu` beside it; (5) waits for the row until UNTIL seconds after
+# 20 clients, 40% a round, 2 local epochs, 200 rounds), seed 2, FedDyn + FedNLR at weight decay
+# 1e-3 on the in-process engine: the run that did not end on 2026-11-28 (at round 185; its checkpoint
+# did not come back, so it starts again: about 200 x 2.6 s), whose twin FedDyn ended there
+# (experiments/fednlr/results/claims-cifar10-gpu/), so that both halves of that ordering have a GPU
+# run of seed 2 beside the CPU queue's, compared on whole runs; (4) runs `pytest -m gpu` beside it; (5) waits for the row until UNTIL seconds after
 # the start (default 0: no wait) and packs it if it ended, else leaves it running for "row". "row" waits for the row and packs its
 # records into OUT/rows.tar.gz (configs, metrics, summaries and logs; no checkpoints); a row stopped
 # at SECS is interrupted (SIGTERM: each run records its status and keeps its last checkpoint), and
@@ -37,8 +38,8 @@ set -uo pipefail
 phase=${1:-} out=${2:-/tmp/gpu-session}
 mkdir -p /tmp/site "$out"
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH FLWR_TELEMETRY_ENABLED=0 PYTHONUNBUFFERED=1
-ROW=(python3 -m fedsuite.cli reproduce fednlr-claims-cifar10 --methods feddyn-wd1e-3 feddyn-nlr-wd1e-3 --seeds 2
-     --jobs 2 --engine inprocess --data-root /tmp/data --output-dir /tmp/rows)
+ROW=(python3 -m fedsuite.cli reproduce fednlr-claims-cifar10 --methods feddyn-nlr-wd1e-3 --seeds 2
+     --jobs 1 --engine inprocess --data-root /tmp/data --output-dir /tmp/rows)
 
 wait_row() {  # wait_row SECS: wait up to SECS for the row; true if it ended
   local pid end
