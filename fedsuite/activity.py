@@ -32,9 +32,10 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-import torch
+if TYPE_CHECKING:  # imported by joint_norm, the one function here that computes on tensors: reading
+    import torch   # a run's config or records (fedsuite.config, fedsuite.results) never loads torch
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class Component:
 def joint_norm(tensors: Iterable[torch.Tensor]) -> float:
     """‖(t_1, …, t_n)‖₂ over all tensors jointly, accumulated in float64 (a measure, not a step:
     float32 sums of squares of a large model lose digits). 0.0 for no tensors."""
+    import torch
+
     total = 0.0
     for t in tensors:
         total += float(torch.sum(t.detach().double() ** 2))

@@ -19,7 +19,6 @@ from pydantic import BaseModel
 
 from fedsuite.activity import Component
 from fedsuite.params import Params
-from fedsuite.plugins import PLUGINS
 
 
 class NoParams(Params):
@@ -66,6 +65,15 @@ _METHODS: dict[str, MethodSpec] = {}
 _LOADED = False
 
 
+def _plugins() -> dict[str, Any]:
+    """``fedsuite.plugins.PLUGINS``, imported on first use: the plug-ins' client code imports torch
+    and Flower, which reading a config or a run's records (``fedsuite.config``, ``fedsuite.results``,
+    ``fedsuite report``) does not need."""
+    from fedsuite.plugins import PLUGINS
+
+    return PLUGINS
+
+
 def register_method(
     name: str,
     *,
@@ -83,9 +91,9 @@ def register_method(
     if name in _METHODS and _METHODS[name].strategy is not strategy:
         raise ValueError(f"method {name!r} is registered twice")
     enables, refuses = dict(enables or {}), dict(refuses or {})
-    unknown = sorted((set(enables) | set(refuses)) - set(PLUGINS))
+    unknown = sorted((set(enables) | set(refuses)) - set(_plugins()))
     if unknown:
-        raise ValueError(f"method {name!r} names unknown plug-ins {unknown}; known: {sorted(PLUGINS)}")
+        raise ValueError(f"method {name!r} names unknown plug-ins {unknown}; known: {sorted(_plugins())}")
     if set(enables) & set(refuses) or any(not str(why).strip() for why in refuses.values()):
         raise ValueError(f"method {name!r}: a plug-in is both enabled and refused, or refused without a reason")
     spec = MethodSpec(name, strategy, client, params, summary, paper, enables, refuses, warnings, tuple(components))
@@ -126,13 +134,13 @@ def models() -> dict[str, Callable[..., Any]]:
 
 def plugins() -> dict[str, type[BaseModel]]:
     """Client-rule plug-ins that combine with any method: section name -> params model."""
-    return {name: plugin.params for name, plugin in PLUGINS.items()}
+    return {name: plugin.params for name, plugin in _plugins().items()}
 
 
 def components() -> dict[str, Component]:
     """Every distinguishing component by name (``fedsuite.activity``): the plug-ins' and the
     registered methods' (a component two methods share is listed once)."""
-    found = [plugin.component for plugin in PLUGINS.values() if plugin.component is not None]
+    found = [plugin.component for plugin in _plugins().values() if plugin.component is not None]
     found += [c for spec in methods().values() for c in spec.components]
     return {c.name: c for c in sorted(found, key=lambda c: c.name)}
 
@@ -141,7 +149,8 @@ def run_components(cfg: Any) -> list[Component]:
     """The components a run uses, whose measures its clients report: its method's own, then those
     of the plug-ins it switches on (:func:`plugin_params`), in ``PLUGINS`` order."""
     found = list(methods()[cfg.strategy].components)
-    found += [PLUGINS[name].component for name in plugin_params(cfg) if PLUGINS[name].component is not None]
+    plugins = _plugins()
+    found += [plugins[name].component for name in plugin_params(cfg) if plugins[name].component is not None]
     return found
 
 
@@ -152,7 +161,7 @@ def plugin_params(cfg: Any) -> dict[str, BaseModel]:
     the method ``refuses``, naming the method and the reason."""
     spec = methods()[cfg.strategy]
     out: dict[str, BaseModel] = {}
-    for name, plugin in PLUGINS.items():
+    for name, plugin in _plugins().items():
         params = getattr(cfg, name)
         if plugin.enabled(params):
             if name in spec.refuses:

@@ -145,3 +145,18 @@ def test_a_test_files_tests_share_one_xdist_worker(request):
     assert request.config.getvalue("loadgroup"), "the suite runs with --dist loadgroup (pyproject addopts)"
     assert request.node.nodeid.endswith("@test_architecture"), request.node.nodeid
 
+
+
+def test_reading_configs_and_records_loads_neither_torch_nor_flower():
+    """``fedsuite report`` and every reader of a run's folder import ``fedsuite.config`` and
+    ``fedsuite.results``; neither needs torch or Flower, whose imports took most of ``fedsuite
+    report``'s time (benchmarks/README.md). A fresh interpreter shows what an import pulls in; the
+    registry imports the plug-ins and the methods (torch) only when asked for them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fedsuite.config, fedsuite.results, fedsuite.registry; "
+            "print(sorted(m for m in ('torch', 'flwr', 'ray', 'fedsuite.plugins', 'strategies') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
