@@ -149,8 +149,8 @@ def run_components(cfg: Any) -> list[Component]:
     """The components a run uses, whose measures its clients report: its method's own, then those
     of the plug-ins it switches on (:func:`plugin_params`), in ``PLUGINS`` order."""
     found = list(methods()[cfg.strategy].components)
-    plugins = _plugins()
-    found += [plugins[name].component for name in plugin_params(cfg) if plugins[name].component is not None]
+    known = _plugins()
+    found += [known[name].component for name in plugin_params(cfg) if known[name].component is not None]
     return found
 
 
