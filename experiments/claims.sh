@@ -77,6 +77,12 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     fednlr_seed() { UNITS+=("fednlr:$1:methods=fedavg" "fednlr:$1:methods=fednlr" "fednlr:$1"); }
     fedinit_seed() { local m; for m in fedavg fedinit scaffold scaffold-ri; do UNITS+=("fedinit:$1:methods=$m"); done; }
     fedmrur_seed() { local m; for m in fedavg mofedsam fedmrur-n fedmrur; do UNITS+=("fedmrur:$1:methods=$m"); done; }
+    # FedMRUR-N and FedMRUR with the momentum built from the plain mean Δ̄ (momentum_source = mean, spec
+    # A9's other reading), added 2026-11-29 after seed 0 showed the normalised reading's momentum
+    # loop; FedMRUR's pin moved from 0fb04b1 to the commit whose target has these two methods
+    # (experiments/fedmrur/README.md: no training, model or data code differs, and a 3-round FedMRUR
+    # run on CIFAR-10 gave the same records and checkpoint bit for bit at both)
+    fedmrur_mean() { local m; for m in fedmrur-n-mean fedmrur-mean; do UNITS+=("fedmrur:$1:methods=$m"); done; }
     # FedMR's α = 0.1 cell at the paper's momentum 0.9 sat at chance in seeds 1 and 2 (its pool drifts
     # apart, as in the authors' code; FedMut's clients diverged), so the same cell at the authors'
     # code's momentum 0.5 comes first, beside FedNLR's seeds; the two 0.9 runs in flight finish after.
@@ -87,11 +93,11 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     # and FedMR runs being the momentum-0.5 row's
     fedmut_a4() { UNITS+=("fedmr:$1:methods=fedmut-a4"); }
     fedmr_m05 1; fednlr_seed 0; fedmr_m05 2; fednlr_seed 1; fedinit_seed 0; fedinit_seed 1
-    fedmrur_seed 0; fedmrur_seed 1
+    fedmrur_seed 0; fedmrur_seed 1; fedmrur_mean 0; fedmrur_mean 1
     fedmut_a4 1; fedmut_a4 2
     UNITS+=(fedmr:1:rows=cnn-c10-0.1 fedmr:2:rows=cnn-c10-0.1)
     fedmr_m05 3; fedmut_a4 3; UNITS+=(fedmr:3:rows=cnn-c10-0.1)
-    fednlr_seed 2; fedinit_seed 2; fedmrur_seed 2
+    fednlr_seed 2; fedinit_seed 2; fedmrur_seed 2; fedmrur_mean 2
     UNITS+=(fedmr:1:rows=cnn-c10-0.5 fedmr:2:rows=cnn-c10-0.5 fedmr:3:rows=cnn-c10-0.5) ;;
 *)
     sed -n '2,17p' "$0"; exit 2 ;;
