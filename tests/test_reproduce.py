@@ -270,17 +270,25 @@ def test_the_cifar10_claims_targets_plan_the_papers_cells(targets, tmp_path):
     assert {m for (_, m), c in fedinit.items() if c.plugin_settings.get("relaxed_init") is not None} == {
         "fedinit", "scaffold-ri"}
     fedmrur = cells("fedmrur-claims-cifar10")
-    assert sorted(m for _, m in fedmrur) == ["fedavg", "fedmrur", "fedmrur-n", "mofedsam"]
+    assert sorted(m for _, m in fedmrur) == ["fedavg", "fedmrur", "fedmrur-mean", "fedmrur-n", "fedmrur-n-mean",
+                                             "mofedsam"]
     for cfg in fedmrur.values():  # Table 6's Dir 0.3 column, the paper's clients, local epochs and recipe
         assert (cfg.partitioner, cfg.alpha, cfg.num_clients, cfg.cohort_size, cfg.local_epochs, cfg.batch_size,
                 cfg.lr, cfg.lr_decay, cfg.weight_decay, cfg.model, cfg.rounds, cfg.eval_every) == \
             ("dirichlet-equal", 0.3, 200, 10, 3, 50, 0.1, 0.998, 5e-4, "cnn", 500, 5)
         if cfg.strategy != "fedavg":  # the SAM radius: the largest that trained (the target's note)
             assert getattr(cfg, cfg.strategy).rho == FEDMRUR_CIFAR10_RHO
-    assert [m for (_, m), c in fedmrur.items() if c.strategy == "fedmrur" and not c.fedmrur.hyperbolic] == ["fedmrur-n"]
+    assert [m for (_, m), c in fedmrur.items() if c.strategy == "fedmrur" and not c.fedmrur.hyperbolic] == [
+        "fedmrur-n", "fedmrur-n-mean"]
+    # both readings of Algorithm 1's momentum: m from the normalised update (the default) or the plain mean
+    assert {m: c.fedmrur.momentum_source for (_, m), c in fedmrur.items() if c.strategy == "fedmrur"} == {
+        "fedmrur-n": "normalized", "fedmrur": "normalized", "fedmrur-n-mean": "mean", "fedmrur-mean": "mean"}
     (row,) = targets["fedmrur-claims-cifar10"].rows
     assert {pair: value for pair, (value, _) in row.paper_differences.items()} == pytest.approx(
-        {("fedmrur", "fedmrur-n"): 55.49 - 54.27})  # Table 4's: Table 6 has no FedMRUR-N
+        {("fedmrur", "fedmrur-n"): 55.49 - 54.27,  # Table 4's: Table 6 has no FedMRUR-N
+         ("fedmrur-mean", "fedmrur-n-mean"): 55.49 - 54.27})
+    assert row.claims[4:] == [("fedmrur-mean", "mofedsam"), ("fedmrur-mean", "fedavg"),
+                              ("fedmrur-mean", "fedmrur-n-mean")]
     for name in ("fedmr-claims-cifar10", "fednlr-claims-cifar10", "fedinit-claims-cifar10", "fedmrur-claims-cifar10"):
         assert "CIFAR-10 (JPEG copy)" in " ".join(r.label for r in targets[name].rows)
         # FedMR's cell trains the paper's own CNN (compared number to number); the others FedMR's CNN
@@ -676,7 +684,8 @@ def test_a_rows_components_name_the_component_of_an_ordering(tmp_path):
     targets = load_targets()
     expected = {
         "fedmrur-claims": {("fedmrur", "fedmrur-n"): "fedmrur.hyperbolic"},
-        "fedmrur-claims-cifar10": {("fedmrur", "fedmrur-n"): "fedmrur.hyperbolic"},
+        "fedmrur-claims-cifar10": {("fedmrur", "fedmrur-n"): "fedmrur.hyperbolic",
+                                   ("fedmrur-mean", "fedmrur-n-mean"): "fedmrur.hyperbolic"},
         "fedinit-claims": {("fedinit", "fedavg"): "relaxed_init", ("scaffold-ri", "scaffold"): "relaxed_init"},
         "fedinit-claims-cifar10": {("fedinit", "fedavg"): "relaxed_init", ("scaffold-ri", "scaffold"): "relaxed_init"},
         "fednlr-claims": {("fednlr", "fedavg"): "neuron_lr", ("feddyn-nlr", "feddyn"): "neuron_lr",
