@@ -95,9 +95,9 @@ def reproduce_scales() -> list[str]:
 
 
 def reproduce_targets() -> list[str]:
-    from fedsuite.reproduce.tables import load_targets
+    from fedsuite.reproduce.tables import target_names
 
-    return [*sorted(load_targets()), "list"]
+    return [*target_names(), "list"]
 
 
 #: what ``fedsuite list`` lists

@@ -160,3 +160,21 @@ def test_reading_configs_and_records_loads_neither_torch_nor_flower():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_reproduce_help_lists_every_target_without_building_one():
+    """``fedsuite reproduce --help`` lists the targets by name (``target_names``: the tables' keys),
+    the names ``load_targets`` builds, and builds none: the help imports neither torch, Flower nor
+    the methods, which building a target's configs needs (3-4 s of a help; benchmarks/README.md)."""
+    import subprocess
+    import sys
+
+    from fedsuite.reproduce.tables import load_targets
+
+    code = ("import sys; from fedsuite.cli import reproduce_targets; print(' '.join(reproduce_targets())); "
+            "print(sorted(m for m in ('torch', 'flwr', 'ray', 'fedsuite.plugins', 'strategies') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    names, imported = out.stdout.splitlines()
+    assert names.split() == [*sorted(load_targets()), "list"]
+    assert imported == "[]", imported

@@ -220,9 +220,9 @@ def _check_paper_differences(target: Target, where: str) -> None:
                                      f"{target.metric})")
 
 
-def parse_tables(path: Path) -> dict[str, Target]:
-    """The targets of one tables file; a missing or malformed key raises :class:`ReproduceError`
-    naming the file and the key. Config paths are relative to the file's folder."""
+def read_tables(path: Path) -> dict[str, Any]:
+    """One tables file as TOML gives it; an unreadable file or one that is not TOML raises
+    :class:`ReproduceError` naming the file."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -230,6 +230,13 @@ def parse_tables(path: Path) -> dict[str, Target]:
     except UnicodeDecodeError as exc:
         raise ReproduceError(f"tables file {path}: not UTF-8 text (TOML is UTF-8): byte {exc.start} "
                              "cannot be decoded") from None
+    return data
+
+
+def parse_tables(path: Path) -> dict[str, Target]:
+    """The targets of one tables file; a missing or malformed key raises :class:`ReproduceError`
+    naming the file and the key. Config paths are relative to the file's folder."""
+    data = read_tables(path)
     out: dict[str, Target] = {}
     for name, t in (data.get("targets") or {}).items():
         where = f"{path}: targets.{name}"
@@ -288,6 +295,14 @@ def parse_tables(path: Path) -> dict[str, Target]:
         _check_paper_differences(target, where)
         out[name] = target
     return out
+
+
+def target_names() -> list[str]:
+    """The names of experiments/*/tables.toml's targets, sorted, read without building the targets:
+    what ``fedsuite reproduce --help`` lists. (Building one checks its methods and components
+    against the registry, which imports every method and torch: 3-4 s of a help that needs none.)"""
+    return sorted({name for path in EXPERIMENTS.glob("*/tables.toml")
+                   for name in read_tables(path).get("targets") or {}})
 
 
 def load_targets(extra: Sequence[Path] = ()) -> dict[str, Target]:
