@@ -353,8 +353,9 @@ def report(
     target: Optional[float] = typer.Option(None, help="target accuracy in %, for rounds-to-target"),
     last: int = LAST_OPTION,
     output_dir: Path = typer.Option(Path("report"), "--output-dir", help="the folder the report's files are "
-                                    "written in: report.md, report.json, accuracy.png (and diagnostics-<run>.png "
-                                    "per run with pool diagnostics)"),
+                                    "written in: report.md, report.json, accuracy.png (momentum.png where runs "
+                                    "record a server momentum; diagnostics-<run>.png per run with pool "
+                                    "diagnostics)"),
 ) -> None:
     """Table of final accuracy (mean ± std over seeds), rounds to a target, and figures; names the
     code (fedsuite, commit, packages) and hardware that produced the runs."""

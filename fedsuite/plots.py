@@ -1,7 +1,8 @@
 """fedsuite's figures, drawn on matplotlib's file-only Agg backend: a run's accuracy curve and its pool
 diagnostics (``fedsuite.recording``), a report's curves with a ± std band per setting
-(``fedsuite.results``, ``reproduce``, ``sweep``, a search), a reproduce report's claimed orderings
-against the paper's differences, and a partition's label skew (``fedsuite partition``)."""
+(``fedsuite.results``, ``reproduce``, ``sweep``, a search) and its runs' server momentum, a
+reproduce report's claimed orderings against the paper's differences, and a partition's label skew
+(``fedsuite partition``)."""
 
 from __future__ import annotations
 
@@ -138,6 +139,62 @@ def plot_groups(curves: dict[str, list[list[dict[str, Any]]]], path: Path, title
     if title or common:
         ax.set_title(title or " ".join(w for w in labels[0].split() if w in common), fontsize=9)
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+
+
+def has_server_momentum(rows: list[dict[str, Any]]) -> bool:
+    """Whether a run's rows carry the server momentum's records (``strategies/momentum.py``: FedCM,
+    MoFedSAM, FedMRUR)."""
+    return any(r.get("momentum_norm") is not None for r in rows)
+
+
+def plot_server_momentum(curves: dict[str, list[list[dict[str, Any]]]], path: Path,
+                         loop_limits: dict[str, float] | None = None, window: int = 10) -> None:
+    """The server momentum of each group of runs that records it (the others are left out), mean over
+    its seeds versus round:
+
+    1. ‖m^t‖, the momentum the server broadcasts (log scale);
+    2. d_t = ν / ‖Δ̄‖, the clients' mean update norm over the norm of their mean update, as a moving
+       mean over ``window`` rounds. ``loop_limits[label]`` = 1/(1−α) is drawn for a group whose
+       momentum is built from the normalised update Δ = d_t Δ̄: its round's momentum is then about
+       d_t (α ḡ + (1−α) m^t), which grows while d_t (1−α) > 1, that is while d_t is above the line.
+    """
+    plt = pyplot()
+    groups = {label: [rows for rows in runs if has_server_momentum(rows)] for label, runs in curves.items()}
+    groups = {label: runs for label, runs in groups.items() if runs}
+    if not groups:
+        raise ValueError("no run records a server momentum (momentum_norm): FedCM, MoFedSAM and FedMRUR do")
+    labels = list(groups)
+    common = set.intersection(*(set(label.split()) for label in labels)) if len(labels) > 1 else set()
+    short = {label: " ".join(w for w in label.split() if w not in common) or label for label in labels}
+    cmap = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.2), dpi=120)
+    for i, (label, runs) in enumerate(groups.items()):
+        color = cmap(i % cmap.N)
+        for ax, key, smooth in ((axes[0], "momentum_norm", 1), (axes[1], "d_t", window)):
+            series = [{r["round"]: r[key] for r in rows if r.get(key) is not None} for rows in runs]
+            rounds = sorted(set.intersection(*(set(s) for s in series)))
+            if not rounds:
+                continue
+            values = np.array([[s[r] for r in rounds] for s in series], dtype=float).mean(0)
+            if smooth > 1 and len(values) >= smooth:
+                values = np.convolve(values, np.ones(smooth) / smooth, mode="valid")
+                rounds = rounds[smooth - 1:]
+            ax.plot(rounds, values, color=color, lw=1.2, label=f"{short[label]} (n={len(runs)})")
+        limit = (loop_limits or {}).get(label)
+        if limit is not None:
+            axes[1].axhline(limit, color=color, ls=":", lw=1.2, label=f"1/(1−α) = {limit:.3g}: {short[label]}")
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("‖m‖, the broadcast momentum")
+    axes[1].set_ylabel(f"d_t = ν / ‖Δ̄‖ (mean of {window} rounds)" if window > 1 else "d_t = ν / ‖Δ̄‖")
+    for ax in axes:
+        ax.set_xlabel("round")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=6.5, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0)
+    if common:
+        fig.suptitle(" ".join(w for w in labels[0].split() if w in common), fontsize=9)
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 

@@ -38,7 +38,8 @@ import numpy as np
 from fedsuite import rundir
 from fedsuite.config import RESUME_MUTABLE, flat_config
 from fedsuite.errors import ResultsError
-from fedsuite.plots import has_pool_diagnostics, plot_groups, plot_pool_diagnostics
+from fedsuite.plots import (has_pool_diagnostics, has_server_momentum, plot_groups, plot_pool_diagnostics,
+                            plot_server_momentum)
 from fedsuite.provenance import report_lines, run_summaries
 from fedsuite.rundir import read_metrics
 
@@ -227,12 +228,30 @@ def provenance_lines(run_dirs: Iterable[Path]) -> list[str]:
     return report_lines(run_summaries(run_dirs))
 
 
+def momentum_loop_limits(run_dirs: Iterable[Path]) -> dict[str, float]:
+    """1/(1−α) for each group of runs (:func:`group_runs`' labels) whose server momentum is built
+    from the normalised update (``normalize = true``, ``momentum_source = "normalized"``): a round's
+    momentum is then about d_t (α ḡ + (1−α) m^t), which grows while d_t > 1/(1−α)
+    (:func:`fedsuite.plots.plot_server_momentum`)."""
+    groups = group_runs([{"config": json.loads((Path(d) / "config.json").read_text())} for d in run_dirs])
+    limits: dict[str, float] = {}
+    for label, runs in groups.items():
+        config = runs[0]["config"]
+        own = config.get(config.get("strategy", ""))
+        alpha = own.get("alpha") if isinstance(own, dict) else None
+        if (isinstance(alpha, (int, float)) and 0 < alpha < 1 and own.get("normalize") is True
+                and own.get("momentum_source") == "normalized"):
+            limits[label] = 1.0 / (1.0 - alpha)
+    return limits
+
+
 def write_report(out: Path, run_dirs: list[Path], rows: list[dict[str, Any]], curves: dict,
                  headers: list[str], cells: list[list[str]]) -> list[Path]:
     """``fedsuite report``'s files in ``out``: report.md (the table, then the code and hardware
     that produced the runs: :func:`provenance_lines`), report.json (:func:`report`'s rows),
-    accuracy.png, and diagnostics-<run>.png for each run with pool diagnostics. Returns the
-    figures written."""
+    accuracy.png, momentum.png where runs record a server momentum (FedCM, MoFedSAM, FedMRUR:
+    :func:`fedsuite.plots.plot_server_momentum`), and diagnostics-<run>.png for each run with pool
+    diagnostics. Returns the figures written."""
     out.mkdir(parents=True, exist_ok=True)
     md = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     md += ["| " + " | ".join(row) + " |" for row in cells]
@@ -241,6 +260,9 @@ def write_report(out: Path, run_dirs: list[Path], rows: list[dict[str, Any]], cu
     (out / "report.json").write_text(json.dumps(rows, indent=2) + "\n")
     plot_groups(curves, out / "accuracy.png")
     figures = [out / "accuracy.png"]
+    if any(has_server_momentum(rows) for runs in curves.values() for rows in runs):
+        plot_server_momentum(curves, out / "momentum.png", momentum_loop_limits(run_dirs))
+        figures.append(out / "momentum.png")
     for i, run_dir in enumerate(run_dirs):
         metrics = read_metrics(run_dir)
         if has_pool_diagnostics(metrics):

@@ -576,6 +576,32 @@ def test_sim_fedmrur_runs_and_logs(simulate):
     assert all(np.isfinite(v).all() for v in sim.arrays.values())
 
 
+def test_report_draws_the_server_momentum_with_the_loop_limit_of_the_normalised_reading(simulate, tmp_path):
+    """``fedsuite report`` over runs that record a server momentum writes momentum.png, and draws
+    1/(1−α) only for the setting whose momentum is built from the normalised update (the default
+    reading): there m^{t+1} ≈ d_t (α ḡ + (1−α) m^t), which grows while d_t > 1/(1−α). FedAvg records
+    no momentum and draws none; a report of FedAvg alone has no momentum.png."""
+    from typer.testing import CliRunner
+
+    from fedsuite.cli import app
+    from fedsuite.results import momentum_loop_limits, report
+
+    normalised = simulate(strategy="fedmrur")
+    from_mean = simulate(strategy="fedmrur", **{"fedmrur.momentum_source": "mean"})
+    fedavg = simulate(strategy="fedavg")
+    runs = [normalised.run_dir, from_mean.run_dir, fedavg.run_dir]
+    assert all(r["momentum_norm"] > 0 for sim in (normalised, from_mean) for r in sim.rows[1:])
+    labels = [row["group"] for row in report(runs)[0]]
+    assert momentum_loop_limits(runs) == {labels[0]: pytest.approx(1 / (1 - 0.1), rel=1e-12)}
+    assert "momentum_source=normalized" in labels[0] and "momentum_source=mean" in labels[1]
+    out = CliRunner().invoke(app, ["report", *map(str, runs), "--output-dir", str(tmp_path / "all")])
+    assert out.exit_code == 0, out.stdout
+    assert (tmp_path / "all" / "momentum.png").read_bytes()[:4] == b"\x89PNG"
+    out = CliRunner().invoke(app, ["report", str(fedavg.run_dir), "--output-dir", str(tmp_path / "fedavg")])
+    assert out.exit_code == 0, out.stdout
+    assert not (tmp_path / "fedavg" / "momentum.png").exists() and (tmp_path / "fedavg" / "accuracy.png").is_file()
+
+
 def test_family_rules_read_their_typed_section_and_a_key_it_lacks_is_an_error():
     """One parameter route (issue 11): a rule reads ``task.method_params``, the method's validated
     section. What used to be ``getattr(section, key, default)`` fell back silently on a key the section
