@@ -108,14 +108,21 @@ def plot_pool_diagnostics(rows: list[dict[str, Any]], path: Path, title: str | N
     plt.close(fig)
 
 
+def split_labels(labels: list[str]) -> tuple[str, dict[str, str]]:
+    """The words every label shares (in the first label's order: a figure's title) and each label
+    without them (its legend entry; the whole label where nothing else is left)."""
+    common = set.intersection(*(set(label.split()) for label in labels)) if len(labels) > 1 else set()
+    shared = " ".join(w for w in labels[0].split() if w in common) if labels else ""
+    return shared, {label: " ".join(w for w in label.split() if w not in common) or label for label in labels}
+
+
 def plot_groups(curves: dict[str, list[list[dict[str, Any]]]], path: Path, title: str | None = None) -> None:
     """Mean accuracy versus round per group, with a ± std band over seeds. Words shared by every
     group label (model, dataset, partition) go to the title (or ``title``, when given), so the legend
     names what differs."""
     plt = pyplot()
     labels = list(curves)
-    common = set.intersection(*(set(label.split()) for label in labels)) if len(labels) > 1 else set()
-    short = {label: " ".join(w for w in label.split() if w not in common) or label for label in labels}
+    shared, short = split_labels(labels)
     cmap = plt.get_cmap("tab20" if len(labels) > 10 else "tab10")
     styles = ["-", "--", ":", "-."]
     fig, ax = plt.subplots(figsize=(8.0 if len(labels) > 8 else 7.0, 4.4), dpi=120)
@@ -136,8 +143,8 @@ def plot_groups(curves: dict[str, list[list[dict[str, Any]]]], path: Path, title
     ax.set_ylabel("test accuracy (%)")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
-    if title or common:
-        ax.set_title(title or " ".join(w for w in labels[0].split() if w in common), fontsize=9)
+    if title or shared:
+        ax.set_title(title or shared, fontsize=9)
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0)
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
@@ -165,13 +172,12 @@ def plot_server_momentum(curves: dict[str, list[list[dict[str, Any]]]], path: Pa
     groups = {label: runs for label, runs in groups.items() if runs}
     if not groups:
         raise ValueError("no run records a server momentum (momentum_norm): FedCM, MoFedSAM and FedMRUR do")
-    labels = list(groups)
-    common = set.intersection(*(set(label.split()) for label in labels)) if len(labels) > 1 else set()
-    short = {label: " ".join(w for w in label.split() if w not in common) or label for label in labels}
-    cmap = plt.get_cmap("tab10")
+    everyone = list(curves)  # names and colours as in the report's accuracy figure (plot_groups)
+    shared, short = split_labels(everyone)
+    cmap = plt.get_cmap("tab20" if len(everyone) > 10 else "tab10")
     fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.2), dpi=120)
-    for i, (label, runs) in enumerate(groups.items()):
-        color = cmap(i % cmap.N)
+    for label, runs in groups.items():
+        color = cmap(everyone.index(label) % cmap.N)
         for ax, key, smooth in ((axes[0], "momentum_norm", 1), (axes[1], "d_t", window)):
             series = [{r["round"]: r[key] for r in rows if r.get(key) is not None} for rows in runs]
             rounds = sorted(set.intersection(*(set(s) for s in series)))
@@ -193,8 +199,8 @@ def plot_server_momentum(curves: dict[str, list[list[dict[str, Any]]]], path: Pa
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=6.5, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0)
-    if common:
-        fig.suptitle(" ".join(w for w in labels[0].split() if w in common), fontsize=9)
+    if shared:
+        fig.suptitle(shared, fontsize=9)
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 
