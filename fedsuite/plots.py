@@ -157,7 +157,8 @@ def has_server_momentum(rows: list[dict[str, Any]]) -> bool:
 
 
 def plot_server_momentum(curves: dict[str, list[list[dict[str, Any]]]], path: Path,
-                         loop_limits: dict[str, float] | None = None, window: int = 10) -> None:
+                         loop_limits: dict[str, float] | None = None, window: int = 10,
+                         title: str | None = None) -> None:
     """The server momentum of each group of runs that records it (the others are left out), mean over
     its seeds versus round:
 
@@ -166,7 +167,9 @@ def plot_server_momentum(curves: dict[str, list[list[dict[str, Any]]]], path: Pa
        mean over ``window`` rounds. ``loop_limits[label]`` = 1/(1−α) is drawn for a group whose
        momentum is built from the normalised update Δ = d_t Δ̄: its round's momentum is then about
        d_t (α ḡ + (1−α) m^t), which grows while d_t (1−α) > 1, that is while d_t is above the line.
-    """
+
+    Names and colours are those of :func:`plot_groups` for the same ``curves``; ``title`` (or the
+    words every label shares) heads the figure."""
     plt = pyplot()
     groups = {label: [rows for rows in runs if has_server_momentum(rows)] for label, runs in curves.items()}
     groups = {label: runs for label, runs in groups.items() if runs}
@@ -199,8 +202,8 @@ def plot_server_momentum(curves: dict[str, list[list[dict[str, Any]]]], path: Pa
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=6.5, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0)
-    if shared:
-        fig.suptitle(shared, fontsize=9)
+    if title or shared:
+        fig.suptitle(title or shared, fontsize=9)
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 

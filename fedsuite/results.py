@@ -228,21 +228,24 @@ def provenance_lines(run_dirs: Iterable[Path]) -> list[str]:
     return report_lines(run_summaries(run_dirs))
 
 
+def momentum_loop_limit(config: dict[str, Any]) -> float | None:
+    """1/(1−α) for a run (its ``config.json``) whose server momentum is built from the normalised
+    update (``normalize = true``, ``momentum_source = "normalized"``): a round's momentum is then
+    about d_t (α ḡ + (1−α) m^t), which grows while d_t > 1/(1−α)
+    (:func:`fedsuite.plots.plot_server_momentum`); None for any other run."""
+    own = config.get(config.get("strategy", ""))
+    alpha = own.get("alpha") if isinstance(own, dict) else None
+    if (isinstance(alpha, (int, float)) and 0 < alpha < 1 and own.get("normalize") is True
+            and own.get("momentum_source") == "normalized"):
+        return 1.0 / (1.0 - alpha)
+    return None
+
+
 def momentum_loop_limits(run_dirs: Iterable[Path]) -> dict[str, float]:
-    """1/(1−α) for each group of runs (:func:`group_runs`' labels) whose server momentum is built
-    from the normalised update (``normalize = true``, ``momentum_source = "normalized"``): a round's
-    momentum is then about d_t (α ḡ + (1−α) m^t), which grows while d_t > 1/(1−α)
-    (:func:`fedsuite.plots.plot_server_momentum`)."""
+    """:func:`momentum_loop_limit` of each group of runs (:func:`group_runs`' labels) that has one."""
     groups = group_runs([{"config": json.loads((Path(d) / "config.json").read_text())} for d in run_dirs])
-    limits: dict[str, float] = {}
-    for label, runs in groups.items():
-        config = runs[0]["config"]
-        own = config.get(config.get("strategy", ""))
-        alpha = own.get("alpha") if isinstance(own, dict) else None
-        if (isinstance(alpha, (int, float)) and 0 < alpha < 1 and own.get("normalize") is True
-                and own.get("momentum_source") == "normalized"):
-            limits[label] = 1.0 / (1.0 - alpha)
-    return limits
+    limits = {label: momentum_loop_limit(runs[0]["config"]) for label, runs in groups.items()}
+    return {label: limit for label, limit in limits.items() if limit is not None}
 
 
 def write_report(out: Path, run_dirs: list[Path], rows: list[dict[str, Any]], curves: dict,

@@ -1137,6 +1137,46 @@ def test_rows_sharing_a_setting_share_runs_and_report_only_their_own_methods(tmp
     assert "| FedProx μ=0.1 > FedAvg | 1 | +5.00 | - | +1.00† | **not judged** |" in second
 
 
+def test_a_row_whose_runs_record_a_server_momentum_gets_its_figure(tmp_path, monkeypatch):
+    """A row with methods that record a server momentum (FedCM, with and without the normalised
+    reaggregation) gets ``<row>-momentum.png`` beside its accuracy figure, drawing each such method
+    (FedProx and FedAvg record none) with 1/(1−α) for the one whose momentum is built from the
+    normalised update (read from its runs' config.json, as ``fedsuite simulate`` writes it)."""
+    from fedsuite.reproduce import report as report_module
+    from fedsuite.reproduce.tables import cell_overrides
+
+    target = _tiny_target(tmp_path, 'fedcm = { label = "FedCM", set = ["strategy=fedcm", "fedcm.alpha=0.2"] }\n'
+                                    'fedcm-n = { label = "FedCM+N", set = ["strategy=fedcm", "fedcm.alpha=0.2", '
+                                    '"fedcm.normalize=true"] }\n', three_seeds=False)
+    specs = {(s.method, s.seed): s for s in plan(target, "paper", tmp_path / "out")}
+    _write_runs(specs, {key: 0.5 for key in specs})
+    for (method, seed), spec in specs.items():
+        row = spec.row
+        cfg = build_config(row.config, cell_overrides(target, row, method, "paper"))
+        (spec.run_dir / "config.json").write_text(json.dumps(cfg.active_dump()))
+        if method.startswith("fedcm"):
+            rows = [{"round": 0, "test_accuracy": 0.1}] + [
+                {"round": r, "test_accuracy": 0.5, "momentum_norm": 0.1 * r, "d_t": 1.0 + 0.1 * r} for r in (1, 2)]
+            (spec.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    drawn = []
+    real = report_module.plot_server_momentum
+    monkeypatch.setattr(report_module, "plot_server_momentum",
+                        lambda curves, path, limits, title: drawn.append((sorted(curves), limits, title))
+                        or real(curves, path, limits, title=title))
+    md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
+    row = target.rows[0]
+    figure = tmp_path / "report" / f"{row.name}-momentum.png"
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({figure.name})" in md
+    assert drawn == [(["FedAvg", "FedCM", "FedCM+N", "FedProx"], {"FedCM+N": pytest.approx(1 / 0.8, rel=1e-12)},
+                      f"{row.label} (paper scale): the server momentum")]
+    for spec in specs.values():  # no run records a momentum: no figure
+        if spec.method.startswith("fedcm"):
+            shutil.rmtree(spec.run_dir)
+    shutil.rmtree(tmp_path / "report")
+    write_report(target, list(specs.values()), "paper", tmp_path / "report")
+    assert not figure.exists() and (tmp_path / "report" / f"{row.name}.png").is_file() and len(drawn) == 1
+
+
 def test_the_report_says_inert_here_with_the_measured_activity(tmp_path):
     """Where a row names the component of an ordering, report.md and claims.csv show its measure and
     the better method's value (the runs' summary.json ``activity``, mean over the paired seeds): below

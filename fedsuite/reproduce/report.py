@@ -10,8 +10,9 @@ differences paired by seed against the paper's own difference for the cell
 ordering, with how much it acted in the better method's runs, read from their ``summary.json``:
 ``fedsuite.activity``); as ``report.md``, ``report.csv`` (cells) and ``claims.csv``
 (orderings), plus one accuracy-versus-round figure per row (mean over
-seeds with a ± std band, ``fedsuite.plots.plot_groups``). Runs that did not complete are left
-out of the numbers and named under their row. The report names the code and hardware that
+seeds with a ± std band, ``fedsuite.plots.plot_groups``) and, where the row's runs record a server
+momentum (FedCM, MoFedSAM, FedMRUR), its ‖m‖ and d_t (``fedsuite.plots.plot_server_momentum``).
+Runs that did not complete are left out of the numbers and named under their row. The report names the code and hardware that
 produced the runs in its numbers (``fedsuite.provenance.report_lines``: one line, or the distinct
 versions when the runs differ). Each file is replaced whole
 (``results.write_atomically``): two ``reproduce`` processes of one target (different seeds, say)
@@ -21,6 +22,7 @@ may end at the same moment.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,9 +34,9 @@ from fedsuite.reproduce.tables import Row, RunSpec, Target
 from fedsuite.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, HOLDS, INERT_HERE, NOT_JUDGED,
                                          REVERSED, SMALLER_THAN_PAPERS, VERDICT_RULE, VERDICTS, Activity, claims,
                                          verdict)
-from fedsuite.plots import plot_claims, plot_groups
+from fedsuite.plots import has_server_momentum, plot_claims, plot_groups, plot_server_momentum
 from fedsuite.provenance import report_lines, run_summaries
-from fedsuite.results import best_accuracy, evaluations, run_value, write_atomically
+from fedsuite.results import best_accuracy, evaluations, momentum_loop_limit, run_value, write_atomically
 from fedsuite.rundir import read_metrics
 
 
@@ -157,7 +159,9 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
     ordering: its paired differences, the paper's difference (with the nearest cell it comes from
     where the row's own cell is not published: ``paper_difference_source``, empty otherwise), the
     component that distinguishes it with its measure, value and threshold (empty where the row
-    names none) and the verdict), ``<row>.png`` (accuracy vs round, band over seeds) and
+    names none) and the verdict), ``<row>.png`` (accuracy vs round, band over seeds),
+    ``<row>-momentum.png`` where the row's runs record a server momentum
+    (:func:`fedsuite.plots.plot_server_momentum`) and
     ``claims.png`` (every claimed ordering's paired differences and mean ± 2 SE beside the paper's
     difference, :func:`fedsuite.plots.plot_claims`) into ``folder``; returns the Markdown path."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -273,6 +277,13 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
             write_atomically(png, lambda tmp, curves=d["curves"], title=f"{row.label} ({scale} scale)":
                              plot_groups(curves, tmp, title=title))
             md += ["", f"![{row.label}]({png.name})"]
+        if any(has_server_momentum(rows) for runs in d["curves"].values() for rows in runs):
+            png = folder / f"{row.name}-momentum.png"
+            limits = _momentum_loop_limits(target, specs, row)
+            title = f"{row.label} ({scale} scale): the server momentum"
+            write_atomically(png, lambda tmp, curves=d["curves"], limits=limits, title=title:
+                             plot_server_momentum(curves, tmp, limits, title=title))
+            md += ["", f"![{row.label}: the server momentum, ‖m‖ and d_t]({png.name})"]
     write_atomically(folder / "report.md", lambda tmp: tmp.write_text("\n".join(md) + "\n"))
     _write_csv(folder / "report.csv", csv_rows, ["target", "scale", "row", "method", "published_mean", "published_std",
                                                  "obtained_mean", "obtained_std", "seeds_completed", "seeds_planned",
@@ -283,6 +294,20 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                                                    "activity_measure", "activity_value", "activity_threshold",
                                                    "verdict"])
     return folder / "report.md"
+
+
+def _momentum_loop_limits(target: Target, specs: Sequence[RunSpec], row: Row) -> dict[str, float]:
+    """1/(1−α) by method label (the row's curves' names) for each method whose runs build the server
+    momentum from the normalised update (:func:`fedsuite.results.momentum_loop_limit`, read from a
+    run's ``config.json``)."""
+    limits: dict[str, float] = {}
+    for spec in _row_specs(specs, row):
+        label, config = target.methods[spec.method][0], spec.run_dir / "config.json"
+        if label not in limits and config.is_file():
+            limit = momentum_loop_limit(json.loads(config.read_text()))
+            if limit is not None:
+                limits[label] = limit
+    return limits
 
 
 def _activity_columns(activity: Activity | None) -> dict[str, Any]:
