@@ -12,11 +12,11 @@ ordering, with how much it acted in the better method's runs, read from their ``
 (orderings), plus one accuracy-versus-round figure per row (mean over
 seeds with a ± std band, ``fedsuite.plots.plot_groups``) and, where the row's runs record a server
 momentum (FedCM, MoFedSAM, FedMRUR), its ‖m‖ and d_t (``fedsuite.plots.plot_server_momentum``).
-Runs that did not complete are left out of the numbers and named under their row. The report names the code and hardware that
-produced the runs in its numbers (``fedsuite.provenance.report_lines``: one line, or the distinct
-versions when the runs differ). Each file is replaced whole
-(``results.write_atomically``): two ``reproduce`` processes of one target (different seeds, say)
-may end at the same moment.
+Runs that did not complete are left out of the numbers and named under their row. The report names
+the code and hardware that produced the runs in its numbers (``fedsuite.provenance.report_lines``:
+one line, or the distinct versions when the runs differ). Each file is replaced whole
+(``results.write_atomically``): two ``reproduce`` processes of one target (different seeds, say) may
+end at the same moment.
 """
 
 from __future__ import annotations
