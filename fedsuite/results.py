@@ -178,7 +178,8 @@ def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 10
     """One row per group of seeds: final accuracy mean ± std (each run's reading: the mean of its
     last ``last`` evaluations, all of them if it has fewer; round 0, the initial model, is none:
     :func:`evaluations`, as every report reads a run), best accuracy, rounds to ``target`` accuracy
-    (mean over the runs that reach it). ``last``'s default is ``fedsuite report``'s and ``sweep``'s."""
+    (mean over the runs that reach it), and the group's :func:`momentum_loop_limit` (None where it has
+    none). ``last``'s default is ``fedsuite report``'s and ``sweep``'s."""
     groups = group_runs([load_run(Path(d)) for d in run_dirs])
     table = []
     curves: dict[str, list[list[dict[str, Any]]]] = {}
@@ -202,6 +203,7 @@ def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 10
             "best_mean": float(np.mean(bests)) if bests else None,
             "rounds_to_target": float(np.mean(reached)) if reached else None,
             "reached": f"{len(reached)}/{len(hits)}" if target is not None else "",
+            "momentum_loop_limit": momentum_loop_limit(runs[0]["config"]),
         })
         curves[label] = [run["rows"] for run in runs]
     return table, curves
@@ -241,13 +243,6 @@ def momentum_loop_limit(config: dict[str, Any]) -> float | None:
     return None
 
 
-def momentum_loop_limits(run_dirs: Iterable[Path]) -> dict[str, float]:
-    """:func:`momentum_loop_limit` of each group of runs (:func:`group_runs`' labels) that has one."""
-    groups = group_runs([{"config": json.loads((Path(d) / "config.json").read_text())} for d in run_dirs])
-    limits = {label: momentum_loop_limit(runs[0]["config"]) for label, runs in groups.items()}
-    return {label: limit for label, limit in limits.items() if limit is not None}
-
-
 def write_report(out: Path, run_dirs: list[Path], rows: list[dict[str, Any]], curves: dict,
                  headers: list[str], cells: list[list[str]]) -> list[Path]:
     """``fedsuite report``'s files in ``out``: report.md (the table, then the code and hardware
@@ -264,7 +259,8 @@ def write_report(out: Path, run_dirs: list[Path], rows: list[dict[str, Any]], cu
     plot_groups(curves, out / "accuracy.png")
     figures = [out / "accuracy.png"]
     if any(has_server_momentum(rows) for runs in curves.values() for rows in runs):
-        plot_server_momentum(curves, out / "momentum.png", momentum_loop_limits(run_dirs))
+        limits = {r["group"]: r["momentum_loop_limit"] for r in rows if r["momentum_loop_limit"] is not None}
+        plot_server_momentum(curves, out / "momentum.png", limits)
         figures.append(out / "momentum.png")
     for i, run_dir in enumerate(run_dirs):
         metrics = read_metrics(run_dir)
