@@ -134,6 +134,15 @@ ENGINE_OPTION = typer.Option(None, "--engine", click_type=Names(("flower", "inpr
 DATA_ROOT_OPTION = typer.Option(None, "--data-root", show_default="the runs' config's data_root",
                                 help="where the datasets are (config key data_root)")
 
+#: the options ``simulate`` and ``partition`` share: the config file and the data and partition it
+#: describes (an option left out takes its value from the config file, else the config's default)
+CONFIG_OPTION = typer.Option(None, "--config", "-c", help="TOML config file (default: none, the defaults shown here)")
+DATASET_OPTION = typer.Option(None, click_type=Names(registry_names("datasets")), help="dataset name")
+PARTITIONER_OPTION = typer.Option(None, click_type=Names(registry_names("partitioners")), help="partitioner name")
+ALPHA_OPTION = typer.Option(None, help="Dirichlet concentration")
+CLASSES_PER_CLIENT_OPTION = typer.Option(None, help="classes per client (pathological)")
+NUM_CLIENTS_OPTION = typer.Option(None, help="number of clients")
+
 #: ``--last`` of report and sweep: one reading of a run (``fedsuite.results.run_value``) for both
 LAST_DEFAULT = 10
 LAST_OPTION = typer.Option(LAST_DEFAULT, "--last", help="a run's reading: the mean of its last k evaluations "
@@ -148,15 +157,13 @@ def _common_values(**options: Any) -> dict[str, Any]:
 def simulate(
     strategy: Optional[str] = typer.Option(None, "--strategy", "-s", click_type=Names(registry_names("methods")),
                                            help="method name (fedsuite list)"),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (default: none, the "
-                                          "defaults shown here)"),
+    config: Optional[Path] = CONFIG_OPTION,
     set_: list[str] = typer.Option([], "--set", help="override: key=value, e.g. fedprox.mu=0.01 (repeatable)"),
-    dataset: Optional[str] = typer.Option(None, click_type=Names(registry_names("datasets")), help="dataset name"),
-    partitioner: Optional[str] = typer.Option(None, click_type=Names(registry_names("partitioners")),
-                                              help="partitioner name"),
-    alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration"),
-    classes_per_client: Optional[int] = typer.Option(None, help="classes per client (pathological)"),
-    num_clients: Optional[int] = typer.Option(None, help="number of clients"),
+    dataset: Optional[str] = DATASET_OPTION,
+    partitioner: Optional[str] = PARTITIONER_OPTION,
+    alpha: Optional[float] = ALPHA_OPTION,
+    classes_per_client: Optional[int] = CLASSES_PER_CLIENT_OPTION,
+    num_clients: Optional[int] = NUM_CLIENTS_OPTION,
     clients_per_round: Optional[int] = typer.Option(None, help="cohort size K (default: --fraction of the clients, "
                                                     "at least 1)"),
     fraction: Optional[float] = typer.Option(None, help="cohort fraction (if K unset)"),
@@ -290,15 +297,13 @@ def list_(
 
 @app.command(cls=ConfigOptionsCommand)
 def partition(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (default: none, the "
-                                          "defaults shown here)"),
+    config: Optional[Path] = CONFIG_OPTION,
     set_: list[str] = typer.Option([], "--set", help="override: key=value (repeatable)"),
-    dataset: Optional[str] = typer.Option(None, click_type=Names(registry_names("datasets")), help="dataset name"),
-    partitioner: Optional[str] = typer.Option(None, click_type=Names(registry_names("partitioners")),
-                                              help="partitioner name"),
-    alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration"),
-    classes_per_client: Optional[int] = typer.Option(None, help="classes per client (pathological)"),
-    num_clients: Optional[int] = typer.Option(None, help="number of clients"),
+    dataset: Optional[str] = DATASET_OPTION,
+    partitioner: Optional[str] = PARTITIONER_OPTION,
+    alpha: Optional[float] = ALPHA_OPTION,
+    classes_per_client: Optional[int] = CLASSES_PER_CLIENT_OPTION,
+    num_clients: Optional[int] = NUM_CLIENTS_OPTION,
     seed: Optional[int] = typer.Option(None, help="random seed (fixes the partition)"),
     out: Path = typer.Option(Path("partition.png"), "--out", help="the file the label-histogram plot is saved to "
                              f"({', '.join(FIGURE_SUFFIXES)}; no suffix: .png)"),
