@@ -12,14 +12,14 @@ Sampling is by partition id; a partition whose node is gone stays in the map and
 Each exchange with the clients (a round's training messages, a statistics query) is an
 :class:`Exchange`: every message sent is remembered with its partition id, so a reply is attributed
 to the partition of the message it answers (an error reply made by the SuperLink has the SuperLink
-as its source), and the partitions that never answered are known.
+as its source); a partition of the cohort with no reply is the strategy's to name
+(``fedsuite.strategy``: "no reply").
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable
 
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -163,8 +163,3 @@ class Exchange:
                 if msg.metadata.message_id == reply_to:
                     return pid
         return self.nodes.pid_of(reply.metadata.src_node_id)
-
-    def unanswered(self, replies: Iterable[Message]) -> list[int]:
-        """The partitions sent a message that none of ``replies`` answers (sorted)."""
-        answered = {self.pid_of(r) for r in replies}
-        return sorted({pid for pid, _ in self.sent} - answered)

@@ -49,9 +49,6 @@ class ArrayStore:
     def path(self, owner: str, name: str) -> Path:
         return self.root / owner / f"{name}.pt"
 
-    def has(self, owner: str, name: str) -> bool:
-        return self.path(owner, name).is_file()
-
     def load(self, owner: str, name: str, device: torch.device | str = "cpu") -> dict[str, torch.Tensor] | None:
         path = self.path(owner, name)
         if not path.is_file():
