@@ -28,7 +28,9 @@
 # that paper's lock). Two units of one paper may run at once: their runs are different seeds'
 # and reproduce replaces its report files whole. Stop everything with `kill -TERM -- -PGID` (the
 # script's process group: start it with setsid); each run keeps its last checkpoint and the next
-# `run` resumes it (units whose runs are complete take seconds: reproduce skips them).
+# `run` resumes it. A unit whose reproduce call ended with every run completed is listed in
+# OUT/.finished-units (with the code that ran it) and a later `run` passes it over at once, instead of
+# starting reproduce to find its runs done (about 10 s a unit); delete that file to walk them all again.
 #
 # The queue outlives the machine: `run` first copies the committed records of finished runs
 # (config.json, metrics.jsonl, summary.json) back into OUT, where reproduce skips a run whose
@@ -167,6 +169,11 @@ run_unit() {  # run_unit PAPER SEED PART OUT DATA: that seed's runs; PART "rows=
               # --rows R / --methods M) runs only that part of them, empty: all of them
     local paper=$1 seed=$2 part=$3 out=$4 data=$5 target="$1-$SUFFIX" fedsuite=$FEDSUITE out_option=--output-dir
     case " ${FROZEN:-} " in *" $paper "*) fedsuite=$(frozen_code "$paper") ;; esac
+    local finished="$out/.finished-units" unit="$target seed $seed${part:+ ($part)} by $fedsuite"
+    if [ -f "$finished" ] && grep -qxF -- "$unit" "$finished"; then
+        echo "=== $target seed $seed${part:+ ($part)}: finished (listed in $finished)"
+        return
+    fi
     # a frozen commit older than the option's rename spells it --out (grep reads the whole help: no SIGPIPE)
     "$fedsuite" reproduce --help | grep -- --output-dir > /dev/null || out_option=--out
     echo "=== $(date -u +%FT%TZ) $target seed $seed${part:+ ($part)} (${fedsuite%/.venv/bin/fedsuite})"
@@ -175,9 +182,12 @@ run_unit() {  # run_unit PAPER SEED PART OUT DATA: that seed's runs; PART "rows=
     # timed out during startup") and failed four runs (2026-11-27). --retry-failed: a run failed by
     # something outside it, such as that time-out, goes on from its checkpoint; one that fails by its
     # own arithmetic (FedMut's non-finite models) fails again within a round and stays named.
-    "$fedsuite" reproduce "$target" --scale "$REPRODUCE_SCALE" --seeds "$seed" ${part:+"--${part%%=*}" "${part#*=}"} \
-        --jobs 1 --engine inprocess --retry-failed --data-root "$data" "$out_option" "$out" \
-        || echo "=== $target seed $seed${part:+ ($part)}: exit $?"
+    if "$fedsuite" reproduce "$target" --scale "$REPRODUCE_SCALE" --seeds "$seed" ${part:+"--${part%%=*}" "${part#*=}"} \
+        --jobs 1 --engine inprocess --retry-failed --data-root "$data" "$out_option" "$out"; then
+        echo "$unit" >> "$finished"  # one short line per append: the two workers' lines never mix
+    else
+        echo "=== $target seed $seed${part:+ ($part)}: exit $?"
+    fi
     report "$paper" "$out"
 }
 
