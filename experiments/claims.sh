@@ -169,14 +169,15 @@ run_unit() {  # run_unit PAPER SEED PART OUT DATA: that seed's runs; PART "rows=
               # --rows R / --methods M) runs only that part of them, empty: all of them
     local paper=$1 seed=$2 part=$3 out=$4 data=$5 target="$1-$SUFFIX" fedsuite=$FEDSUITE out_option=--output-dir
     case " ${FROZEN:-} " in *" $paper "*) fedsuite=$(frozen_code "$paper") ;; esac
-    local finished="$out/.finished-units" unit="$target seed $seed${part:+ ($part)} by $fedsuite"
+    local label="$target seed $seed${part:+ ($part)}" finished="$out/.finished-units"
+    local unit="$label by $fedsuite"
     if [ -f "$finished" ] && grep -qxF -- "$unit" "$finished"; then
-        echo "=== $target seed $seed${part:+ ($part)}: finished (listed in $finished)"
+        echo "=== $label: finished (listed in $finished)"
         return
     fi
     # a frozen commit older than the option's rename spells it --out (grep reads the whole help: no SIGPIPE)
     "$fedsuite" reproduce --help | grep -- --output-dir > /dev/null || out_option=--out
-    echo "=== $(date -u +%FT%TZ) $target seed $seed${part:+ ($part)} (${fedsuite%/.venv/bin/fedsuite})"
+    echo "=== $(date -u +%FT%TZ) $label (${fedsuite%/.venv/bin/fedsuite})"
     # --engine inprocess: the same numbers as Flower's engine, bit for bit (tests/test_registry_e2e.py),
     # with no Ray to start: at nice 19 on a busy machine, Ray's start timed out ("The current node
     # timed out during startup") and failed four runs (2026-11-27). --retry-failed: a run failed by
@@ -186,7 +187,7 @@ run_unit() {  # run_unit PAPER SEED PART OUT DATA: that seed's runs; PART "rows=
         --jobs 1 --engine inprocess --retry-failed --data-root "$data" "$out_option" "$out"; then
         echo "$unit" >> "$finished"  # one short line per append: the two workers' lines never mix
     else
-        echo "=== $target seed $seed${part:+ ($part)}: exit $?"
+        echo "=== $label: exit $?"
     fi
     report "$paper" "$out"
 }
