@@ -13,6 +13,8 @@
 #                                                      # so an empty OUT rewrites the reports from them alone)
 #   experiments/claims.sh SCALE save OUT [PAPER...]    # the in-flight runs' checkpoints into
 #                                                      # experiments/<paper>/results/claims-SCALE-inflight/
+#   experiments/claims.sh SCALE status OUT             # where the queue stands: each unfinished run's
+#                                                      # round, pace and time left; the units not yet taken
 #
 # OUT is the runs' folder (reproduce --output-dir), DATA_ROOT the folder holding the data. The queue and
 # the reports use this checkout's `fedsuite` (.venv). At the cifar10 scale every run of a paper is
@@ -106,7 +108,7 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     UNITS+=(fedmr:3:rows=cnn-c10-0.1)
     UNITS+=(fedmr:1:rows=cnn-c10-0.5 fedmr:2:rows=cnn-c10-0.5 fedmr:3:rows=cnn-c10-0.5) ;;
 *)
-    sed -n '2,17p' "$0"; exit 2 ;;
+    sed -n '2,19p' "$0"; exit 2 ;;
 esac
 shift
 RECORDS=claims-$SCALE  # the committed folder: experiments/<paper>/results/$RECORDS
@@ -206,6 +208,37 @@ frozen_code() {  # frozen_code PAPER: the fedsuite of the commit pinned for PAPE
     echo "$(cd .. && pwd)/claims-code-$(cut -c1-12 "$pin")/.venv/bin/fedsuite"
 }
 
+status() {  # status OUT: each run with a checkpoint and no summary yet, running (a fedsuite process holds its
+            # folder: fedsuite.rundir.claimed) or waiting for its unit, with its round, its pace over its
+            # last 20 rounds and the time left at that pace; the units that the last `run` had not taken
+            # yet (a finished unit is passed over in seconds)
+    local out=$1 paper run state running=0 next=0
+    for paper in "${PAPERS[@]}"; do
+        for run in "$out/$paper/$REPRODUCE_SCALE"/*/*-s[0-9]*/; do
+            [ -f "$run/checkpoint.pt" ] && [ ! -f "$run/summary.json" ] || continue
+            if flock -n "$run" true; then state=waiting; else state=running running=$((running + 1)); fi
+            "$(dirname "$FEDSUITE")/python" - "$run" "$state" "$paper/${run#"$out/$paper/$REPRODUCE_SCALE/"}" <<'PY'
+import json, sys
+from pathlib import Path
+
+run, state, name = Path(sys.argv[1]), sys.argv[2], sys.argv[3].rstrip("/")
+rounds = json.loads((run / "config.json").read_text())["rounds"]
+lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+done = lines[-1]["round"] if lines else 0
+walls = [line["wall_seconds"] for line in lines[-20:] if line.get("round", 0) > 0 and "wall_seconds" in line]
+pace = f"{sum(walls) / len(walls):.1f} s a round, about {(rounds - done) * sum(walls) / len(walls) / 60:.0f} min left" \
+    if walls else "no round timed yet"
+print(f"{state:8} {name}: round {done} of {rounds}, {pace}")
+PY
+        done
+    done
+    [ "$running" -gt 0 ] || echo "no run is going on in $out"
+    [ ! -f "$out/.units/next" ] || read -r next < "$out/.units/next"
+    [ "$next" -le "${#UNITS[@]}" ] || next=${#UNITS[@]}
+    echo "units not yet taken: $((${#UNITS[@]} - next)) of ${#UNITS[@]}${UNITS[next]:+ (next: ${UNITS[next]})}"
+    [ "$next" -ge "${#UNITS[@]}" ] || printf '  %s\n' "${UNITS[@]:next}"
+}
+
 take() {  # the next unit of this `run`'s list (OUT/.units/next under its lock); fails when none is left
     local out=$1 i
     i=$( (flock 9 && read -r n < "$out/.units/next" && echo $((n + 1)) > "$out/.units/next" && echo "$n") \
@@ -255,11 +288,13 @@ report)  # report OUT [PAPER ...]: every paper, or those named; OUT gets the com
     shift 2
     [ $# -gt 0 ] || set -- "${PAPERS[@]}"
     for paper in "$@"; do restore "$paper" "$out" && report "$paper" "$out"; done ;;
+status)  # status OUT: where the queue stands
+    status "$2" ;;
 save)  # save OUT [PAPER ...]: the in-flight runs' checkpoints, to commit when a session ends
     out=$2
     shift 2
     [ $# -gt 0 ] || set -- "${PAPERS[@]}"
     for paper in "$@"; do save "$paper" "$out"; done ;;
 *)
-    sed -n '2,17p' "$0"; exit 2 ;;
+    sed -n '2,19p' "$0"; exit 2 ;;
 esac

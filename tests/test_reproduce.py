@@ -1360,6 +1360,52 @@ def test_the_queue_stops_in_one_line_on_runs_of_another_config(tmp_path):
         "give the new runs another folder (another --output-dir)")
 
 
+def test_claims_queue_status_names_each_unfinished_run_its_state_round_and_pace(tmp_path):
+    """``experiments/claims.sh cifar10 status OUT``: each run folder with a checkpoint and no summary
+    is listed, as running while a fedsuite process holds it (``rundir.claimed``, the lock a run takes)
+    and waiting otherwise, with its round of its rounds and its pace over its last rounds; a finished
+    run (a summary) is not listed; the units that the last ``run`` had not taken follow (its
+    ``.units/next``), the next named first."""
+    out = tmp_path / "out"
+
+    def run_folder(name: str, rounds: int, walls: list[float], finished: bool = False) -> Path:
+        folder = out / "fednlr" / "paper" / "claims-c10n20-dir0.3" / name
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({"rounds": rounds}))
+        lines = [{"round": 0, "test_accuracy": 0.1}] + [{"round": r, "wall_seconds": w} for r, w in enumerate(walls, 1)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        (folder / "checkpoint.pt").write_bytes(b"")
+        if finished:
+            (folder / "summary.json").write_text("{}")
+        return folder
+
+    run_folder("fedavg-s7", 500, [9.0, 11.0, 10.0, 10.0])
+    held = run_folder("fednlr-s7", 200, [20.0] * 30)
+    run_folder("feddyn-s7", 200, [15.0] * 200, finished=True)
+    (out / ".units").mkdir()
+    (out / ".units" / "next").write_text("3\n")
+    env = {**os.environ, "FEDSUITE": str(Path(sys.executable).parent / "fedsuite")}
+
+    def status() -> list[str]:
+        done = subprocess.run(["bash", str(ROOT / "experiments" / "claims.sh"), "cifar10", "status", str(out)],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout.splitlines()
+
+    with rundir.claimed(held):
+        lines = status()
+    runs = [line for line in lines if line.startswith(("running", "waiting"))]
+    assert runs == ["waiting  fednlr/claims-c10n20-dir0.3/fedavg-s7: round 4 of 500, 10.0 s a round, about 83 min left",
+                    "running  fednlr/claims-c10n20-dir0.3/fednlr-s7: round 30 of 200, 20.0 s a round, about 57 min left"]
+    units = lines[len(runs):]
+    left, total, first = re.fullmatch(r"units not yet taken: (\d+) of (\d+) \(next: (\S+)\)", units[0]).groups()
+    assert int(total) - int(left) == 3 and int(left) == len(units) - 1 and units[1] == f"  {first}"
+    # nothing holds a folder now: no run is going on, and the waiting runs are still listed
+    lines = status()
+    assert [line.split()[0] for line in lines[:2]] == ["waiting", "waiting"]
+    assert lines[2] == f"no run is going on in {out}"
+
+
 def test_every_committed_claims_record_is_the_run_its_target_asks_for(targets, tmp_path):
     """The records ``experiments/claims.sh`` commits (and copies back into a fresh ``--output-dir`` before
     it queues) were run under another ``--output-dir`` and ``--data-root``: they are still the runs their
