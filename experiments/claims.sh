@@ -208,15 +208,22 @@ frozen_code() {  # frozen_code PAPER: the fedsuite of the commit pinned for PAPE
     echo "$(cd .. && pwd)/claims-code-$(cut -c1-12 "$pin")/.venv/bin/fedsuite"
 }
 
+held() {  # held FOLDER: whether a process holds an flock on FOLDER (fedsuite.rundir.claimed: a run is going
+           # on in it), read from /proc/locks by device and inode, so that looking never takes the lock
+    local dev ino
+    read -r dev ino < <(stat -c '%d %i' "$1")
+    grep -qE "FLOCK +ADVISORY +WRITE +[0-9]+ +0*$(printf '%x:0*%x' $(((dev >> 8) & 0xfff)) $(((dev & 0xff) | ((dev >> 12) & 0xfff00)))):$ino " /proc/locks
+}
+
 status() {  # status OUT: each run with a checkpoint and no summary yet, running (a fedsuite process holds its
-            # folder: fedsuite.rundir.claimed) or waiting for its unit, with its round, its pace over its
+            # folder: held) or waiting for its unit, with its round, its pace over its
             # last 20 rounds and the time left at that pace; the units that the last `run` had not taken
             # yet (a finished unit is passed over in seconds)
     local out=$1 paper run state running=0 next=0
     for paper in "${PAPERS[@]}"; do
         for run in "$out/$paper/$REPRODUCE_SCALE"/*/*-s[0-9]*/; do
             [ -f "$run/checkpoint.pt" ] && [ ! -f "$run/summary.json" ] || continue
-            if flock -n "$run" true; then state=waiting; else state=running running=$((running + 1)); fi
+            if held "$run"; then state=running running=$((running + 1)); else state=waiting; fi
             "$(dirname "$FEDSUITE")/python" - "$run" "$state" "$paper/${run#"$out/$paper/$REPRODUCE_SCALE/"}" <<'PY'
 import json, sys
 from pathlib import Path
