@@ -296,6 +296,7 @@ report)  # report OUT [PAPER ...]: every paper, or those named; OUT gets the com
     [ $# -gt 0 ] || set -- "${PAPERS[@]}"
     for paper in "$@"; do restore "$paper" "$out" && report "$paper" "$out"; done ;;
 status)  # status OUT: where the queue stands
+    [ -d "${2:-}" ] || { echo "claims.sh $SCALE status OUT: OUT must be the queue's runs folder (got '${2:-}')" >&2; exit 2; }
     status "$2" ;;
 save)  # save OUT [PAPER ...]: the in-flight runs' checkpoints, to commit when a session ends
     out=$2
