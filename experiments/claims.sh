@@ -286,10 +286,11 @@ case "${1:-}" in
 run)
     for paper in "${PAPERS[@]}"; do restore "$paper" "$2"; done
     rm -rf "$2/.units" && mkdir -p "$2/.units" && echo 0 > "$2/.units/next"
-    if [ -n "${NICE:-}" ]; then renice -n "$NICE" -p $$ > /dev/null; autogroups "$NICE" & fi
-    worker "$2" "$3" 0 &
-    worker "$2" "$3" 1 &
-    wait ;;
+    if [ -n "${NICE:-}" ]; then renice -n "$NICE" -p $$ > /dev/null; autogroups "$NICE" & renicer=$!; fi
+    worker "$2" "$3" 0 & lane0=$!
+    worker "$2" "$3" 1 & lane1=$!
+    wait "$lane0" "$lane1"  # the lanes only: the renicing loop lives as long as this script does
+    [ -z "${renicer:-}" ] || kill "$renicer" ;;
 report)  # report OUT [PAPER ...]: every paper, or those named; OUT gets the committed records first
     out=$2
     shift 2
