@@ -570,6 +570,8 @@ def reproduce(
     report_only: bool = typer.Option(False, "--report", help="only write the report from the runs on disk"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="run failed runs again, each from its last "
                                       "checkpoint (without it they are named and left as they are)"),
+    confidence: float = typer.Option(0.95, "--confidence", help="the confidence of the report's verdicts: each "
+                                     "claimed ordering is judged by its two-sided paired t-interval at this level"),
 ) -> None:
     """Reproduce a paper's table: run its grid (rows x methods x seeds) as a resumable queue of
     `fedsuite simulate` runs and report obtained beside published. `fedsuite reproduce list` shows the targets.
@@ -581,7 +583,7 @@ def reproduce(
     try:
         code = run_reproduce(target, rows, methods, parse_seeds(seeds), scale, jobs, output_dir, data_root,
                              placement_options(num_gpus, ray_address, engine), tables,
-                             report_only, console, retry_failed)
+                             report_only, console, retry_failed, confidence)
     except ReproduceError as exc:
         fail(str(exc))
     raise typer.Exit(code)

@@ -1,5 +1,5 @@
 """fedsuite's figures, drawn on matplotlib's file-only Agg backend: a run's accuracy curve and its pool
-diagnostics (``fedsuite.recording``), a report's curves with a ± std band per setting
+diagnostics (``fedsuite.recording``), a report's curves with a ± sample std band per setting
 (``fedsuite.results``, ``reproduce``, ``sweep``, a search) and its runs' server momentum, a
 reproduce report's claimed orderings against the paper's differences, and a partition's label skew
 (``fedsuite partition``)."""
@@ -24,7 +24,7 @@ def pyplot():
 
 
 def plot_accuracy(curves: dict[str, list[dict[str, Any]]], path: Path, title: str | None = None) -> None:
-    """Test accuracy versus round, one line per run (or per group of seeds: mean ± std band)."""
+    """Test accuracy versus round, one line per run (or per group of seeds: mean ± sample std band)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for label, rows in curves.items():
@@ -117,7 +117,7 @@ def split_labels(labels: list[str]) -> tuple[str, dict[str, str]]:
 
 
 def plot_groups(curves: dict[str, list[list[dict[str, Any]]]], path: Path, title: str | None = None) -> None:
-    """Mean accuracy versus round per group, with a ± std band over seeds. Words shared by every
+    """Mean accuracy versus round per group, with a ± sample std band over seeds (n − 1). Words shared by every
     group label (model, dataset, partition) go to the title (or ``title``, when given), so the legend
     names what differs."""
     plt = pyplot()
@@ -133,7 +133,7 @@ def plot_groups(curves: dict[str, list[list[dict[str, Any]]]], path: Path, title
         if not rounds:
             continue
         values = np.array([[s[r] for r in rounds] for s in series]) * 100
-        mean, std = values.mean(0), values.std(0)
+        mean, std = values.mean(0), (values.std(0, ddof=1) if len(series) > 1 else None)
         color = cmap(i % cmap.N)
         ax.plot(rounds, mean, color=color, ls=styles[(i // cmap.N) % len(styles)] if len(labels) <= 20 else "-",
                 label=f"{short[label]} (n={len(series)})")
@@ -208,13 +208,14 @@ def plot_server_momentum(curves: dict[str, list[list[dict[str, Any]]]], path: Pa
     plt.close(fig)
 
 
-def plot_claims(orderings: list[dict[str, Any]], path: Path, unit: str = "points", title: str | None = None) -> None:
+def plot_claims(orderings: list[dict[str, Any]], path: Path, unit: str = "points", title: str | None = None,
+                level: str = "95%") -> None:
     """The claimed orderings of a report as a forest plot, one line each, top to bottom: each paired
-    seed's difference (dots), their mean with a ± 2 SE bar (the verdict's band, coloured by the
-    verdict), the paper's difference (a black diamond) and zero (a vertical line). ``orderings``:
-    dicts with ``label``, ``differences`` (per seed), ``mean`` and ``se`` (None without pairs),
-    ``paper`` (the paper's difference), ``verdict`` and its ``colour`` (a matplotlib colour);
-    ``unit`` names the difference's unit."""
+    seed's difference (dots), their mean with its t-interval as a bar (the verdict's interval at
+    ``level``, coloured by the verdict), the paper's difference (a black diamond) and zero (a vertical
+    line). ``orderings``: dicts with ``label``, ``differences`` (per seed), ``mean`` and
+    ``half_width`` (the interval's, None without two pairs), ``paper`` (the paper's difference),
+    ``verdict`` and its ``colour`` (a matplotlib colour); ``unit`` names the difference's unit."""
     plt = pyplot()
     n = len(orderings)
     fig, ax = plt.subplots(figsize=(8.0, 0.9 + 0.42 * n), dpi=120)
@@ -224,7 +225,7 @@ def plot_claims(orderings: list[dict[str, Any]], path: Path, unit: str = "points
         if diffs:
             ax.plot(diffs, [y] * len(diffs), "o", ms=3.5, color=colour, alpha=0.45, mec="none")
         if o["mean"] is not None:
-            half = 2 * o["se"] if o["se"] is not None else 0.0
+            half = o["half_width"] if o["half_width"] is not None else 0.0
             ax.errorbar([o["mean"]], [y], xerr=[[half], [half]], fmt="s", ms=5, color=colour, capsize=3, lw=1.4)
         ax.plot([o["paper"]], [y], "D", ms=5, color="black", mfc="none", mew=1.2)
         ax.annotate(o["verdict"], xy=(1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=7,
@@ -232,7 +233,8 @@ def plot_claims(orderings: list[dict[str, Any]], path: Path, unit: str = "points
     ax.axvline(0.0, color="black", lw=0.8, alpha=0.6)
     ax.set_yticks(range(n - 1, -1, -1), [o["label"] for o in orderings], fontsize=7)
     ax.set_ylim(-0.7, n - 0.3)
-    ax.set_xlabel(f"difference, better minus worse ({unit}): seeds (dots), mean ± 2 SE (square), the paper's (diamond)",
+    ax.set_xlabel(f"difference, better minus worse ({unit}): seeds (dots), mean and its {level} "
+                  "t-interval (square), the paper's (diamond)",
                   fontsize=7)
     ax.grid(axis="x", alpha=0.3)
     if title:

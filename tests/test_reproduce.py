@@ -51,8 +51,8 @@ from fedsuite.reproduce.report import aggregate, write_report
 from fedsuite.reproduce.tables import SCALES, Target, load_targets, parse_tables, plan
 from fedsuite.activity import Component
 from fedsuite.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, HOLDS, INERT_HERE, NOT_JUDGED, REVERSED,
-                                         SMALLER_THAN_PAPERS, VERDICT_RULE, VERDICTS, Activity, Claim, claims,
-                                         paired_verdict, verdict)
+                                         SMALLER_THAN_PAPERS, VERDICTS, Activity, Claim, claims,
+                                         paired_verdict, t_quantile, verdict, verdict_rule)
 from fedsuite.results import run_value, write_atomically, write_json
 from fedsuite.rundir import read_metrics
 from tests.conftest import FAST, assert_same_arrays, fedsuite_run, tree_snapshot
@@ -333,71 +333,97 @@ def test_run_value_reads_the_last_evaluations_and_rounds_to_target():
 
 
 def test_aggregate_over_seeds_and_pooled():
-    assert aggregate([60.0, 62.0, 64.0]) == (pytest.approx(62.0), pytest.approx(math.sqrt(8 / 3)))
+    """Every spread is the sample std (n − 1 in the denominator), not numpy's default population std."""
+    assert aggregate([60.0, 62.0, 64.0]) == (pytest.approx(62.0), pytest.approx(2.0))  # sqrt(8 / 2)
     assert aggregate([60.0]) == (60.0, None)  # one seed: no spread over seeds
     assert aggregate([]) == (None, None)
     # pooled: FedMR/FedNLR's ± over the last evaluations of all seeds
     mean, std = aggregate([61.0, 63.0], [[60.0, 62.0], [62.0, 64.0]], spread="pooled")
-    assert mean == pytest.approx(62.0) and std == pytest.approx(math.sqrt(2.0))
+    assert mean == pytest.approx(62.0) and std == pytest.approx(math.sqrt(8 / 3))
     # rounds to target: mean over the seeds that reach it; none reached = inf
-    assert aggregate([100.0, 120.0, math.inf], metric="rounds") == (pytest.approx(110.0), pytest.approx(10.0))
+    assert aggregate([100.0, 120.0, math.inf], metric="rounds") == (pytest.approx(110.0), pytest.approx(math.sqrt(200)))
     assert aggregate([math.inf, math.inf], metric="rounds") == (math.inf, None)
 
 
-def test_paired_verdict_rule():
-    """d̄ = mean of the per-seed differences, SE = sample sd / √n, D = the paper's difference:
-    holds if d̄ > 2 SE, reversed if d̄ < −2 SE; otherwise could not tell if D ≤ d̄ + 2 SE, smaller
-    than the paper's if D > d̄ + 2 SE; not judged with fewer than two pairs."""
-    mean, se, word = paired_verdict([1.0, 2.0, 3.0], paper_difference=10.0)
-    assert mean == pytest.approx(2.0) and se == pytest.approx(1 / math.sqrt(3)) and word == HOLDS
-    # beyond 2 SE in the paper's direction, the paper's difference does not matter: holds even if far smaller
-    assert paired_verdict([1.0, 2.0, 3.0], paper_difference=0.01)[2] == HOLDS
-    assert paired_verdict([-1.0, -2.0, -3.0], paper_difference=0.01)[2] == REVERSED
-    assert paired_verdict([-1.0, -2.0, -3.0], paper_difference=100.0)[2] == REVERSED
-    # the same mean with a spread that reaches zero: band d̄ ± 2 SE = 2 ± 4.62; D inside or above it
-    mean, se, word = paired_verdict([-2.0, 2.0, 6.0], paper_difference=4.0)
-    assert mean == pytest.approx(2.0) and se == pytest.approx(4 / math.sqrt(3)) and word == COULD_NOT_TELL
-    assert paired_verdict([-2.0, 2.0, 6.0], paper_difference=7.0)[2] == SMALLER_THAN_PAPERS
-    # D inside the band below d̄ (d̄ = 2, D = 0.5): the runs cannot tell it from zero either
-    assert paired_verdict([-2.0, 2.0, 6.0], paper_difference=0.5)[2] == COULD_NOT_TELL
-    # the bounds are closed: [0, 2] has d̄ = 1, SE = 1, band [−1, 3]; D = 3 on it is inside
-    assert paired_verdict([0.0, 2.0], paper_difference=3.0) == (1.0, 1.0, COULD_NOT_TELL)
-    assert paired_verdict([0.0, 2.0], paper_difference=3.0 + 1e-9)[2] == SMALLER_THAN_PAPERS
-    # d̄ = 2 SE exactly is not beyond it (d = [a − b, a + b] has d̄ = a, SE = b): zero is on the band's edge
-    assert paired_verdict([1.0, 3.0], paper_difference=4.0) == (2.0, 1.0, COULD_NOT_TELL)
-    assert paired_verdict([1.0, 3.0], paper_difference=4.5)[2] == SMALLER_THAN_PAPERS
-    assert paired_verdict([1.02, 2.98], paper_difference=4.0)[2] == HOLDS
-    assert paired_verdict([-1.0, -3.0], paper_difference=0.5)[2] == SMALLER_THAN_PAPERS  # band [−4, 0]
-    assert paired_verdict([-1.02, -2.98], paper_difference=0.5)[2] == REVERSED
-    # identical differences have SE 0, the band is the point d̄: any non-zero mean is beyond zero; a
+def test_t_quantile_is_students_two_sided_critical_value():
+    """t_{(1+c)/2, n−1}: 12.71 for 2 seeds, 4.30 for 3 and 2.78 for 5 at 95%; 1.89 for 3 at 80%."""
+    assert t_quantile(0.95, 2) == pytest.approx(12.7062, abs=1e-4)
+    assert t_quantile(0.95, 3) == pytest.approx(4.3027, abs=1e-4)
+    assert t_quantile(0.95, 5) == pytest.approx(2.7764, abs=1e-4)
+    assert t_quantile(0.80, 3) == pytest.approx(1.8856, abs=1e-4)
+    with pytest.raises(ValueError, match="at least two"):
+        t_quantile(0.95, 1)
+    for bad in (0.0, 1.0, 95.0, -0.5, math.nan):
+        with pytest.raises(ValueError, match="strictly between 0 and 1"):
+            t_quantile(bad, 3)
+
+
+def test_paired_verdict_decides_with_the_t_interval_at_its_confidence():
+    """d̄ = mean of the per-seed differences, SE = sample sd / √n, h = t_{(1+c)/2, n−1}·SE, I = d̄ ± h,
+    D = the paper's difference: holds if I lies above 0, reversed if below; otherwise could not tell if
+    D ≤ d̄ + h, smaller than the paper's if D > d̄ + h; not judged with fewer than two pairs."""
+    # 3 seeds with d̄/SE = 3 (d = √3 + [−1, 0, 1]: sd 1, SE 1/√3): not holds at 95% (t = 4.30), holds at 80% (1.89)
+    third = [math.sqrt(3) - 1, math.sqrt(3), math.sqrt(3) + 1]
+    r95 = paired_verdict(third, paper_difference=1.0)
+    assert r95.mean == pytest.approx(math.sqrt(3)) and r95.se == pytest.approx(1 / math.sqrt(3))
+    assert r95.mean / r95.se == pytest.approx(3.0)
+    assert r95.half_width == pytest.approx(t_quantile(0.95, 3) / math.sqrt(3)) and r95.verdict == COULD_NOT_TELL
+    assert paired_verdict(third, paper_difference=1.0, confidence=0.80).verdict == HOLDS
+    assert paired_verdict([-x for x in third], paper_difference=1.0, confidence=0.80).verdict == REVERSED
+    assert paired_verdict([-x for x in third], paper_difference=1.0).verdict == SMALLER_THAN_PAPERS
+    # beyond the interval in the paper's direction the paper's difference does not matter: holds even if far smaller
+    tight = [2.0, 2.1, 2.2]  # d̄ 2.1, SE 0.0577, h 0.248
+    assert paired_verdict(tight, paper_difference=0.01).verdict == HOLDS
+    assert paired_verdict(tight, paper_difference=100.0).verdict == HOLDS
+    assert paired_verdict([-x for x in tight], paper_difference=100.0).verdict == REVERSED
+    # zero inside the interval: D inside it or above it; D inside below d̄ cannot be told from zero either
+    wide = [1.0, 2.0, 3.0]  # d̄ 2, h = 4.30/√3 = 2.48: I = [−0.48, 4.48]
+    assert paired_verdict(wide, paper_difference=4.0).verdict == COULD_NOT_TELL
+    assert paired_verdict(wide, paper_difference=4.5).verdict == SMALLER_THAN_PAPERS
+    assert paired_verdict(wide, paper_difference=0.5).verdict == COULD_NOT_TELL
+    # the bounds are closed: [0, 2] has d̄ = 1, SE = 1, h = 12.71; D = d̄ + h exactly is inside
+    edge = 1.0 + t_quantile(0.95, 2)
+    assert paired_verdict([0.0, 2.0], paper_difference=edge) == (1.0, 1.0, pytest.approx(edge - 1.0), COULD_NOT_TELL)
+    assert paired_verdict([0.0, 2.0], paper_difference=edge + 1e-6).verdict == SMALLER_THAN_PAPERS
+    # d̄ = h exactly is not beyond zero (d = [a − b, a + b] has d̄ = a, SE = b): zero is on the interval's edge
+    h2 = t_quantile(0.95, 2)
+    assert paired_verdict([h2 - 1.0, h2 + 1.0], paper_difference=1.0).verdict == COULD_NOT_TELL
+    assert paired_verdict([h2 - 0.99, h2 + 1.01], paper_difference=1.0).verdict == HOLDS
+    # identical differences have SE 0, the interval is the point d̄: any non-zero mean is beyond zero; a
     # zero mean rules out every paper's difference (D > 0)
-    assert paired_verdict([0.5, 0.5, 0.5], paper_difference=3.0) == (0.5, 0.0, HOLDS)
-    assert paired_verdict([-0.5, -0.5], paper_difference=3.0) == (-0.5, 0.0, REVERSED)
-    assert paired_verdict([0.0, 0.0], paper_difference=1e-6) == (0.0, 0.0, SMALLER_THAN_PAPERS)
+    assert paired_verdict([0.5, 0.5, 0.5], paper_difference=3.0) == (0.5, 0.0, 0.0, HOLDS)
+    assert paired_verdict([-0.5, -0.5], paper_difference=3.0) == (-0.5, 0.0, 0.0, REVERSED)
+    assert paired_verdict([0.0, 0.0], paper_difference=1e-6) == (0.0, 0.0, 0.0, SMALLER_THAN_PAPERS)
     # fewer than two pairs: no standard error, no verdict, whatever the paper's difference
-    assert paired_verdict([3.0], paper_difference=1.0) == (3.0, None, NOT_JUDGED)
-    assert paired_verdict([], paper_difference=1.0) == (None, None, NOT_JUDGED)
-    # a paper's difference of +∞ (a rounds table's "never reached") is above every band
-    assert paired_verdict([0.0, 10.0], paper_difference=math.inf)[2] == SMALLER_THAN_PAPERS
-    # the paper's difference is in the paper's direction, so it is > 0
+    assert paired_verdict([3.0], paper_difference=1.0) == (3.0, None, None, NOT_JUDGED)
+    assert paired_verdict([], paper_difference=1.0) == (None, None, None, NOT_JUDGED)
+    # a paper's difference of +∞ (a rounds table's "never reached") is above every interval
+    assert paired_verdict([0.0, 10.0], paper_difference=math.inf).verdict == SMALLER_THAN_PAPERS
+    # the paper's difference is in the paper's direction, so it is > 0; the confidence a probability
     for bad in (0.0, -1.0, math.nan):
         with pytest.raises(ValueError, match="must be > 0"):
             paired_verdict([1.0, 2.0], paper_difference=bad)
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        paired_verdict([1.0, 2.0], paper_difference=1.0, confidence=95)
     assert VERDICTS == (HOLDS, REVERSED, COULD_NOT_TELL, SMALLER_THAN_PAPERS, INERT_HERE, NOT_JUDGED)
-    assert "D ≤ d̄ + 2·SE" in VERDICT_RULE and "D > d̄ + 2·SE" in VERDICT_RULE
-    assert "**inert here**" in VERDICT_RULE and "**activity not recorded**" in VERDICT_RULE
+    rule = verdict_rule()
+    assert "at 95% confidence" in rule and "0.975 quantile of Student's t with n − 1 degrees of freedom" in rule
+    assert "D ≤ d̄ + h" in rule and "D > d̄ + h" in rule and "smallest difference these seeds could detect" in rule
+    assert "**inert here**" in rule and "**activity not recorded**" in rule
+    assert "at 80% confidence" in verdict_rule(0.8) and "0.9 quantile" in verdict_rule(0.8)
 
 
 def test_inert_here_replaces_the_judgement_where_the_component_did_not_act():
     """activity = (a, θ): a < θ gives **inert here** whatever the differences (d̄ and SE still
     given), also with one paired seed; a ≥ θ, or no activity, gives the judgement as before."""
     se = math.sqrt(1 / 3)
-    assert paired_verdict([1.0, 2.0, 3.0], 0.01, activity=(5e-7, 1e-3)) == (2.0, pytest.approx(se), INERT_HERE)
-    assert paired_verdict([1.0, 2.0, 3.0], 0.01, activity=(1e-3, 1e-3))[2] == HOLDS  # not below: judged
-    assert paired_verdict([1.0, 2.0, 3.0], 0.01, activity=(0.2, 1e-3))[2] == HOLDS
-    assert paired_verdict([-1.0, -2.0, -3.0], 10.0, activity=(0.0, 1e-4))[2] == INERT_HERE
-    assert paired_verdict([3.0], 1.0, activity=(0.0, 1e-3)) == (3.0, None, INERT_HERE)
-    assert paired_verdict([], 1.0, activity=(0.0, 1e-3)) == (None, None, NOT_JUDGED)  # nothing ran
+    assert paired_verdict([1.0, 2.0, 3.0], 0.01, activity=(5e-7, 1e-3)) == \
+        (2.0, pytest.approx(se), pytest.approx(t_quantile(0.95, 3) * se), INERT_HERE)
+    assert paired_verdict([2.0, 2.1, 2.2], 0.01, activity=(1e-3, 1e-3)).verdict == HOLDS  # not below: judged
+    assert paired_verdict([2.0, 2.1, 2.2], 0.01, activity=(0.2, 1e-3)).verdict == HOLDS
+    assert paired_verdict([-1.0, -2.0, -3.0], 10.0, activity=(0.0, 1e-4)).verdict == INERT_HERE
+    assert paired_verdict([3.0], 1.0, activity=(0.0, 1e-3)) == (3.0, None, None, INERT_HERE)
+    assert paired_verdict([], 1.0, activity=(0.0, 1e-3)) == (None, None, None, NOT_JUDGED)  # nothing ran
 
 
 SHARE = Component("fedmrur.hyperbolic", "fedmrur-hyperbolic-share", 1e-3, "‖∇(γR)‖ / ‖∇CE‖")
@@ -445,18 +471,23 @@ def test_claims_pair_runs_by_seed_and_leave_out_failed_runs():
     obtained = {"ours": {0: 60.0, 1: 62.0, 2: 61.0}, "a": {0: 58.0, 1: 59.0, 2: 60.5}, "b": {0: 61.0, 2: 60.0}}
     got = claims(published, obtained, [], stated=[("ours", "a"), ("ours", "b"), ("ours", "c")])
     assert got[0] == Claim("ours", "a", 3.0, {0: 2.0, 1: 3.0, 2: 0.5})
-    assert got[0].result == (pytest.approx(11 / 6), pytest.approx(math.sqrt(19 / 36)), HOLDS)  # sd² = 19/12
-    # seed 1 of b failed; d = [−1, 1]: band [−2, 2] holds the paper's 0.5
+    # sd² = 19/12, SE = √(19/36) = 0.73, h = 4.30 SE = 3.13: I = [−1.29, 4.96] holds zero and the paper's 3
+    se = math.sqrt(19 / 36)
+    assert got[0].result == (pytest.approx(11 / 6), pytest.approx(se), pytest.approx(t_quantile(0.95, 3) * se),
+                             COULD_NOT_TELL)
+    assert got[0].confidence == 0.95
+    assert claims(published, obtained, [], stated=[("ours", "a")], confidence=0.7)[0].verdict == HOLDS  # h = 1.06
+    # seed 1 of b failed; d = [−1, 1]: I = [−12.7, 12.7] holds the paper's 0.5
     assert got[1] == Claim("ours", "b", 0.5, {0: -1.0, 2: 1.0}) and got[1].verdict == COULD_NOT_TELL
     assert got[2] == Claim("ours", "c", 10.0, {}) and got[2].verdict == NOT_JUDGED  # c never completed
-    assert verdict(got) == "1 holds, 1 could not tell, 1 not judged"
-    # the paper's 3 lies above the band of b's pairs: smaller than the paper's
-    got = claims({"ours": 60.0, "b": 57.0}, obtained, [], stated=[("ours", "b")])
+    assert verdict(got) == "2 could not tell, 1 not judged"
+    # the paper's 15 lies above the interval of b's pairs: smaller than the paper's
+    got = claims({"ours": 60.0, "b": 45.0}, obtained, [], stated=[("ours", "b")])
     assert got[0].verdict == SMALLER_THAN_PAPERS
-    pair = {0: 1.0, 1: 2.0}
+    pair = {0: 1.0, 1: 1.0}
     assert verdict([Claim("x", "y", 1.0, pair), Claim("x", "z", 1.0, pair)]) == "2 hold"
-    assert verdict([Claim("x", "y", 5.0, {0: 0.0, 1: 1.0}), Claim("x", "z", 9.0, {0: -1.0, 1: 1.0}),
-                    Claim("y", "z", 9.0, {0: -2.0, 1: -3.0})]) == "1 reversed, 2 smaller than the paper's"
+    assert verdict([Claim("x", "y", 9.0, {0: 0.0, 1: 1.0}), Claim("x", "z", 14.0, {0: -1.0, 1: 1.0}),
+                    Claim("y", "z", 9.0, {0: -2.0, 1: -2.0})]) == "1 reversed, 2 smaller than the paper's"
     assert verdict([]) == "no claim"
 
 
@@ -469,8 +500,8 @@ def test_a_claim_not_published_takes_the_nearest_cells_difference():
                  nearest=nearest)
     assert got[0].paper_difference == pytest.approx(3.97) and got[0].paper_source == ""
     assert got[1] == Claim("twostage", "a", 3.97, {0: 0.5, 1: 1.5}, "Table 1, CNN / CIFAR-10 / 0.1, one stage")
-    # d = [0.5, 1.5]: d̄ = 1, SE = 0.5, band [0, 2]: zero on its edge, 3.97 above it
-    assert got[1].result == (1.0, 0.5, SMALLER_THAN_PAPERS)
+    # d = [0.5, 1.5]: d̄ = 1, SE = 0.5, h = 12.71 · 0.5: I = [−5.35, 7.35] holds zero and 3.97
+    assert got[1].result == (1.0, 0.5, pytest.approx(t_quantile(0.95, 2) * 0.5), COULD_NOT_TELL)
     with pytest.raises(ValueError, match="the claim twostage > a has no paper's difference"):
         claims({"a": 50.66}, obtained, [], stated=[("twostage", "a")])
 
@@ -487,15 +518,16 @@ def test_claims_follow_the_published_order():
 def test_a_rounds_table_judges_rounds_saved():
     """Rounds to target: lower is better, so every difference is worse − better (rounds saved), the
     paper's too (∞ where the worse method never reached the target)."""
-    obtained = {"ours": {0: 12.0, 1: 14.0, 2: 13.0}, "x": {0: 30.0, 1: 21.0, 2: 24.0}, "y": {0: 20.0, 1: 6.0, 2: 13.0}}
+    obtained = {"ours": {0: 12.0, 1: 14.0, 2: 13.0}, "x": {0: 30.0, 1: 27.0, 2: 28.0}, "y": {0: 20.0, 1: 6.0, 2: 13.0}}
     got = claims({"ours": 200.0, "x": math.inf, "y": 250.0}, obtained, [("ours", "x"), ("ours", "y")],
                  higher_is_better=False)
-    assert got == [Claim("ours", "x", math.inf, {0: 18.0, 1: 7.0, 2: 11.0}),
+    assert got == [Claim("ours", "x", math.inf, {0: 18.0, 1: 13.0, 2: 15.0}),
                    Claim("ours", "y", 50.0, {0: 8.0, 1: -8.0, 2: 0.0})]
-    assert got[0].verdict == HOLDS  # d̄ = 12, SE = 3.2
-    # d̄ = 0, SE = 8/√3: band ±9.2 rounds; the paper's 50 saved lie above it
-    assert got[1].result == (0.0, pytest.approx(8 / math.sqrt(3)), SMALLER_THAN_PAPERS)
-    # the paper saving 9 rounds lies inside the band: could not tell
+    assert got[0].verdict == HOLDS  # d̄ = 15.33, SE = 1.45, h = 6.25
+    # d̄ = 0, SE = 8/√3: I = ±19.9 rounds; the paper's 50 saved lie above it
+    se = 8 / math.sqrt(3)
+    assert got[1].result == (0.0, pytest.approx(se), pytest.approx(t_quantile(0.95, 3) * se), SMALLER_THAN_PAPERS)
+    # the paper saving 9 rounds lies inside the interval: could not tell
     assert claims({"ours": 200.0, "y": 209.0}, obtained, [("ours", "y")], higher_is_better=False)[0].verdict \
         == COULD_NOT_TELL
     # a published ordering the other way is the claim "y > ours", its saving positive
@@ -958,7 +990,7 @@ def test_kill_and_restart_resumes_and_reports(tmp_path):
     report = out / "tiny" / "paper" / "tiny"
     rows = list(csv.DictReader((report / "report.csv").open()))
     assert [(r["method"], r["seeds_completed"]) for r in rows] == [("fedavg", "2"), ("fedprox", "2")]
-    assert all(r["obtained_mean"] and r["obtained_std"] and r["difference"] for r in rows)
+    assert all(r["obtained_mean"] and r["obtained_sample_std"] and r["difference"] for r in rows)
     md = (report / "report.md").read_text()
     # the one published ordering (FedProx > FedAvg), judged on the two seeds' paired differences
     (claim,) = list(csv.DictReader((report / "claims.csv").open()))
@@ -969,7 +1001,7 @@ def test_kill_and_restart_resumes_and_reports(tmp_path):
     diffs = [runs_value["fedprox", s] - runs_value["fedavg", s] for s in (0, 1)]
     assert [float(d) for d in claim["differences"].split()] == pytest.approx(diffs, abs=1e-4)
     assert float(claim["paper_difference"]) == pytest.approx(1.0)  # published FedProx 51 − FedAvg 50
-    assert claim["verdict"] == paired_verdict(diffs, paper_difference=1.0)[2]
+    assert claim["verdict"] == paired_verdict(diffs, paper_difference=1.0).verdict
     assert f"| FedProx > FedAvg | 2 | {float(claim['mean_difference']):+.2f} |" in md
     assert (report / "dir0.5.png").stat().st_size > 0
 
@@ -1014,7 +1046,7 @@ def test_report_names_each_run_that_did_not_complete_and_why(tmp_path):
     # the published ordering FedProx > FedAvg, paired on seed 0 only (FedProx's seed 1 failed): 70 - 50
     (claim,) = csv.DictReader((tmp_path / "report" / "claims.csv").open())
     assert (claim["seeds"], float(claim["differences"]), claim["verdict"]) == ("0", 20.0, NOT_JUDGED)
-    assert "| FedProx > FedAvg | 1 | +20.00 | - | +1.00 | **not judged** |" in md
+    assert "| FedProx > FedAvg | 1 | +20.00 | - | - | - | +1.00 | **not judged** |" in md
     shutil.rmtree(specs["fedavg", 1].run_dir)
     md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
     assert "- fedavg seed 1: not run" in md
@@ -1053,21 +1085,27 @@ def test_the_report_shows_the_papers_difference_beside_each_ordering(tmp_path):
                           'claims = [["fedprox", "fedavg"], ["fedprox-big", "fedavg"]]\n'
                           'paper_differences = { "fedprox-big>fedavg" = { value = 5.0, source = "Table 9, the μ = 0.1 cell" } }\n')
     specs = {(s.method, s.seed): s for s in plan(target, "paper", tmp_path / "out")}
-    # per seed, FedProx − FedAvg = −1, 0, +1 (band ±1.15 holds the paper's 51 − 50 = 1); FedProx μ=0.1
-    # − FedAvg = 0, +0.5, −0.5 (band ±0.58, below the nearest cell's 5)
+    # per seed, FedProx − FedAvg = −1, 0, +1 (95% interval ±2.48 holds the paper's 51 − 50 = 1); FedProx
+    # μ=0.1 − FedAvg = 0, +0.5, −0.5 (interval ±1.24, below the nearest cell's 5)
     _write_runs(specs, {("fedavg", 0): 0.50, ("fedavg", 1): 0.60, ("fedavg", 2): 0.55,
                         ("fedprox", 0): 0.49, ("fedprox", 1): 0.60, ("fedprox", 2): 0.56,
                         ("fedprox-big", 0): 0.50, ("fedprox-big", 1): 0.605, ("fedprox-big", 2): 0.545})
     md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
-    assert VERDICT_RULE in md
+    assert verdict_rule(0.95) in md
     assert "| row | holds | reversed | could not tell | smaller than the paper's | inert here | not judged |" in md
     assert "| Synthetic, Dir 0.5 | 0 | 0 | 1 | 1 | 0 | 0 |" in md
-    assert "| ordering | seeds paired | mean difference | standard error | paper's difference | verdict |" in md
-    assert "| FedProx > FedAvg | 3 | +0.00 | 0.58 | +1.00 | **could not tell** |" in md
-    assert "| FedProx μ=0.1 > FedAvg | 3 | +0.00 | 0.29 | +5.00† | **smaller than the paper's** |" in md
+    assert "| ordering | seeds paired | mean difference | standard error | 95% interval | smallest difference these seeds could detect | paper's difference | verdict |" in md
+    assert "| FedProx > FedAvg | 3 | +0.00 | 0.58 | [-2.48, +2.48] | 2.48 | +1.00 | **could not tell** |" in md
+    assert "| FedProx μ=0.1 > FedAvg | 3 | +0.00 | 0.29 | [-1.24, +1.24] | 1.24 | +5.00† | **smaller than the paper's** |" \
+        in md
+    rows = list(csv.DictReader((tmp_path / "report" / "claims.csv").open()))
+    assert {r["confidence"] for r in rows} == {"0.95"}
+    assert float(rows[0]["half_width"]) == pytest.approx(t_quantile(0.95, 3) / math.sqrt(3))
+    assert (float(rows[0]["interval_low"]), float(rows[0]["interval_high"])) == \
+        (pytest.approx(-float(rows[0]["half_width"])), pytest.approx(float(rows[0]["half_width"])))
     assert "- FedProx μ=0.1 > FedAvg: Table 9, the μ = 0.1 cell" in md
     assert "**Row: 1 could not tell, 1 smaller than the paper's.**" in md
-    # the figure of the orderings: one line each, seeds, mean ± 2 SE and the paper's difference
+    # the figure of the orderings: one line each, seeds, mean with its t-interval and the paper's difference
     figure = tmp_path / "report" / "claims.png"
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "](claims.png)" in md
     own, near = csv.DictReader((tmp_path / "report" / "claims.csv").open())
@@ -1082,8 +1120,13 @@ def test_the_report_shows_the_papers_difference_beside_each_ordering(tmp_path):
     # at cpu scale the cells have no difference against the paper, the orderings keep the paper's
     md = write_report(target, list(specs.values()), "cpu", tmp_path / "cpu-report").read_text()
     assert "the paper's difference beside each ordering is the one it measured in its own setting" in md
-    assert "| FedProx μ=0.1 > FedAvg | 3 | +0.00 | 0.29 | +5.00† | **smaller than the paper's** |" in md
+    assert "| FedProx μ=0.1 > FedAvg | 3 | +0.00 | 0.29 | [-1.24, +1.24] | 1.24 | +5.00† | **smaller than the paper's** |" \
+        in md
     assert md.count("n/a (cpu scale)") == 3
+    # at 50% confidence (t = 0.82) the first interval is ±0.47, below the paper's 1: smaller; the rule says its level
+    md = write_report(target, list(specs.values()), "paper", tmp_path / "report", confidence=0.5).read_text()
+    assert "at 50% confidence" in md and "| 50% interval |" in md and "**Row: 2 smaller than the paper's.**" in md
+    assert {r["confidence"] for r in csv.DictReader((tmp_path / "report" / "claims.csv").open())} == {"0.5"}
 
 
 def test_a_row_on_another_model_compares_orderings_not_numbers(tmp_path):
@@ -1097,12 +1140,12 @@ def test_a_row_on_another_model_compares_orderings_not_numbers(tmp_path):
     _write_runs(specs, {("fedavg", 0): 0.50, ("fedavg", 1): 0.60, ("fedavg", 2): 0.55,
                         ("fedprox", 0): 0.53, ("fedprox", 1): 0.62, ("fedprox", 2): 0.58})
     md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
-    assert "| FedAvg | 50.00 ± 1.00 | 55.00 ± 4.08 | 3/3 | 55.00 | n/a (other model) |" in md
+    assert "| FedAvg | 50.00 ± 1.00 | 55.00 ± 5.00 | 3/3 | 55.00 | n/a (other model) |" in md
     assert md.count("n/a (other model)") == 2
     assert ("These runs train another model than the paper's numbers were measured with (an MLP; the paper's "
             "numbers are a CNN's): the published numbers are shown for reference, and only the orderings are "
             "compared.") in md
-    assert "| FedProx > FedAvg | 3 | +2.67 | 0.33 | +1.00 | **holds** |" in md
+    assert "| FedProx > FedAvg | 3 | +2.67 | 0.33 | [+1.23, +4.10] | 1.43 | +1.00 | **holds** |" in md
     assert {c["difference"] for c in csv.DictReader((tmp_path / "report" / "report.csv").open())} == {"n/a"}
     bad = tmp_path / "bad" / "tables.toml"
     bad.parent.mkdir()
@@ -1130,11 +1173,11 @@ def test_rows_sharing_a_setting_share_runs_and_report_only_their_own_methods(tmp
                         ("fedprox", 1): 0.61, ("fedprox-big", 0): 0.55})
     md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
     first, second = md.split("## Synthetic, Dir 0.5")[1:]
-    assert "| FedProx | 51.00 ± 1.00 | 56.50 ± 4.50 | 2/2 |" in first and "FedProx μ=0.1" not in first
-    assert "| FedAvg | - | 55.00 ± 5.00 | 2/2 |" in second and "| FedProx μ=0.1 | - | 55.00 | 1/2 |" in second
+    assert "| FedProx | 51.00 ± 1.00 | 56.50 ± 6.36 | 2/2 |" in first and "FedProx μ=0.1" not in first
+    assert "| FedAvg | - | 55.00 ± 7.07 | 2/2 |" in second and "| FedProx μ=0.1 | - | 55.00 | 1/2 |" in second
     assert "| FedProx |" not in second
     assert "- fedprox-big seed 1: not run" in second and "fedprox-big" not in first
-    assert "| FedProx μ=0.1 > FedAvg | 1 | +5.00 | - | +1.00† | **not judged** |" in second
+    assert "| FedProx μ=0.1 > FedAvg | 1 | +5.00 | - | - | - | +1.00† | **not judged** |" in second
 
 
 def test_a_row_whose_runs_record_a_server_momentum_gets_its_figure(tmp_path, monkeypatch):
@@ -1203,12 +1246,12 @@ def test_the_report_says_inert_here_with_the_measured_activity(tmp_path):
                                           "rounds": 2, "inert": value < threshold}}
             (run / "summary.json").write_text(json.dumps(summary))
     md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
-    assert ("| ordering | seeds paired | mean difference | standard error | paper's difference | component activity "
-            "| verdict |") in md
-    assert "| FedInit > FedAvg | 3 | +2.00 | 0.00 | +3.00† | relaxed-init-offset 4e-05 < 0.0001 (inert) | " \
-           "**inert here** |" in md
-    assert "| FedNLR > FedAvg | 3 | +3.00 | 0.00 | +1.50† | neuron-lr-spread 0.14 ≥ 0.001 | **holds** |" in md
-    assert "| FedProx > FedAvg | 3 | +1.00 | 0.00 | +1.00 | - | **holds** |" in md
+    assert "| ordering | seeds paired | mean difference | standard error | 95% interval | smallest difference these seeds could detect | paper's difference | component activity | verdict |" in md
+    assert "| FedInit > FedAvg | 3 | +2.00 | 0.00 | [+2.00, +2.00] | 0.00 | +3.00† | relaxed-init-offset 4e-05 < " \
+           "0.0001 (inert) | **inert here** |" in md
+    assert "| FedNLR > FedAvg | 3 | +3.00 | 0.00 | [+3.00, +3.00] | 0.00 | +1.50† | neuron-lr-spread 0.14 ≥ 0.001 | " \
+           "**holds** |" in md
+    assert "| FedProx > FedAvg | 3 | +1.00 | 0.00 | [+1.00, +1.00] | 0.00 | +1.00 | - | **holds** |" in md
     assert "- FedInit > FedAvg: `relaxed_init`, measured by `relaxed-init-offset` in FedInit's runs: " in md
     assert "| Synthetic, Dir 0.5 | 2 | 0 | 0 | 0 | 1 | 0 |" in md and "**Row: 2 hold, 1 inert here.**" in md
     by_pair = {(c["better"], c["worse"]): c for c in csv.DictReader((tmp_path / "report" / "claims.csv").open())}
@@ -1227,7 +1270,7 @@ def test_the_report_says_inert_here_with_the_measured_activity(tmp_path):
         run = specs["fedinit", seed].run_dir
         (run / "summary.json").write_text(json.dumps({"status": "completed"}))
     md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
-    assert "| FedInit > FedAvg | 3 | +2.00 | 0.00 | +3.00† | activity not recorded | **holds** |" in md
+    assert "| FedInit > FedAvg | 3 | +2.00 | 0.00 | [+2.00, +2.00] | 0.00 | +3.00† | activity not recorded | **holds** |" in md
     by_pair = {(c["better"], c["worse"]): c for c in csv.DictReader((tmp_path / "report" / "claims.csv").open())}
     assert (by_pair["fedinit", "fedavg"]["activity_value"], by_pair["fedinit", "fedavg"]["verdict"]) == \
         (ACTIVITY_NOT_RECORDED, HOLDS)
@@ -1250,8 +1293,8 @@ def test_a_rounds_report_shows_rounds_saved(tmp_path):
                         ("fedavg", 2): [0.3, 0.4, 0.4, 0.6], ("fedprox", 0): [0.4, 0.5, 0.5, 0.5],
                         ("fedprox", 1): [0.4, 0.5, 0.5, 0.5], ("fedprox", 2): [0.4, 0.5, 0.5, 0.5]}, rounds=4)
     md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
-    # d̄ = 1, SE = 1/√3: band [−0.15, 2.15] holds zero, the paper's ∞ lies above it
-    assert "| FedProx > FedAvg | 3 | +1.00 | 0.58 | +∞ | **smaller than the paper's** |" in md
+    # d̄ = 1, SE = 1/√3: the 95% interval [−1.48, 3.48] holds zero, the paper's ∞ lies above it
+    assert "| FedProx > FedAvg | 3 | +1.00 | 0.58 | [-1.48, +3.48] | 2.48 | +∞ | **smaller than the paper's** |" in md
     (claim,) = csv.DictReader((tmp_path / "report" / "claims.csv").open())
     assert (claim["differences"], claim["paper_difference"], claim["verdict"]) == \
         ("1.0000 0.0000 2.0000", "inf", SMALLER_THAN_PAPERS)

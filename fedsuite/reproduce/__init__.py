@@ -29,23 +29,27 @@ from fedsuite.reproduce.queue import (ReproduceError, check_recorded, completed,
                                       queue_and_report)
 from fedsuite.reproduce.report import write_report
 from fedsuite.reproduce.tables import SCALES, Target, load_targets, plan
+from fedsuite.reproduce.verdicts import DEFAULT_CONFIDENCE
 
 
 def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequence[str] | None,
                   seeds: Sequence[int] | None, scale: str, jobs: int, output_dir: Path, data_root: str | None,
                   placement: Sequence[str], tables: Sequence[Path], report_only: bool,
-                  console, retry_failed: bool = False) -> int:
+                  console, retry_failed: bool = False, confidence: float = DEFAULT_CONFIDENCE) -> int:
     """The command (``target_name`` ``list``: the targets): plan, check, queue, report. Returns the
     exit code (0 every run completed, 1 a run did not, 130 interrupted); raises
     :class:`ReproduceError` for bad input (exit 2, nothing started): among it a run on disk that is
     not the run the target asks for (its config changed since, e.g. by a ``--tables`` file that
     replaces the target: ``fedsuite.reproduce.queue.check_recorded``), also with ``--report``, which
     would read it as the target's. A failed run is named at the start and left as it is, or run
-    again with ``retry_failed`` (``--retry-failed``)."""
+    again with ``retry_failed`` (``--retry-failed``). The report judges each claimed ordering at
+    ``confidence`` (``--confidence``: :mod:`fedsuite.reproduce.verdicts`)."""
     if scale not in SCALES:
         raise ReproduceError(f"unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
     if jobs < 1:
         raise ReproduceError(f"--jobs must be at least 1, got {jobs}")
+    if not 0.0 < confidence < 1.0:  # NaN too
+        raise ReproduceError(f"--confidence must lie strictly between 0 and 1 (0.95: a 95% t-interval), got {confidence}")
     if report_only and retry_failed:
         raise ReproduceError("--report only writes the report; --retry-failed belongs to a queue that runs")
     problem = rundir.folder_problem(output_dir)
@@ -62,7 +66,7 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
     report_dir = (output_dir / target.paper_key / scale / target.name).resolve()
     if report_only:
         check_recorded(specs, other_folder("another --output-dir"))
-        path = write_report(target, specs, scale, report_dir)
+        path = write_report(target, specs, scale, report_dir, confidence)
         console.print(f"report -> {path}")
         return 0
     # the checks, simulate's for every run among them: nothing starts unless they pass
@@ -72,7 +76,7 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
                                 f"{report_dir.parent}"))
     name_failed(specs, retry_failed, console)
     return queue_and_report(specs, jobs, placement, console,
-                            lambda: write_report(target, specs, scale, report_dir), retry_failed)
+                            lambda: write_report(target, specs, scale, report_dir, confidence), retry_failed)
 
 
 def print_targets(targets: dict[str, Target], console) -> None:

@@ -2,7 +2,7 @@
 
 :func:`write_report` (``fedsuite reproduce``'s last step, and ``--report`` alone) writes, for the
 runs of a target (:func:`fedsuite.reproduce.tables.plan`), per cell the published value, the
-obtained mean ± std over the completed seeds (each run's reading: ``fedsuite.results.run_value``,
+obtained mean ± sample std over the completed seeds (each run's reading: ``fedsuite.results.run_value``,
 the same as ``sweep``'s and a search's; a cell's: :func:`aggregate`), the mean best accuracy, their
 difference (paper scale only) and, per row, each ordering the paper claims judged on the
 differences paired by seed against the paper's own difference for the cell
@@ -10,7 +10,7 @@ differences paired by seed against the paper's own difference for the cell
 ordering, with how much it acted in the better method's runs, read from their ``summary.json``:
 ``fedsuite.activity``); as ``report.md``, ``report.csv`` (cells) and ``claims.csv``
 (orderings), plus one accuracy-versus-round figure per row (mean over
-seeds with a ± std band, ``fedsuite.plots.plot_groups``) and, where the row's runs record a server
+seeds with a ± sample std band, ``fedsuite.plots.plot_groups``) and, where the row's runs record a server
 momentum (FedCM, MoFedSAM, FedMRUR), its ‖m‖ and d_t (``fedsuite.plots.plot_server_momentum``).
 Runs that did not complete are left out of the numbers and named under their row. The report names
 the code and hardware that produced the runs in its numbers (``fedsuite.provenance.report_lines``:
@@ -31,9 +31,9 @@ import numpy as np
 
 from fedsuite import registry, rundir
 from fedsuite.reproduce.tables import Row, RunSpec, Target
-from fedsuite.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, HOLDS, INERT_HERE, NOT_JUDGED,
-                                         REVERSED, SMALLER_THAN_PAPERS, VERDICT_RULE, VERDICTS, Activity, claims,
-                                         verdict)
+from fedsuite.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, DEFAULT_CONFIDENCE, HOLDS,
+                                         INERT_HERE, NOT_JUDGED, REVERSED, SMALLER_THAN_PAPERS, VERDICTS, Activity,
+                                         check_confidence, claims, verdict, verdict_rule)
 from fedsuite.plots import has_server_momentum, plot_claims, plot_groups, plot_server_momentum
 from fedsuite.provenance import report_lines, run_summaries
 from fedsuite.results import best_accuracy, evaluations, momentum_loop_limit, run_value, write_atomically
@@ -42,22 +42,29 @@ from fedsuite.rundir import read_metrics
 
 def aggregate(values: Sequence[float], tails: Sequence[Sequence[float]] = (), metric: str = "accuracy",
               spread: str = "seeds") -> tuple[float | None, float | None]:
-    """(mean, std) of a cell over its seeds' run values. ``accuracy``: the mean of the values; the
-    std over the seeds (``spread="seeds"``, population std, None with fewer than 2 seeds) or over
-    all seeds' last evaluations pooled (``spread="pooled"``, the paper's ± of FedMR and FedNLR).
-    ``rounds``: mean and std over the seeds that reached the target; ``inf`` if none did."""
+    """(mean, sample std) of a cell over its seeds' run values. Every std here is the sample
+    standard deviation (n − 1 in the denominator, :func:`sample_std`; None with fewer than two
+    values). ``accuracy``: the mean of the values; the std over the seeds (``spread="seeds"``) or
+    over all seeds' last evaluations pooled (``spread="pooled"``, the paper's ± of FedMR and
+    FedNLR). ``rounds``: mean and std over the seeds that reached the target; ``inf`` if none did."""
     if not values:
         return None, None
     if metric == "rounds":
         reached = [v for v in values if math.isfinite(v)]
         if not reached:
             return math.inf, None
-        return float(np.mean(reached)), (float(np.std(reached)) if len(reached) > 1 else None)
+        return float(np.mean(reached)), sample_std(reached)
     mean = float(np.mean(values))
     if spread == "pooled":
         pooled = [v for tail in tails for v in tail]
-        return mean, (float(np.std(pooled)) if len(pooled) > 1 else None)
-    return mean, (float(np.std(values)) if len(values) > 1 else None)
+        return mean, sample_std(pooled)
+    return mean, sample_std(values)
+
+
+def sample_std(values: Sequence[float]) -> float | None:
+    """The sample standard deviation sqrt(Σ (v − v̄)² / (n − 1)) of ``values``; None for n < 2
+    (one value has no spread). The one spread every report, sweep and summary of fedsuite prints."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else None
 
 
 def _fmt(value: float | None, std: float | None = None, metric: str = "accuracy") -> str:
@@ -91,10 +98,12 @@ def _row_specs(specs: Sequence[RunSpec], row: Row) -> list[RunSpec]:
     return [s for s in specs if s.row.setting == row.setting and (row.methods is None or s.method in row.methods)]
 
 
-def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[str, Any]]:
-    """Per row: its cells (published, obtained mean ± std over the completed seeds, best accuracy,
-    difference at paper scale), its claims (with the activity of the component that distinguishes
-    each, where the row names one) and verdict, and the curves of its completed runs."""
+def collect(target: Target, specs: Sequence[RunSpec], scale: str,
+            confidence: float = DEFAULT_CONFIDENCE) -> list[dict[str, Any]]:
+    """Per row: its cells (published, obtained mean ± sample std over the completed seeds, best
+    accuracy, difference at paper scale), its claims judged at ``confidence`` (with the activity of
+    the component that distinguishes each, where the row names one) and verdict, and the curves of
+    its completed runs."""
     known = registry.components()
     rows = []
     for row in target.rows:
@@ -141,7 +150,7 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str) -> list[dict[s
                             higher_is_better=target.metric == "accuracy", stated=row.claims,
                             nearest=row.paper_differences,
                             components={pair: known[name] for pair, name in row.components.items()},
-                            activity=activity)
+                            activity=activity, confidence=confidence)
         rows.append({"row": row, "cells": cells, "claims": row_claims, "verdict": verdict(row_claims),
                      "curves": curves, "target_accuracy": acc})
     return rows
@@ -154,18 +163,24 @@ def _signed(value: float, metric: str) -> str:
     return f"{value:+.0f}" if metric == "rounds" else f"{value:+.2f}"
 
 
-def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: Path) -> Path:
+def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: Path,
+                 confidence: float = DEFAULT_CONFIDENCE) -> Path:
     """Write ``report.md``, ``report.csv`` (one line per cell), ``claims.csv`` (one line per claimed
-    ordering: its paired differences, the paper's difference (with the nearest cell it comes from
+    ordering: its paired differences, their mean, standard error and t-interval at ``confidence``
+    (``confidence``, ``interval_low``, ``interval_high``, ``half_width``: the smallest difference
+    the seeds could detect), the paper's difference (with the nearest cell it comes from
     where the row's own cell is not published: ``paper_difference_source``, empty otherwise), the
     component that distinguishes it with its measure, value and threshold (empty where the row
     names none) and the verdict), ``<row>.png`` (accuracy vs round, band over seeds),
     ``<row>-momentum.png`` where the row's runs record a server momentum
     (:func:`fedsuite.plots.plot_server_momentum`) and
-    ``claims.png`` (every claimed ordering's paired differences and mean ± 2 SE beside the paper's
-    difference, :func:`fedsuite.plots.plot_claims`) into ``folder``; returns the Markdown path."""
+    ``claims.png`` (every claimed ordering's paired differences and their mean with its t-interval
+    beside the paper's difference, :func:`fedsuite.plots.plot_claims`) into ``folder``; returns the
+    Markdown path. Every spread is the sample standard deviation (:func:`sample_std`)."""
+    check_confidence(confidence)
+    level = f"{100 * confidence:g}%"
     folder.mkdir(parents=True, exist_ok=True)
-    data = collect(target, specs, scale)
+    data = collect(target, specs, scale, confidence)
     unit = "rounds to target" if target.metric == "rounds" else "test accuracy (%)"
     md = [f"# {target.name}: {target.title}", "",
           f"{target.paper}. Published numbers: {target.source}. Scale: **{scale}**.", ""]
@@ -177,12 +192,12 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                f"(difference: n/a); the paper's difference beside each ordering is the one it measured in its own "
                f"setting.** {target.cpu_note}", ""]
     md += [f"Reading: {target.note}" if target.note else "", "",
-           "Obtained = mean ± std over the completed seeds of each run's "
+           "Obtained = mean ± sample std (n − 1) over the completed seeds of each run's "
            + ("first round reaching the row's target (∞: never)" if target.metric == "rounds" else
               f"mean of its last {target.last} evaluations (std: "
               + ("pooled over those evaluations of all seeds" if target.spread == "pooled" else "over seeds")
               + ")") + "; best = mean over seeds of each run's best evaluation.", "",
-          VERDICT_RULE, "",
+          verdict_rule(confidence), "",
           "| row | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * len(VERDICTS)]
     for d in data:
         md.append(f"| {d['row'].label} | " + " | ".join(
@@ -190,15 +205,15 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
     csv_rows, claim_rows = [], []
     unit_short = "rounds" if target.metric == "rounds" else "points"
     orderings = [{"label": f"{target.methods[c.better][0]} > {target.methods[c.worse][0]}  [{d['row'].name}]",
-                  "differences": [c.differences[s] for s in sorted(c.differences)], "mean": c.result[0],
-                  "se": c.result[1], "paper": c.paper_difference, "verdict": c.verdict,
+                  "differences": [c.differences[s] for s in sorted(c.differences)], "mean": c.result.mean,
+                  "half_width": c.result.half_width, "paper": c.paper_difference, "verdict": c.verdict,
                   "colour": VERDICT_COLOURS[c.verdict]} for d in data for c in d["claims"]]
     if orderings:
         write_atomically(folder / "claims.png", lambda tmp: plot_claims(
-            orderings, tmp, unit="rounds saved" if target.metric == "rounds" else "points",
+            orderings, tmp, unit="rounds saved" if target.metric == "rounds" else "points", level=level,
             title=f"{target.name} ({scale} scale): the claimed orderings against the paper's differences"))
-        md += ["", "![the claimed orderings: each seed's difference, their mean ± 2 SE, the paper's difference]"
-                   "(claims.png)"]
+        md += ["", f"![the claimed orderings: each seed's difference, their mean with its {level} t-interval, the "
+                   "paper's difference](claims.png)"]
     for d in data:
         row = d["row"]
         md += ["", f"## {row.label}" + (f" (target {d['target_accuracy']:g}%)" if d["target_accuracy"] else ""), ""]
@@ -217,7 +232,7 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
             csv_rows.append({
                 "target": target.name, "scale": scale, "row": row.name, "method": m,
                 "published_mean": pub[0] if pub else "", "published_std": pub[1] if pub and pub[1] is not None else "",
-                "obtained_mean": "" if c["mean"] is None else c["mean"], "obtained_std": "" if c["std"] is None else c["std"],
+                "obtained_mean": "" if c["mean"] is None else c["mean"], "obtained_sample_std": "" if c["std"] is None else c["std"],
                 "seeds_completed": c["seeds"], "seeds_planned": c["planned"], "best_mean": "" if c["best"] is None else c["best"],
                 "difference": "n/a" if not_paper else ("" if c["diff"] is None else c["diff"]),
                 "row_verdict": d["verdict"]})
@@ -231,17 +246,20 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
         # the activity column where the row names the component that distinguishes an ordering
         with_activity = any(c.activity is not None for c in d["claims"])
         if d["claims"]:
-            md += ["| ordering | seeds paired | mean difference | standard error | paper's difference | "
+            md += [f"| ordering | seeds paired | mean difference | standard error | {level} interval | "
+                   "smallest difference these seeds could detect | paper's difference | "
                    + ("component activity | " if with_activity else "") + "verdict |",
-                   "|---|---|---|---|---|---|" + ("---|" if with_activity else "")]
+                   "|---|---|---|---|---|---|---|---|" + ("---|" if with_activity else "")]
         nearest, measures = [], []
         for c in d["claims"]:
-            mean, se, word = c.result
+            mean, se, half, word = c.result
             label = f"{target.methods[c.better][0]} > {target.methods[c.worse][0]}"
             paper = _signed(c.paper_difference, target.metric) + ("†" if c.paper_source else "")
             acted = "" if not with_activity else ("- | " if c.activity is None else f"{c.activity.describe()} | ")
             md.append(f"| {label} | {len(c.differences)} | {'-' if mean is None else f'{mean:+.2f}'} | "
-                      f"{'-' if se is None else f'{se:.2f}'} | {paper} | {acted}**{word}** |")
+                      f"{'-' if se is None else f'{se:.2f}'} | "
+                      f"{'-' if half is None else f'[{mean - half:+.2f}, {mean + half:+.2f}]'} | "
+                      f"{'-' if half is None else f'{half:.2f}'} | {paper} | {acted}**{word}** |")
             if c.paper_source:
                 nearest.append(f"- {label}: {c.paper_source}")
             if c.activity is not None:
@@ -254,6 +272,10 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
                                "differences": " ".join(f"{c.differences[s]:.4f}" for s in sorted(c.differences)),
                                "mean_difference": "" if mean is None else mean,
                                "standard_error": "" if se is None else se,
+                               "confidence": confidence,
+                               "interval_low": "" if half is None else mean - half,
+                               "interval_high": "" if half is None else mean + half,
+                               "half_width": "" if half is None else half,
                                # the published numbers have two decimals: no float noise (3.4200000000000017)
                                "paper_difference": round(c.paper_difference, 6),
                                "paper_difference_source": c.paper_source,
@@ -286,10 +308,11 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
             md += ["", f"![{row.label}: the server momentum, ‖m‖ and d_t]({png.name})"]
     write_atomically(folder / "report.md", lambda tmp: tmp.write_text("\n".join(md) + "\n"))
     _write_csv(folder / "report.csv", csv_rows, ["target", "scale", "row", "method", "published_mean", "published_std",
-                                                 "obtained_mean", "obtained_std", "seeds_completed", "seeds_planned",
+                                                 "obtained_mean", "obtained_sample_std", "seeds_completed", "seeds_planned",
                                                  "best_mean", "difference", "row_verdict"])
     _write_csv(folder / "claims.csv", claim_rows, ["target", "scale", "row", "better", "worse", "seeds_paired", "seeds",
                                                    "differences", "mean_difference", "standard_error",
+                                                   "confidence", "interval_low", "interval_high", "half_width",
                                                    "paper_difference", "paper_difference_source", "component",
                                                    "activity_measure", "activity_value", "activity_threshold",
                                                    "verdict"])
