@@ -304,9 +304,11 @@ def test_federation_across_network_namespaces(federation):
     assert '"POST /v1/fleet/pull-messages HTTP/1.1" 200' in fleet and '"POST /v1/fleet/push-messages' in fleet
     # ... within the gateway's default limits: nothing refused for size, rate or slowness
     assert not [line for line in fleet.splitlines() if '" 413 ' in line or '" 503 ' in line or '" 408 ' in line], fleet
-    # an unregistered SuperNode is refused: it exits with Flower's connection error, never gets a node id
+    # an unregistered SuperNode is refused: it logs Flower's connection error (Exit Code: 305) and,
+    # as Flower exits for every error code, exits with status 1; it never gets a node id
     rogue_log = (run_dir / "supernode-rogue.log").read_text()
-    assert fed.codes["rogue"] != 0 and "Failed to initialize the connection to the SuperLink" in rogue_log, rogue_log
+    assert fed.codes["rogue"] == 1 and "Failed to initialize the connection to the SuperLink" in rogue_log, rogue_log
+    assert "Exit Code: 305" in rogue_log and "Failed to activate SuperNode" in rogue_log, rogue_log
     # without the CA certificate, TLS cannot verify the gateway: neither a SuperNode nor the CLI connects
     noca_log = (run_dir / "supernode-noca.log").read_text()
     assert fed.codes["noca"] != 0 and "CERTIFICATE_VERIFY_FAILED" in noca_log, noca_log
