@@ -460,9 +460,18 @@ def gateway(
     workdir: Optional[Path] = typer.Option(None, "--dir", help="folder for nginx.conf, its pid file and logs "
                                            "(default: CREDENTIALS/../gateway)"),
     print_config: bool = typer.Option(False, "--print-config", help="print the nginx configuration and exit"),
+    max_body: Optional[str] = typer.Option(None, "--max-body", help="largest request body, e.g. 8m (default: "
+                                           "one of Flower's 5 MiB array chunks + 3 MiB); larger gets 413"),
+    max_conns: int = typer.Option(32, "--max-conns", help="requests in progress at once per client address "
+                                  "(more get 503, which SuperNodes retry)"),
+    max_rate: int = typer.Option(100, "--max-rate", help="requests a second per client address, burst twice "
+                                 "that (more get 503, which SuperNodes retry)"),
+    body_timeout: int = typer.Option(60, "--body-timeout", help="seconds a client may send nothing of its "
+                                     "request (then 408), or read nothing of its response"),
 ) -> None:
     """Publish the SuperLink's Fleet API alone, over TLS, through nginx: SuperNodes connect here; the
-    Control API (flwr run, flwr supernode register) stays on the SuperLink's machine."""
+    Control API (flwr run, flwr supernode register) stays on the SuperLink's machine. Bodies, requests
+    per client address and slow clients are bounded before anything reaches the SuperLink."""
     import os
 
     from fedsuite import gateway as gw
@@ -471,10 +480,11 @@ def gateway(
     creds = Credentials(credentials)
     folder = workdir or credentials.resolve().parent / "gateway"
     try:
+        limits = gw.Limits(None if max_body is None else gw.parse_size(max_body), max_conns, max_rate, body_timeout)
         if print_config:
-            print(gw.nginx_config(creds, listen, superlink, folder, superlink_name), end="")
+            print(gw.nginx_config(creds, listen, superlink, folder, superlink_name, limits), end="")
             return
-        command = gw.prepare(creds, listen, superlink, folder, superlink_name)
+        command = gw.prepare(creds, listen, superlink, folder, superlink_name, limits)
     except (gw.GatewayError, CertError, OSError) as exc:
         fail(str(exc))
     print(f"gateway: {listen} -> Fleet API of {superlink} (nginx, {folder / 'nginx.conf'})", flush=True)

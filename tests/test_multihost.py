@@ -302,9 +302,13 @@ def test_federation_across_network_namespaces(federation):
     # the SuperNodes reached the SuperLink through the gateway, on the Fleet API only
     fleet = (run_dir.parent / "gateway" / "access.log").read_text()
     assert '"POST /v1/fleet/pull-messages HTTP/1.1" 200' in fleet and '"POST /v1/fleet/push-messages' in fleet
-    # an unregistered SuperNode is refused: it exits with Flower's connection error, never gets a node id
+    # ... within the gateway's default limits: nothing refused for size, rate or slowness
+    assert not [line for line in fleet.splitlines() if '" 413 ' in line or '" 503 ' in line or '" 408 ' in line], fleet
+    # an unregistered SuperNode is refused: it logs Flower's connection error (Exit Code: 305) and,
+    # as Flower exits for every error code, exits with status 1; it never gets a node id
     rogue_log = (run_dir / "supernode-rogue.log").read_text()
-    assert fed.codes["rogue"] != 0 and "Failed to initialize the connection to the SuperLink" in rogue_log, rogue_log
+    assert fed.codes["rogue"] == 1 and "Failed to initialize the connection to the SuperLink" in rogue_log, rogue_log
+    assert "Exit Code: 305" in rogue_log and "Failed to activate SuperNode" in rogue_log, rogue_log
     # without the CA certificate, TLS cannot verify the gateway: neither a SuperNode nor the CLI connects
     noca_log = (run_dir / "supernode-noca.log").read_text()
     assert fed.codes["noca"] != 0 and "CERTIFICATE_VERIFY_FAILED" in noca_log, noca_log
@@ -588,7 +592,7 @@ def test_the_gateway_passes_the_fleet_api_alone_and_reads_no_private_key_but_its
                  "/v1/fleet/get-run?x=1", "/v1/fleet//get-run", "/v1/runtime/acquire-task", "/v1/fleet/"):
         assert not rule.match(path), path
     if shutil.which("nginx") or os.access("/usr/sbin/nginx", os.X_OK):
-        command = gateway.prepare(creds, "127.0.0.1:19093", "127.0.0.1:19092", tmp_path / "gw")
+        command = gateway.prepare(creds, "127.0.0.1:19093", "127.0.0.1:19092", tmp_path / "gw", check=False)
         test = subprocess.run([*command, "-t"], capture_output=True, text=True)
         assert test.returncode == 0 and "syntax is ok" in test.stderr, test.stderr
     for args, message in ((["--listen", "nowhere"], "--listen: expected HOST:PORT"),
