@@ -265,13 +265,27 @@ def first_line(doc: Optional[str]) -> str:
 @app.command("list", cls=OneLineUsageCommand)
 def list_(
     what: Optional[str] = typer.Argument(None, click_type=Names(LISTS), help="the list to print (default: all)"),
+    name: Optional[str] = typer.Argument(None, click_type=Names(registry_names("methods")),
+                                         help="with strategies: this method alone"),
     markdown: bool = typer.Option(False, "--markdown", help="print Markdown tables (used for README.md)"),
 ) -> None:
-    """List the registered strategies, datasets, partitioners and models."""
+    """List the registered strategies, datasets, partitioners and models; the strategies with each
+    method's parameters (type, default, meaning, the paper's value where it differs)."""
     from fedsuite import registry
 
     if what is not None and what not in LISTS:
         fail(f"unknown list {what!r}; allowed: {', '.join(LISTS)}")
+    if name is not None and what != "strategies":
+        fail(f"a name is listed with strategies: fedsuite list strategies {name}")
+    if name is not None and name not in registry.methods():
+        fail(f"unknown strategy {name!r}; allowed: {', '.join(registry.methods())}")
+    if what == "strategies" and not markdown:  # the methods with their parameters (fedsuite.hyperparams)
+        from fedsuite.hyperparams import method_lines
+
+        for method in [name] if name is not None else registry.methods():
+            for line in method_lines(method):
+                console.print(line, soft_wrap=True)
+        return
     tables = {
         "strategies": {n: m.summary for n, m in registry.methods().items()},
         "datasets": {n: first_line(f.__doc__) for n, f in registry.datasets().items()},
@@ -279,15 +293,16 @@ def list_(
         "models": {n: first_line(f.__doc__) for n, f in registry.models().items()},
     }
     if markdown:  # the docstrings' ``x`` is a code span in Markdown too
-        for name, rows in tables.items():
-            if what in (None, name):
-                print(f"\n**{name}**\n\n| name | what |\n|---|---|")
+        for kind, rows in tables.items():
+            if what in (None, kind):
+                print(f"\n**{kind}**\n\n| name | what |\n|---|---|")
                 for key, desc in rows.items():
-                    print(f"| `{key}` | {desc} |")
+                    if name in (None, key):
+                        print(f"| `{key}` | {desc} |")
         return
-    for name, rows in tables.items():
-        if what in (None, name):
-            table = Table(title=name, show_header=False, title_justify="left")
+    for kind, rows in tables.items():
+        if what in (None, kind):
+            table = Table(title=kind, show_header=False, title_justify="left")
             table.add_column(style="bold")
             table.add_column()
             for key, desc in rows.items():

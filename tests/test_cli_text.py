@@ -235,6 +235,31 @@ def test_list_prints_plain_text_not_rst():
     assert "``<root>/MNIST/raw``" in markdown
 
 
+def test_list_strategies_shows_each_methods_parameters():
+    """A method's hyperparameters could be found only in an error message (``fedprox.mue: unknown
+    key; allowed keys here: mu``): ``fedsuite list strategies NAME`` prints each with its type, range,
+    default and meaning, read from the method's typed section, and the paper's value where the field
+    declares one that differs; a plug-in the method switches on is listed with the values it gives."""
+    result = runner.invoke(app, ["list", "strategies", "fedprox"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("fedprox: ") and "[fedprox] --set fedprox.KEY=VALUE" in lines[1]
+    assert lines[2:] == ["    mu: float, ≥ 0; default 0.01", "        proximal coefficient μ (0 = FedAvg)"]
+    fedsam = runner.invoke(app, ["list", "strategies", "fedsam"]).stdout
+    assert "    rho: float, ≥ 0; default 0.5\n" in fedsam
+    assert "        the paper's value: 0.1 (the FedInit paper, Table 7)\n" in fedsam
+    fedinit = runner.invoke(app, ["list", "strategies", "fedinit"]).stdout
+    assert "[relaxed_init] the plug-in fedinit switches on (beta = 0.1)" in fedinit
+    assert "    beta: float or unset; default 0.1\n" in fedinit
+    assert "no parameters of its own" in runner.invoke(app, ["list", "strategies", "fedavg"]).stdout
+    every = runner.invoke(app, ["list", "strategies"]).stdout  # every method, each with its parameters
+    assert "    mu: float, ≥ 0; default 0.01" in every and "    granularity: one of \"tensor\", \"module\"" in every
+    for args, words in ((["list", "strategies", "fedprx"], "unknown strategy 'fedprx'; allowed: "),
+                        (["list", "datasets", "fedprox"], "a name is listed with strategies")):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and words in result.output, result.output
+
+
 # ------------------------------------------------------------------------------------------------
 # one spelling per idea: -h, --output-dir, --data-root, --engine, --out, --seeds, --last
 # ------------------------------------------------------------------------------------------------

@@ -155,15 +155,30 @@ def test_fedsuite_list_points_at_nothing_outside_the_repository():
     partitioner and model), and each method's paper and hyperparameter descriptions."""
     from fedsuite import registry
     from fedsuite.cli import first_line
+    from fedsuite.hyperparams import paper_value
 
     texts = {}
     for name, method in registry.methods().items():
         texts[f"method {name}"] = " ".join([method.summary, method.paper, *(
-            field.description or "" for field in method.params.model_fields.values())])
+            f"{field.description or ''} {paper_value(field)}" for field in method.params.model_fields.values())])
     for kind in ("datasets", "partitioners", "models"):
         for name, fn in getattr(registry, kind)().items():
             texts[f"{kind} {name}"] = first_line(fn.__doc__)
     for name, params in registry.plugins().items():
-        texts[f"plug-in {name}"] = " ".join(field.description or "" for field in params.model_fields.values())
+        texts[f"plug-in {name}"] = " ".join(f"{field.description or ''} {paper_value(field)}"
+                                            for field in params.model_fields.values())
     found = [f"{where}: {f}" for where, text in texts.items() for f in foreign_references(text)]
     assert not found, "; ".join(found)
+
+
+def test_the_methods_parameters_page_is_current():
+    """docs/methods/parameters.md is written from the methods' and plug-ins' typed sections
+    (``python -m fedsuite.hyperparams``), the source ``fedsuite list strategies`` prints: regenerated
+    here, it must equal the page (a parameter added, renamed or given another default changes both)."""
+    from fedsuite.hyperparams import markdown
+
+    page = ROOT / "docs" / "methods" / "parameters.md"
+    assert page.read_text() == markdown(), ("docs/methods/parameters.md is out of date: "
+                                            "python -m fedsuite.hyperparams > docs/methods/parameters.md")
+    for key in ("`fedprox.mu`", "`fedsam.rho`", "`relaxed_init.beta`", "`neuron_lr.preset`"):
+        assert f"| {key} |" in page.read_text()
