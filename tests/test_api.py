@@ -138,9 +138,9 @@ def test_simulate_equals_fedsuite_simulate_from_the_cli_bit_for_bit(api_run, swe
 
 
 @pytest.mark.parametrize(("settings", "line"), [
-    ({"roundz": 3}, "config: roundz: unknown key; allowed keys here: alpha, "),
+    ({"roundz": 3}, "config: roundz: unknown key; did you mean 'rounds'? allowed keys here: alpha, "),
     ({"rounds": 0}, "config: rounds: Input should be greater than or equal to 1 (got 0)"),
-    ({"strategy": "fedprox", "fedprox": {"muu": 1}}, "config: fedprox.muu: unknown key; allowed keys here: mu"),
+    ({"strategy": "fedprox", "fedprox": {"muu": 1}}, "config: fedprox.muu: unknown key; did you mean 'mu'? allowed keys here: mu"),
     ({"strategy": "fedprox", "fedprox.mu": -1}, "config: fedprox.mu: Input should be greater than or equal to 0 (got -1)"),
     ({"strategy": "nope"}, "config: unknown strategy 'nope'; allowed: ccvr, "),
 ])
@@ -350,4 +350,4 @@ def test_the_guide_runs_as_written(tmp_path, monkeypatch, capsys):
     assert "['strategy', 'lr']" in printed
     last = namespace["last"]
     assert sorted(last["lr"]) == [0.02, 0.1] and set(last["round"]) == {3}
-    assert "config: local_epoch: unknown key; allowed keys here: " in printed
+    assert "config: local_epoch: unknown key; did you mean 'local_epochs'? allowed keys here: " in printed

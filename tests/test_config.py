@@ -50,7 +50,10 @@ def test_a_parsed_file_or_value_is_the_callers_own_and_an_edited_file_is_read_ag
 @pytest.mark.parametrize(
     ("overrides", "fragment"),
     [
-        (["roundz=3"], "roundz: unknown key; allowed keys here:"),
+        (["roundz=3"], "roundz: unknown key; did you mean 'rounds'? allowed keys here:"),
+        (["round=3"], "round: unknown key; did you mean 'rounds'? allowed keys here: alpha, "),
+        (["fedprox.mue=0.1"], "fedprox.mue: unknown key; did you mean 'mu'? allowed keys here: mu"),
+        (["zzzz=1"], "zzzz: unknown key; allowed keys here: alpha, "),
         (["rounds=abc"], "rounds: Input should be a valid integer"),
         (["rounds=0"], "rounds: Input should be greater than or equal to 1"),
         (["fraction=1.5"], "fraction: Input should be less than or equal to 1"),
