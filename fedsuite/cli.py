@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import signal
 import sys
@@ -320,6 +319,7 @@ def partition(
     classes_per_client: Optional[int] = CLASSES_PER_CLIENT_OPTION,
     num_clients: Optional[int] = NUM_CLIENTS_OPTION,
     seed: Optional[int] = typer.Option(None, help="random seed (fixes the partition)"),
+    data_root: Optional[str] = DATA_ROOT_OPTION,
     out: Path = typer.Option(Path("partition.png"), "--out", help="the file the label-histogram plot is saved to "
                              f"({', '.join(FIGURE_SUFFIXES)}; no suffix: .png)"),
     show: int = typer.Option(20, min=0, help="clients shown in the table"),
@@ -335,7 +335,8 @@ def partition(
     from fedsuite.plots import PARTITION_BARS_MAX, plot_partition
 
     values = _common_values(dataset=dataset, partitioner=partitioner, alpha=alpha,
-                            classes_per_client=classes_per_client, num_clients=num_clients, seed=seed)
+                            classes_per_client=classes_per_client, num_clients=num_clients, seed=seed,
+                            data_root=data_root)
     try:
         cfg = build_config(config, set_, values)
         bundle = runtime.load_bundle(cfg)
@@ -369,7 +370,8 @@ def partition(
 
 @app.command(cls=OneLineUsageCommand)
 def report(
-    run_dirs: list[Path] = typer.Argument(..., help="run directories (several seeds of one setting are grouped)"),
+    run_dirs: list[Path] = typer.Argument(..., help="run directories, or folders searched for runs at any depth "
+                                          "(runs/, a sweep's folder); several seeds of one setting are grouped"),
     target: Optional[float] = typer.Option(None, help="target accuracy in %, for rounds-to-target"),
     last: int = LAST_OPTION,
     output_dir: Path = typer.Option(Path("report"), "--output-dir", help="the folder the report's files are "
@@ -377,34 +379,35 @@ def report(
                                     "record a server momentum; diagnostics-<run>.png per run with pool "
                                     "diagnostics)"),
 ) -> None:
-    """Table of final accuracy (mean ± std over seeds), rounds to a target, and figures; names the
-    code (fedsuite, commit, packages) and hardware that produced the runs."""
-    from fedsuite.results import ResultsError, provenance_lines, report as make_report, report_table, write_report
+    """Table of final accuracy (each run's mean of its last --last evaluations; mean ± sample std over
+    seeds), rounds to a target, and figures; names the code (fedsuite, commit, packages) and hardware
+    that produced the runs. A folder that is not a run (runs/, a sweep's folder) is searched for runs
+    at any depth."""
+    from fedsuite.results import (ResultsError, find_runs, provenance_lines, reading_text, report as make_report,
+                                  report_table, write_report)
 
     if last < 1:
         fail(f"--last must be at least 1 (the number of final evaluations averaged per run), got {last}")
     if target is not None and not (math.isfinite(target) and 0 < target <= 100):
         fail(f"--target is a test accuracy in % (0 < target <= 100), got {target:g}")
-    # a config.json that is there but is a folder or a link is the record's damage: load_run names it
-    missing = [str(d) for d in run_dirs if not os.path.lexists(d / "config.json")]
-    if missing:
-        fail(f"not fedsuite run directories (no config.json): {', '.join(missing)}")
     try:
+        run_dirs = find_runs(run_dirs)
         rows, curves = make_report(run_dirs, target=None if target is None else target / 100, last=last)
     except ResultsError as exc:
         fail(str(exc))
     check_writable_folder(output_dir.resolve(), "--output-dir")
-    headers, cells = report_table(rows, target)
+    headers, cells = report_table(rows, target, last)
     table = Table(title="fedsuite report")
     for h in headers:
         table.add_column(h)
     for row in cells:
         table.add_row(*row)
     console.print(table)
+    console.print(reading_text(last), soft_wrap=True)
     for line in provenance_lines(run_dirs):
         if line:
             console.print(line, highlight=False, soft_wrap=True)
-    figures = write_report(output_dir, run_dirs, rows, curves, headers, cells)
+    figures = write_report(output_dir, run_dirs, rows, curves, headers, cells, reading_text(last))
     console.print(f"-> {output_dir / 'report.md'}, " + ", ".join(str(f) for f in figures))
 
 

@@ -108,7 +108,9 @@ def test_simulate_returns_the_run_with_its_files_as_python_objects(api_run):
             if column in row:
                 assert cell == row[column], (row["round"], column)
             else:  # round 0 is the initial model's evaluation: no training columns
-                assert row["round"] == 0 and isinstance(cell, float) and math.isnan(cell), column
+                assert row["round"] == 0 and (cell is pd.NA or isinstance(cell, float) and math.isnan(cell)), column
+    for column in ("round", "bytes_sent", "bytes_received", "failed"):  # integers stay integers
+        assert pd.api.types.is_integer_dtype(run.metrics[column]), (column, run.metrics[column].dtype)
     assert run.summary == json.loads((run.dir / "summary.json").read_text())
     assert run.config == json.loads((run.dir / "config.json").read_text())
     assert {k: run.config[k] for k in FAST} == FAST
@@ -281,6 +283,23 @@ def test_reading_a_folder_that_holds_no_run_is_one_line(tmp_path, api_run):
     (broken / "metrics.jsonl").write_text((run.dir / "metrics.jsonl").read_text()[:-20])  # a cut-off last line
     with pytest.raises(fedsuite.ResultsError, match=re.escape(f"{broken / 'metrics.jsonl'}, line 3: not a valid metrics row")):
         fedsuite.load_runs(tmp_path)
+
+
+def test_integer_columns_stay_integers_where_round_0_lacks_them():
+    """``run.metrics``'s ``bytes_sent`` came back as floats (1234.0): round 0 has no such column, and a
+    missing value made pandas turn the whole column to float. A column of integers stays integer
+    (nullable ``Int64`` where rows lack it); floats, lists and booleans are left as pandas reads them."""
+    from fedsuite.api import metrics_frame
+
+    rows = [{"round": 0, "test_accuracy": 0.1},
+            {"round": 1, "test_accuracy": 0.5, "bytes_sent": 2**40 + 1, "failed": 0, "cohort": [3, 1], "ok": True},
+            {"round": 2, "test_accuracy": None, "bytes_sent": 7, "failed": 2, "cohort": [0, 2], "ok": False}]
+    frame = metrics_frame(rows)
+    assert list(frame.columns) == ["round", "test_accuracy", "bytes_sent", "failed", "cohort", "ok"]
+    assert frame["round"].dtype == "int64" and frame["bytes_sent"].dtype == "Int64" == frame["failed"].dtype
+    assert frame["bytes_sent"].tolist() == [pd.NA, 2**40 + 1, 7] and frame["failed"].tolist()[1:] == [0, 2]
+    assert frame["test_accuracy"].dtype == "float64" and frame["cohort"].tolist()[1] == [3, 1]
+    assert frame["ok"].tolist()[1:] == [True, False]
 
 
 def test_import_fedsuite_imports_neither_torch_nor_flower_ray_or_pandas():

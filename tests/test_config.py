@@ -194,6 +194,19 @@ def test_cli_partition_writes_table_and_plot(tmp_path):
     assert "samples per class" in proc.stdout
 
 
+def test_cli_partition_takes_data_root(tmp_path):
+    """``fedsuite partition`` had no ``--data-root`` (simulate, sweep and reproduce have it): the data
+    is looked for where it says, and missing data names that folder."""
+    proc = run_cli("partition", "--dataset", "fmnist", "--data-root", str(tmp_path / "mydata"),
+                   "--out", str(tmp_path / "p.png"), cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert str(tmp_path / "mydata") in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    out = tmp_path / "s.png"
+    proc = run_cli("partition", "--num-clients", "6", "--data-root", str(tmp_path / "mydata"), "--out", str(out),
+                   cwd=tmp_path)
+    assert proc.returncode == 0 and out.stat().st_size > 1000, proc.stderr
+
+
 def test_the_docs_list_every_registered_name():
     """The README's methods table names every method; docs/datasets.md every dataset, partitioner
     and model (``fedsuite list --markdown`` writes those tables)."""
