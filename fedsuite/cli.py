@@ -573,9 +573,11 @@ def reproduce(
     methods: Optional[list[str]] = typer.Option(None, "--methods", help="only these methods (columns)"),
     seeds: Optional[list[str]] = typer.Option(None, "--seeds", metavar="SEEDS",
                                               help=f"seeds: {SEEDS_FORMS} (default: the target's, per scale)"),
-    scale: str = typer.Option("paper", "--scale", click_type=Names(reproduce_scales),
-                              help="paper: the paper's settings; cpu: the target's "
-                              "CPU-sized variant (orderings only)"),
+    scale: Optional[str] = typer.Option(None, "--scale", click_type=Names(reproduce_scales),
+                                        show_default="paper with a GPU or --ray-address; without a GPU, cpu where "
+                                        "the target has it, else refused",
+                                        help="paper: the paper's settings; cpu: the target's "
+                                        "CPU-sized variant (orderings only)"),
     jobs: int = typer.Option(1, "--jobs", help="simulations at once"),
     output_dir: Path = typer.Option(Path("runs/reproduce"), "--output-dir", help="parent folder of the runs and "
                                     "reports (OUTPUT_DIR/<paper>/<scale>/...)"),

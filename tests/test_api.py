@@ -109,6 +109,9 @@ def test_simulate_returns_the_run_with_its_files_as_python_objects(api_run):
                 assert cell == row[column], (row["round"], column)
             else:  # round 0 is the initial model's evaluation: no training columns
                 assert row["round"] == 0 and (cell is pd.NA or isinstance(cell, float) and math.isnan(cell)), column
+    log = (run.dir / "flower.log").read_text()  # the simulation's log (it was empty): the start, each round, the end
+    assert "fedsuite: fedavg on synthetic" in log and "fedsuite: round 1/2" in log and "fedsuite: round 2/2" in log
+    assert f"fedsuite: run completed: {run.dir}" in log, log
     for column in ("round", "bytes_sent", "bytes_received", "failed"):  # integers stay integers
         assert pd.api.types.is_integer_dtype(run.metrics[column]), (column, run.metrics[column].dtype)
     assert run.summary == json.loads((run.dir / "summary.json").read_text())
@@ -234,6 +237,34 @@ def test_ctrl_c_stops_every_process_and_raises_with_the_call_that_continues_the_
     assert rundir.state(run_dir) == "partial"
     partial = fedsuite.load_run(run_dir)
     assert partial.status == "partial" and partial.rounds_done == int(match[1]) and partial.summary == {}
+
+
+def test_ctrl_c_after_the_run_completed_is_no_interruption(setup):
+    """Ctrl-C while ``fedsuite simulate`` stops the run's processes after the last round (the
+    ServerApp has recorded the run completed) printed "interrupted ... continue the run with
+    --resume" for a complete run, exit 130: it is the run's ending, "done", exit 0."""
+    folder, toml = setup
+    run_dir = folder / "runs" / "ctrl-c-done"
+    err = folder / "ctrl-c-done.err"
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "fedsuite.cli", "simulate", "--config", str(toml),
+                                 "--output-dir", str(run_dir.parent), "--run-name", run_dir.name], env=_env(),
+                                cwd=folder, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 600
+        while rundir.summary_status(run_dir) != ("finished:completed", "") and proc.poll() is None:
+            assert time.monotonic() < deadline, "the run did not complete in time"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)  # the launcher polls summary.json every 0.25 s: it is still stopping the run
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    said = out.decode() + err.read_text()
+    assert proc.returncode == 0 and "interrupted" not in said and "--resume" not in said, said[-3000:]
+    assert f"done: final accuracy {100 * fedsuite.load_run(run_dir).summary['final_accuracy']:.2f}%" in said
+    assert rundir.state(run_dir) == "completed"
 
 
 # ------------------------------------------------------------------------------------------------
