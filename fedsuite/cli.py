@@ -157,7 +157,8 @@ def simulate(
     strategy: Optional[str] = typer.Option(None, "--strategy", "-s", click_type=Names(registry_names("methods")),
                                            help="method name (fedsuite list)"),
     config: Optional[Path] = CONFIG_OPTION,
-    set_: list[str] = typer.Option([], "--set", help="override: key=value, e.g. fedprox.mu=0.01 (repeatable)"),
+    set_: list[str] = typer.Option([], "--set", help="override: key=value, e.g. fedprox.mu=0.01 (repeatable; a "
+                                   "method's keys, types and defaults: fedsuite list strategies NAME)"),
     dataset: Optional[str] = DATASET_OPTION,
     partitioner: Optional[str] = PARTITIONER_OPTION,
     alpha: Optional[float] = ALPHA_OPTION,
