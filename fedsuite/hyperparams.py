@@ -171,8 +171,8 @@ def markdown() -> str:
     ]
     bare = []
     for name, spec in registry.methods().items():
-        sections = [s for s in method_sections(name) if not s.plugin]
-        switched = [s for s in method_sections(name) if s.plugin]
+        every = method_sections(name)
+        sections, switched = [s for s in every if not s.plugin], [s for s in every if s.plugin]
         if not sections and not switched:
             bare.append(f"`{name}`")
             continue
