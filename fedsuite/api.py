@@ -144,12 +144,20 @@ def load_run(path: str | os.PathLike) -> Run:
 
 
 def metrics_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """``metrics.jsonl``'s rows (``fedsuite.rundir.read_metrics``) as a DataFrame, ``round`` first."""
+    """``metrics.jsonl``'s rows (``fedsuite.rundir.read_metrics``) as a DataFrame, ``round`` first. A
+    column whose recorded values are all integers (``round``, ``bytes_sent``, ``failed``, a method's
+    counts) stays integer: ``int64``, or pandas' nullable ``Int64`` where some rows lack it (round 0
+    has only the evaluation's), not the floats a missing value would make of it."""
     import pandas as pd
 
     frame = pd.DataFrame(rows)
     if frame.empty:
         return pd.DataFrame({"round": pd.Series(dtype="int64")})
+    for column in frame.columns:
+        values = [row.get(column) for row in rows]
+        present = [v for v in values if v is not None]
+        if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+            frame[column] = pd.array(values, dtype="int64" if len(present) == len(values) else "Int64")
     return frame[["round", *(c for c in frame.columns if c != "round")]]
 
 
@@ -157,6 +165,8 @@ def load_runs(folder: str | os.PathLike) -> Runs:
     """Every run under ``folder`` (a sweep's folder, a reproduce output, any folder of runs, at any
     depth; ``folder`` itself if it is a run), in path order, as :class:`Runs`. A folder without a run
     is a :class:`~fedsuite.ResultsError`, and so is any run that cannot be read."""
+    from fedsuite.results import run_dirs
+
     root = Path(os.fspath(folder)).expanduser().absolute()
     if not root.is_dir():
         raise ResultsError(f"{root} is not a folder")
@@ -164,21 +174,6 @@ def load_runs(folder: str | os.PathLike) -> Runs:
     if not found:
         raise ResultsError(f"no fedsuite runs under {root} (a run's folder holds config.json)")
     return Runs(root, [load_run(d) for d in found])
-
-
-def run_dirs(root: Path) -> list[Path]:
-    """The run folders at or under ``root`` (those holding ``config.json``), sorted; a run's own
-    folders (``app``, ``client-state``, ...) and hidden folders are not searched."""
-    if (root / "config.json").is_file():
-        return [root]
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        if "config.json" in filenames:
-            found.append(Path(dirpath))
-            dirnames.clear()
-        else:
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-    return sorted(found)
 
 
 class Runs(list):

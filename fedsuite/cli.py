@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import signal
 import sys
@@ -158,7 +157,8 @@ def simulate(
     strategy: Optional[str] = typer.Option(None, "--strategy", "-s", click_type=Names(registry_names("methods")),
                                            help="method name (fedsuite list)"),
     config: Optional[Path] = CONFIG_OPTION,
-    set_: list[str] = typer.Option([], "--set", help="override: key=value, e.g. fedprox.mu=0.01 (repeatable)"),
+    set_: list[str] = typer.Option([], "--set", help="override: key=value, e.g. fedprox.mu=0.01 (repeatable; a "
+                                   "method's keys, types and defaults: fedsuite list strategies NAME)"),
     dataset: Optional[str] = DATASET_OPTION,
     partitioner: Optional[str] = PARTITIONER_OPTION,
     alpha: Optional[float] = ALPHA_OPTION,
@@ -265,13 +265,27 @@ def first_line(doc: Optional[str]) -> str:
 @app.command("list", cls=OneLineUsageCommand)
 def list_(
     what: Optional[str] = typer.Argument(None, click_type=Names(LISTS), help="the list to print (default: all)"),
+    name: Optional[str] = typer.Argument(None, click_type=Names(registry_names("methods")),
+                                         help="with strategies: this method alone"),
     markdown: bool = typer.Option(False, "--markdown", help="print Markdown tables (used for README.md)"),
 ) -> None:
-    """List the registered strategies, datasets, partitioners and models."""
+    """List the registered strategies, datasets, partitioners and models; the strategies with each
+    method's parameters (type, default, meaning, the paper's value where it differs)."""
     from fedsuite import registry
 
     if what is not None and what not in LISTS:
         fail(f"unknown list {what!r}; allowed: {', '.join(LISTS)}")
+    if name is not None and what != "strategies":
+        fail(f"a name is listed with strategies: fedsuite list strategies {name}")
+    if name is not None and name not in registry.methods():
+        fail(f"unknown strategy {name!r}; allowed: {', '.join(registry.methods())}")
+    if what == "strategies" and not markdown:  # the methods with their parameters (fedsuite.hyperparams)
+        from fedsuite.hyperparams import method_lines
+
+        for method in [name] if name is not None else registry.methods():
+            for line in method_lines(method):
+                console.print(line, soft_wrap=True)
+        return
     tables = {
         "strategies": {n: m.summary for n, m in registry.methods().items()},
         "datasets": {n: first_line(f.__doc__) for n, f in registry.datasets().items()},
@@ -279,15 +293,16 @@ def list_(
         "models": {n: first_line(f.__doc__) for n, f in registry.models().items()},
     }
     if markdown:  # the docstrings' ``x`` is a code span in Markdown too
-        for name, rows in tables.items():
-            if what in (None, name):
-                print(f"\n**{name}**\n\n| name | what |\n|---|---|")
+        for kind, rows in tables.items():
+            if what in (None, kind):
+                print(f"\n**{kind}**\n\n| name | what |\n|---|---|")
                 for key, desc in rows.items():
-                    print(f"| `{key}` | {desc} |")
+                    if name in (None, key):
+                        print(f"| `{key}` | {desc} |")
         return
-    for name, rows in tables.items():
-        if what in (None, name):
-            table = Table(title=name, show_header=False, title_justify="left")
+    for kind, rows in tables.items():
+        if what in (None, kind):
+            table = Table(title=kind, show_header=False, title_justify="left")
             table.add_column(style="bold")
             table.add_column()
             for key, desc in rows.items():
@@ -305,6 +320,7 @@ def partition(
     classes_per_client: Optional[int] = CLASSES_PER_CLIENT_OPTION,
     num_clients: Optional[int] = NUM_CLIENTS_OPTION,
     seed: Optional[int] = typer.Option(None, help="random seed (fixes the partition)"),
+    data_root: Optional[str] = DATA_ROOT_OPTION,
     out: Path = typer.Option(Path("partition.png"), "--out", help="the file the label-histogram plot is saved to "
                              f"({', '.join(FIGURE_SUFFIXES)}; no suffix: .png)"),
     show: int = typer.Option(20, min=0, help="clients shown in the table"),
@@ -320,7 +336,8 @@ def partition(
     from fedsuite.plots import PARTITION_BARS_MAX, plot_partition
 
     values = _common_values(dataset=dataset, partitioner=partitioner, alpha=alpha,
-                            classes_per_client=classes_per_client, num_clients=num_clients, seed=seed)
+                            classes_per_client=classes_per_client, num_clients=num_clients, seed=seed,
+                            data_root=data_root)
     try:
         cfg = build_config(config, set_, values)
         bundle = runtime.load_bundle(cfg)
@@ -354,7 +371,8 @@ def partition(
 
 @app.command(cls=OneLineUsageCommand)
 def report(
-    run_dirs: list[Path] = typer.Argument(..., help="run directories (several seeds of one setting are grouped)"),
+    run_dirs: list[Path] = typer.Argument(..., help="run directories, or folders searched for runs at any depth "
+                                          "(runs/, a sweep's folder); several seeds of one setting are grouped"),
     target: Optional[float] = typer.Option(None, help="target accuracy in %, for rounds-to-target"),
     last: int = LAST_OPTION,
     output_dir: Path = typer.Option(Path("report"), "--output-dir", help="the folder the report's files are "
@@ -362,34 +380,35 @@ def report(
                                     "record a server momentum; diagnostics-<run>.png per run with pool "
                                     "diagnostics)"),
 ) -> None:
-    """Table of final accuracy (mean ± std over seeds), rounds to a target, and figures; names the
-    code (fedsuite, commit, packages) and hardware that produced the runs."""
-    from fedsuite.results import ResultsError, provenance_lines, report as make_report, report_table, write_report
+    """Table of final accuracy (each run's mean of its last --last evaluations; mean ± sample std over
+    seeds), rounds to a target, and figures; names the code (fedsuite, commit, packages) and hardware
+    that produced the runs. A folder that is not a run (runs/, a sweep's folder) is searched for runs
+    at any depth."""
+    from fedsuite.results import (ResultsError, find_runs, provenance_lines, reading_text, report as make_report,
+                                  report_table, write_report)
 
     if last < 1:
         fail(f"--last must be at least 1 (the number of final evaluations averaged per run), got {last}")
     if target is not None and not (math.isfinite(target) and 0 < target <= 100):
         fail(f"--target is a test accuracy in % (0 < target <= 100), got {target:g}")
-    # a config.json that is there but is a folder or a link is the record's damage: load_run names it
-    missing = [str(d) for d in run_dirs if not os.path.lexists(d / "config.json")]
-    if missing:
-        fail(f"not fedsuite run directories (no config.json): {', '.join(missing)}")
     try:
+        run_dirs = find_runs(run_dirs)
         rows, curves = make_report(run_dirs, target=None if target is None else target / 100, last=last)
     except ResultsError as exc:
         fail(str(exc))
     check_writable_folder(output_dir.resolve(), "--output-dir")
-    headers, cells = report_table(rows, target)
+    headers, cells = report_table(rows, target, last)
     table = Table(title="fedsuite report")
     for h in headers:
         table.add_column(h)
     for row in cells:
         table.add_row(*row)
     console.print(table)
+    console.print(reading_text(last), soft_wrap=True)
     for line in provenance_lines(run_dirs):
         if line:
             console.print(line, highlight=False, soft_wrap=True)
-    figures = write_report(output_dir, run_dirs, rows, curves, headers, cells)
+    figures = write_report(output_dir, run_dirs, rows, curves, headers, cells, reading_text(last))
     console.print(f"-> {output_dir / 'report.md'}, " + ", ".join(str(f) for f in figures))
 
 
@@ -565,9 +584,11 @@ def reproduce(
     methods: Optional[list[str]] = typer.Option(None, "--methods", help="only these methods (columns)"),
     seeds: Optional[list[str]] = typer.Option(None, "--seeds", metavar="SEEDS",
                                               help=f"seeds: {SEEDS_FORMS} (default: the target's, per scale)"),
-    scale: str = typer.Option("paper", "--scale", click_type=Names(reproduce_scales),
-                              help="paper: the paper's settings; cpu: the target's "
-                              "CPU-sized variant (orderings only)"),
+    scale: Optional[str] = typer.Option(None, "--scale", click_type=Names(reproduce_scales),
+                                        show_default="paper with a GPU or --ray-address; without a GPU, cpu where "
+                                        "the target has it, else refused",
+                                        help="paper: the paper's settings; cpu: the target's "
+                                        "CPU-sized variant (orderings only)"),
     jobs: int = typer.Option(1, "--jobs", help="simulations at once"),
     output_dir: Path = typer.Option(Path("runs/reproduce"), "--output-dir", help="parent folder of the runs and "
                                     "reports (OUTPUT_DIR/<paper>/<scale>/...)"),

@@ -16,6 +16,7 @@ written, the Python API (``fedsuite.simulate``) raises it.
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import importlib.util
 import json
@@ -489,13 +490,20 @@ def _format_errors(exc: ValidationError, model: type[BaseModel]) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             parent = _section_model(model, err["loc"][:-1])
-            allowed = ", ".join(sorted(parent.model_fields)) if parent else ""
-            msg = f"unknown key; allowed keys here: {allowed}"
+            fields = sorted(parent.model_fields) if parent else []
+            msg = f"unknown key;{did_you_mean(str(err['loc'][-1]), fields)} allowed keys here: {', '.join(fields)}"
         elif "input" in err and err["type"] not in ("value_error", "missing"):
             msg = f"{msg} (got {err['input']!r})"
         # "config: ...": the CLI prints it after its one prefix, "error: "
         lines.append(f"config: {loc}: {msg}" if loc else f"config: {msg}")
     return "\n".join(lines)
+
+
+def did_you_mean(key: str, known: list[str]) -> str:
+    """`` did you mean 'rounds'?`` for the known key closest to ``key`` (``difflib``'s close matches:
+    ``round`` -> ``rounds``, ``mue`` -> ``mu``), "" where none is close."""
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" did you mean {close[0]!r}?" if close else ""
 
 
 def _section_model(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:

@@ -80,6 +80,8 @@ def execute(cfg, run_dir: Path, transport: Transport, connect: Connect,
     torch.set_num_threads(max(1, cfg.num_cpus))
     status, extra = None, {"timing": {"serverapp_start": time.time(), "cores": available_cores()}}
     extra["provenance"] = starts = [this_start(cfg)]
+    log.info("%s on %s (%s), %d clients, K=%d, %d rounds -> %s", cfg.strategy, cfg.dataset, cfg.partitioner,
+             cfg.num_clients, cfg.cohort_size, cfg.rounds, run_dir)
     try:
         run_rounds(cfg, run_dir, transport, connect, recorder, extra["timing"], starts, on_round or (lambda: None))
         status = "completed"
@@ -101,6 +103,7 @@ def execute(cfg, run_dir: Path, transport: Transport, connect: Connect,
             recorder.close()
         else:
             recorder.finish(status, extra)
+            log.info("run %s: %s", status, run_dir)
 
 
 def run_inprocess(cfg, run_dir: Path, on_round: Callable[[], None] | None = None) -> None:

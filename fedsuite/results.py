@@ -129,6 +129,41 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     return {"dir": run_dir, "config": config, "rows": rows, "summary": summary or {}}
 
 
+def run_dirs(root: Path) -> list[Path]:
+    """The run folders at or under ``root`` (those holding ``config.json``), sorted; a run's own
+    folders (``app``, ``client-state``, ...) and hidden folders are not searched. A ``config.json``
+    that is there but is not a file (a folder, a dangling link) still marks a run: reading it names
+    the damage (:func:`load_run`)."""
+    if os.path.lexists(root / "config.json"):
+        return [root]
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        if "config.json" in filenames or "config.json" in dirnames:
+            found.append(Path(dirpath))
+            dirnames.clear()
+        else:
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+    return sorted(found)
+
+
+def find_runs(paths: Iterable[Path]) -> list[Path]:
+    """The runs ``fedsuite report`` reads from the paths it is given: each path that is a run, and
+    every run under each path that is a folder of runs (a sweep's folder, a reproduce output,
+    ``runs/``: searched at any depth, as ``fedsuite.load_runs`` searches, :func:`run_dirs`), each
+    once, in the order found. A path that is neither (missing, or a folder without a run) is a
+    :class:`ResultsError` naming every such path."""
+    found: list[Path] = []
+    empty = []
+    for path in paths:
+        runs = run_dirs(path) if path.is_dir() or os.path.lexists(path / "config.json") else []
+        if not runs:
+            empty.append(str(path))
+        found += [run for run in runs if run not in found]
+    if empty:
+        raise ResultsError(f"no fedsuite runs at or under {', '.join(empty)} (a run's folder holds config.json)")
+    return found
+
+
 #: config keys that do not define a setting: runs differing only in these are seeds of one setting
 NOT_SETTING = ("seed", *(key for key in RESUME_MUTABLE if key != "rounds"))
 
@@ -177,7 +212,8 @@ def group_runs(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 10) -> tuple[list[dict[str, Any]], dict]:
     """One row per group of seeds: final accuracy mean ± std (each run's reading: the mean of its
     last ``last`` evaluations, all of them if it has fewer; round 0, the initial model, is none:
-    :func:`evaluations`, as every report reads a run), best accuracy, rounds to ``target`` accuracy
+    :func:`evaluations`, as every report reads a run; ``final_std`` the sample standard deviation
+    of the readings over seeds, ddof = 1, None with one seed), best accuracy, rounds to ``target`` accuracy
     (mean over the runs that reach it), and the group's :func:`momentum_loop_limit` (None where it has
     none). ``last``'s default is ``fedsuite report``'s and ``sweep``'s."""
     groups = group_runs([load_run(Path(d)) for d in run_dirs])
@@ -199,7 +235,7 @@ def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 10
             "group": label,
             "seeds": len(finals),
             "final_mean": float(np.mean(finals)) if finals else None,
-            "final_std": float(np.std(finals)) if finals else None,
+            "final_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else None,
             "best_mean": float(np.mean(bests)) if bests else None,
             "rounds_to_target": float(np.mean(reached)) if reached else None,
             "reached": f"{len(reached)}/{len(hits)}" if target is not None else "",
@@ -209,16 +245,27 @@ def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 10
     return table, curves
 
 
-def report_table(rows: list[dict[str, Any]], target: float | None) -> tuple[list[str], list[list[str]]]:
-    """:func:`report`'s rows as a table: (headers, one list of cells per setting); ``target`` in %."""
-    headers = ["setting", "seeds", "final acc (%)", "best acc (%)"] + ([f"rounds to {target:g}%"] if target else [])
+def reading_text(last: int) -> str:
+    """What :func:`report_table`'s final accuracy is, said under the table: each run's reading and
+    the spread over seeds (``fedsuite simulate`` prints a run's last evaluation alone)."""
+    return (f"final acc: each run's mean of its last {last} evaluations (all of them for a run with fewer; "
+            f"fedsuite simulate's \"final accuracy\" is the last one alone: --last 1), then the mean over the "
+            f"setting's seeds ± their sample std (ddof = 1); one seed has no spread")
+
+
+def report_table(rows: list[dict[str, Any]], target: float | None,
+                 last: int = 10) -> tuple[list[str], list[list[str]]]:
+    """:func:`report`'s rows as a table: (headers, one list of cells per setting); ``target`` in %.
+    The final accuracy's header names the reading (:func:`reading_text`); a setting of one seed
+    shows its mean alone (no "± 0.00")."""
+    headers = ["setting", "seeds", f"final acc (%): mean of last {last} evaluations ± sample std", "best acc (%)"]
+    headers += [f"rounds to {target:g}%"] if target else []
     table = []
     for r in rows:
-        cells = [
-            r["group"], str(r["seeds"]),
-            f"{100 * r['final_mean']:.2f} ± {100 * r['final_std']:.2f}" if r["final_mean"] is not None else "-",
-            f"{100 * r['best_mean']:.2f}" if r["best_mean"] is not None else "-",
-        ]
+        final = "-" if r["final_mean"] is None else f"{100 * r['final_mean']:.2f}"
+        if r["final_mean"] is not None and r["final_std"] is not None:
+            final += f" ± {100 * r['final_std']:.2f}"
+        cells = [r["group"], str(r["seeds"]), final, f"{100 * r['best_mean']:.2f}" if r["best_mean"] is not None else "-"]
         if target:
             cells.append(f"{r['rounds_to_target']:.0f} ({r['reached']})" if r["rounds_to_target"] else f"∞ ({r['reached']})")
         table.append(cells)
@@ -244,8 +291,8 @@ def momentum_loop_limit(config: dict[str, Any]) -> float | None:
 
 
 def write_report(out: Path, run_dirs: list[Path], rows: list[dict[str, Any]], curves: dict,
-                 headers: list[str], cells: list[list[str]]) -> list[Path]:
-    """``fedsuite report``'s files in ``out``: report.md (the table, then the code and hardware
+                 headers: list[str], cells: list[list[str]], reading: str = "") -> list[Path]:
+    """``fedsuite report``'s files in ``out``: report.md (the table, ``reading`` under it, then the code and hardware
     that produced the runs: :func:`provenance_lines`), report.json (:func:`report`'s rows),
     accuracy.png, momentum.png where runs record a server momentum (FedCM, MoFedSAM, FedMRUR:
     :func:`fedsuite.plots.plot_server_momentum`), and diagnostics-<run>.png for each run with pool
@@ -253,7 +300,7 @@ def write_report(out: Path, run_dirs: list[Path], rows: list[dict[str, Any]], cu
     out.mkdir(parents=True, exist_ok=True)
     md = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     md += ["| " + " | ".join(row) + " |" for row in cells]
-    md += ["", *provenance_lines(run_dirs)]
+    md += ["", *([reading, ""] if reading else []), *provenance_lines(run_dirs)]
     (out / "report.md").write_text("\n".join(md) + "\n")
     (out / "report.json").write_text(json.dumps(rows, indent=2) + "\n")
     plot_groups(curves, out / "accuracy.png")

@@ -15,7 +15,9 @@
    what runs, the method's warnings and the progress bar are printed on ``console`` (None: nothing is);
 5. says how it ended: returns the outcome of a run that completed (or was complete already), raises
    :class:`~fedsuite.errors.RunFailed` for one that did not, and :class:`~fedsuite.errors.RunInterrupted`
-   (a ``KeyboardInterrupt``) on Ctrl-C once every process of the run has stopped.
+   (a ``KeyboardInterrupt``) on Ctrl-C once every process of the run has stopped; a Ctrl-C after
+   the run recorded itself completed (while its processes are stopped) is no interruption: the
+   completed run's outcome is returned.
 
 Bad input is raised before anything is written: ``ConfigError``, ``DataError``, ``RunDirError``
 (``fedsuite.errors``). The messages name options the way the caller's interface spells them
@@ -99,8 +101,21 @@ def run_simulation(config: Path | None, overrides: Sequence[str], values: dict[s
                 raise ConfigError(f"output_dir: {problem}")
             outcome = _launch(cfg, run_dir, process, console)
     except KeyboardInterrupt:  # launch.simulate has stopped the run's processes by now
-        raise RunInterrupted(interrupted_message(run_dir, total_rounds, spelling), run_dir) from None
+        if run_dir is None or not completed(run_dir, total_rounds):
+            raise RunInterrupted(interrupted_message(run_dir, total_rounds, spelling), run_dir) from None
+        # Ctrl-C while the run's processes were stopped after the ServerApp recorded it complete:
+        # nothing was interrupted, and there is nothing for --resume to continue
+        from fedsuite.launch import RunOutcome
+
+        outcome = RunOutcome(run_dir, "finished:completed", "")
     return _ending(cfg, outcome, console, spelling)
+
+
+def completed(run_dir: Path, rounds: int) -> bool:
+    """Whether the run in ``run_dir`` has recorded itself completed after its ``rounds`` rounds."""
+    from fedsuite import rundir
+
+    return rundir.summary_status(run_dir) == ("finished:completed", "") and rundir.rounds_done(run_dir) >= rounds
 
 
 def engine_asked(config: Path | None, overrides: Sequence[str], values: dict[str, Any]) -> str | None:

@@ -15,7 +15,8 @@ What it leaves out is the control plane a simulation does not need: a SuperLink,
 exit code (0 completed; 1 the ServerApp or the engine raised, traceback in ``error.txt`` and on
 stderr, or it was stopped by SIGTERM: no ``summary.json`` then, the run stays partial; 3 called
 off before it began); its log is its stdout, which the launcher writes to
-``<run>/flower.log``.
+``<run>/flower.log``: Flower's lines and fedsuite's (:func:`log_to_output`: the start, each round,
+a resume, warnings and failures).
 
 The launcher starts it as ``python -m fedsuite.simulation --await-start`` before the run
 is named (``launch.start_simulation_process``: the CLI does so at its first line, so the imports
@@ -187,6 +188,7 @@ def run(app_dir: Path | None) -> None:
     named_later = app_dir is None
     if named_later:
         app_dir = take_run()
+    log_to_output()
     start_ray()
     importer.join()
     note_stop_requests()
@@ -221,6 +223,26 @@ def run(app_dir: Path | None) -> None:
         backend_config=backend_config(cfg), app_dir=str(app_dir), run=flower_run,
         server_app_context=context, is_app=True,
     )
+
+
+#: the format of fedsuite's lines in the run's log (Flower's own lines keep theirs)
+LOG_FORMAT = "%(levelname)-8s %(asctime)s fedsuite: %(message)s"
+
+
+def log_to_output() -> None:
+    """fedsuite's log (the ``fedsuite`` logger: the ServerApp's start, each round, a resume, the
+    method's warnings, a failure) at INFO on this process's output, the run's ``flower.log``. Flower
+    logs nothing at INFO in a healthy simulation, and the ``fedsuite`` logger had no handler (only
+    Python's last resort for warnings): the log of a completed run was empty."""
+    import logging
+
+    logger = logging.getLogger("fedsuite")
+    if not any(getattr(handler, "fedsuite_run_log", False) for handler in logger.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler.fedsuite_run_log = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 #: seconds an orderly stop may take before the process leaves at once (exit code 1, as a stop)

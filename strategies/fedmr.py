@@ -123,7 +123,9 @@ class FedMRParams(PoolParams):
     :class:`strategies.pool.PoolParams`."""
 
     first_stage_rounds: int = Field(0, ge=0, description="R1: aggregation (FedAvg) rounds before recombination")
-    granularity: Literal["tensor", "module"] = Field("tensor", description="recombination unit: state_dict tensor or module")
+    granularity: Literal["tensor", "module"] = Field(
+        "tensor", description="recombination unit: state_dict tensor (the authors' code, which gave the paper's "
+        "numbers) or module", json_schema_extra={"paper": "\"module\" (the paper's \"layer\", §4.2.2)"})
     segment_fraction: float = Field(0.0, ge=0, le=1, description="FedMR-px: x in (0,1], one permutation per segment; 0 = unit-wise")
     stage1_weighting: Literal["uniform", "num_examples"] = Field("uniform", description="stage-1 aggregation weights")
 

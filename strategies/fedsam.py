@@ -16,7 +16,8 @@ from strategies.momentum import FamilyParams, MomentumStrategy
 class FedSAMParams(FamilyParams):
     """[fedsam]: rho, server_lr, normalize, weighting, clip_norm."""
 
-    rho: float = Field(0.5, ge=0, description="SAM perturbation radius ρ")
+    rho: float = Field(0.5, ge=0, description="SAM perturbation radius ρ (the FedMRUR paper's §5.1)",
+                        json_schema_extra={"paper": "0.1 (the FedInit paper, Table 7)"})
 
 
 class FedSAMStrategy(MomentumStrategy):

@@ -108,7 +108,12 @@ def test_simulate_returns_the_run_with_its_files_as_python_objects(api_run):
             if column in row:
                 assert cell == row[column], (row["round"], column)
             else:  # round 0 is the initial model's evaluation: no training columns
-                assert row["round"] == 0 and isinstance(cell, float) and math.isnan(cell), column
+                assert row["round"] == 0 and (cell is pd.NA or isinstance(cell, float) and math.isnan(cell)), column
+    log = (run.dir / "flower.log").read_text()  # the simulation's log (it was empty): the start, each round, the end
+    assert "fedsuite: fedavg on synthetic" in log and "fedsuite: round 1/2" in log and "fedsuite: round 2/2" in log
+    assert f"fedsuite: run completed: {run.dir}" in log, log
+    for column in ("round", "bytes_sent", "bytes_received", "failed"):  # integers stay integers
+        assert pd.api.types.is_integer_dtype(run.metrics[column]), (column, run.metrics[column].dtype)
     assert run.summary == json.loads((run.dir / "summary.json").read_text())
     assert run.config == json.loads((run.dir / "config.json").read_text())
     assert {k: run.config[k] for k in FAST} == FAST
@@ -138,9 +143,9 @@ def test_simulate_equals_fedsuite_simulate_from_the_cli_bit_for_bit(api_run, swe
 
 
 @pytest.mark.parametrize(("settings", "line"), [
-    ({"roundz": 3}, "config: roundz: unknown key; allowed keys here: alpha, "),
+    ({"roundz": 3}, "config: roundz: unknown key; did you mean 'rounds'? allowed keys here: alpha, "),
     ({"rounds": 0}, "config: rounds: Input should be greater than or equal to 1 (got 0)"),
-    ({"strategy": "fedprox", "fedprox": {"muu": 1}}, "config: fedprox.muu: unknown key; allowed keys here: mu"),
+    ({"strategy": "fedprox", "fedprox": {"muu": 1}}, "config: fedprox.muu: unknown key; did you mean 'mu'? allowed keys here: mu"),
     ({"strategy": "fedprox", "fedprox.mu": -1}, "config: fedprox.mu: Input should be greater than or equal to 0 (got -1)"),
     ({"strategy": "nope"}, "config: unknown strategy 'nope'; allowed: ccvr, "),
 ])
@@ -234,6 +239,34 @@ def test_ctrl_c_stops_every_process_and_raises_with_the_call_that_continues_the_
     assert partial.status == "partial" and partial.rounds_done == int(match[1]) and partial.summary == {}
 
 
+def test_ctrl_c_after_the_run_completed_is_no_interruption(setup):
+    """Ctrl-C while ``fedsuite simulate`` stops the run's processes after the last round (the
+    ServerApp has recorded the run completed) printed "interrupted ... continue the run with
+    --resume" for a complete run, exit 130: it is the run's ending, "done", exit 0."""
+    folder, toml = setup
+    run_dir = folder / "runs" / "ctrl-c-done"
+    err = folder / "ctrl-c-done.err"
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "fedsuite.cli", "simulate", "--config", str(toml),
+                                 "--output-dir", str(run_dir.parent), "--run-name", run_dir.name], env=_env(),
+                                cwd=folder, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 600
+        while rundir.summary_status(run_dir) != ("finished:completed", "") and proc.poll() is None:
+            assert time.monotonic() < deadline, "the run did not complete in time"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)  # the launcher polls summary.json every 0.25 s: it is still stopping the run
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    said = out.decode() + err.read_text()
+    assert proc.returncode == 0 and "interrupted" not in said and "--resume" not in said, said[-3000:]
+    assert f"done: final accuracy {100 * fedsuite.load_run(run_dir).summary['final_accuracy']:.2f}%" in said
+    assert rundir.state(run_dir) == "completed"
+
+
 # ------------------------------------------------------------------------------------------------
 # load_run, load_runs
 # ------------------------------------------------------------------------------------------------
@@ -281,6 +314,23 @@ def test_reading_a_folder_that_holds_no_run_is_one_line(tmp_path, api_run):
     (broken / "metrics.jsonl").write_text((run.dir / "metrics.jsonl").read_text()[:-20])  # a cut-off last line
     with pytest.raises(fedsuite.ResultsError, match=re.escape(f"{broken / 'metrics.jsonl'}, line 3: not a valid metrics row")):
         fedsuite.load_runs(tmp_path)
+
+
+def test_integer_columns_stay_integers_where_round_0_lacks_them():
+    """``run.metrics``'s ``bytes_sent`` came back as floats (1234.0): round 0 has no such column, and a
+    missing value made pandas turn the whole column to float. A column of integers stays integer
+    (nullable ``Int64`` where rows lack it); floats, lists and booleans are left as pandas reads them."""
+    from fedsuite.api import metrics_frame
+
+    rows = [{"round": 0, "test_accuracy": 0.1},
+            {"round": 1, "test_accuracy": 0.5, "bytes_sent": 2**40 + 1, "failed": 0, "cohort": [3, 1], "ok": True},
+            {"round": 2, "test_accuracy": None, "bytes_sent": 7, "failed": 2, "cohort": [0, 2], "ok": False}]
+    frame = metrics_frame(rows)
+    assert list(frame.columns) == ["round", "test_accuracy", "bytes_sent", "failed", "cohort", "ok"]
+    assert frame["round"].dtype == "int64" and frame["bytes_sent"].dtype == "Int64" == frame["failed"].dtype
+    assert frame["bytes_sent"].tolist() == [pd.NA, 2**40 + 1, 7] and frame["failed"].tolist()[1:] == [0, 2]
+    assert frame["test_accuracy"].dtype == "float64" and frame["cohort"].tolist()[1] == [3, 1]
+    assert frame["ok"].tolist()[1:] == [True, False]
 
 
 def test_import_fedsuite_imports_neither_torch_nor_flower_ray_or_pandas():
@@ -350,4 +400,4 @@ def test_the_guide_runs_as_written(tmp_path, monkeypatch, capsys):
     assert "['strategy', 'lr']" in printed
     last = namespace["last"]
     assert sorted(last["lr"]) == [0.02, 0.1] and set(last["round"]) == {3}
-    assert "config: local_epoch: unknown key; allowed keys here: " in printed
+    assert "config: local_epoch: unknown key; did you mean 'local_epochs'? allowed keys here: " in printed

@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 import click
+import numpy as np
 import pytest
 import typer.main
 from typer.testing import CliRunner
@@ -162,7 +163,7 @@ SWEEP_TOML = "[sweep]\nbogus = 1\n"
 #: (arguments, the exact text the error line must hold); "{dir}" is the test's folder
 ERRORS = [
     (["list", ":smile:"], "unknown list ':smile:'; allowed: strategies, datasets, partitioners, models"),
-    (["report", "[bold]x", "a[/x]"], "not fedsuite run directories (no config.json): [bold]x, a[/x]"),
+    (["report", "[bold]x", "a[/x]"], "no fedsuite runs at or under [bold]x, a[/x] (a run's folder holds config.json)"),
     (["sweep", "--seeds", "[/x]"], "--seeds takes non-negative integers (--seeds 0 1 2 or --seeds 0,1,2), got '[/x]'"),
     (["reproduce", "x", "--seeds", "0", "[/x]"],
      "--seeds takes non-negative integers (--seeds 0 1 2 or --seeds 0,1,2), got '[/x]'"),
@@ -233,6 +234,31 @@ def test_list_prints_plain_text_not_rst():
     assert "<root>/MNIST/raw" in squash(result.stdout)  # was ``<root>/MNIST/raw``
     markdown = runner.invoke(app, ["list", "datasets", "--markdown"]).stdout  # Markdown: a code span, as in README.md
     assert "``<root>/MNIST/raw``" in markdown
+
+
+def test_list_strategies_shows_each_methods_parameters():
+    """A method's hyperparameters could be found only in an error message (``fedprox.mue: unknown
+    key; allowed keys here: mu``): ``fedsuite list strategies NAME`` prints each with its type, range,
+    default and meaning, read from the method's typed section, and the paper's value where the field
+    declares one that differs; a plug-in the method switches on is listed with the values it gives."""
+    result = runner.invoke(app, ["list", "strategies", "fedprox"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("fedprox: ") and "[fedprox] --set fedprox.KEY=VALUE" in lines[1]
+    assert lines[2:] == ["    mu: float, ≥ 0; default 0.01", "        proximal coefficient μ (0 = FedAvg)"]
+    fedsam = runner.invoke(app, ["list", "strategies", "fedsam"]).stdout
+    assert "    rho: float, ≥ 0; default 0.5\n" in fedsam
+    assert "        the paper's value: 0.1 (the FedInit paper, Table 7)\n" in fedsam
+    fedinit = runner.invoke(app, ["list", "strategies", "fedinit"]).stdout
+    assert "[relaxed_init] the plug-in fedinit switches on (beta = 0.1)" in fedinit
+    assert "    beta: float or unset; default 0.1\n" in fedinit
+    assert "no parameters of its own" in runner.invoke(app, ["list", "strategies", "fedavg"]).stdout
+    every = runner.invoke(app, ["list", "strategies"]).stdout  # every method, each with its parameters
+    assert "    mu: float, ≥ 0; default 0.01" in every and "    granularity: one of \"tensor\", \"module\"" in every
+    for args, words in ((["list", "strategies", "fedprx"], "unknown strategy 'fedprx'; allowed: "),
+                        (["list", "datasets", "fedprox"], "a name is listed with strategies")):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and words in result.output, result.output
 
 
 # ------------------------------------------------------------------------------------------------
@@ -377,7 +403,50 @@ def test_report_reads_all_evaluations_of_a_run_with_fewer_than_last(tmp_path):
                                                for r, a in ((0, 0.1), (1, 0.3), (2, 0.4), (3, 0.5))))
     result = runner.invoke(app, ["report", str(run), "--output-dir", str(tmp_path / "report")])
     assert result.exit_code == 0, result.stdout + (result.stderr or "")
-    assert "40.00 ± 0.00" in result.stdout, result.stdout
+    assert "| 40.00 |" in (tmp_path / "report" / "report.md").read_text()  # one seed: no spread
     rows = json.loads((tmp_path / "report" / "report.json").read_text())
     assert rows[0]["final_mean"] == pytest.approx(0.4)
     assert run_value(evaluations(read_metrics(run)), "accuracy", 10)[0] == pytest.approx(40.0)  # the sweep's reading
+
+
+def _write_run(folder: Path, seed: int, accuracies: list[float], **values) -> Path:
+    """A finished run's record (config.json, metrics.jsonl with round 0 and one row per round)."""
+    from fedsuite.config import build_config
+
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(build_config(values={"seed": seed, **values}).active_dump()))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "test_accuracy": a}) + "\n"
+                                                  for r, a in enumerate([0.1, *accuracies])))
+    return folder
+
+
+def test_report_searches_folders_and_names_its_reading_and_spread(tmp_path):
+    """``fedsuite report runs/*`` failed once a sweep existed (``runs/sweeps`` is not a run): a folder
+    that is not a run is searched for runs at any depth, as ``fedsuite.load_runs`` searches. The
+    final accuracy names its reading (the mean of the last --last evaluations, where simulate printed
+    the last one) and its spread (the sample std over seeds, ddof = 1); one seed shows no "± 0.00"."""
+    runs = tmp_path / "runs"
+    _write_run(runs / "a-s0", 0, [0.5, 0.9])
+    _write_run(runs / "sweeps" / "mine" / "lr-0.02" / "s0", 0, [0.2, 0.6], lr=0.02)
+    _write_run(runs / "sweeps" / "mine" / "lr-0.02" / "s1", 1, [0.4, 0.8], lr=0.02)
+    result = runner.invoke(app, ["report", *map(str, sorted(runs.iterdir())), "--last", "1",
+                                 "--output-dir", str(tmp_path / "report")])
+    text = squash(result.stdout)
+    assert result.exit_code == 0, result.output
+    assert squash("each run's mean of its last 1 evaluations") in text and squash("sample std (ddof = 1)") in text
+    rows = {r["group"].split()[-1]: r for r in json.loads((tmp_path / "report" / "report.json").read_text())}
+    assert rows["lr=0.02"]["seeds"] == 2 and rows["lr=0.02"]["final_std"] == pytest.approx(0.02 ** 0.5)  # 60 and 80: the sample std
+    assert rows["lr=0.05"]["seeds"] == 1 and rows["lr=0.05"]["final_std"] is None
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| final acc (%): mean of last 1 evaluations ± sample std |" in md and "sample std (ddof = 1)" in md
+    assert "| 90.00 |" in md and "90.00 ±" not in md  # one seed: no spread (it showed "± 0.00")
+    # a sweep folder alone: its three seeds (60, 80, 50) and their sample standard deviation
+    _write_run(runs / "sweeps" / "mine" / "lr-0.02" / "s2", 2, [0.2, 0.5], lr=0.02)
+    result = runner.invoke(app, ["report", str(runs / "sweeps"), "--last", "1", "--output-dir", str(tmp_path / "r2")])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads((tmp_path / "r2" / "report.json").read_text())
+    assert row["final_std"] == pytest.approx(float(np.std([0.6, 0.8, 0.5], ddof=1)))
+    # a folder without a run is named, in one line
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(app, ["report", str(tmp_path / "empty"), "--output-dir", str(tmp_path / "r3")])
+    assert result.exit_code == 2 and f"no fedsuite runs at or under {tmp_path / 'empty'}" in result.output

@@ -50,7 +50,10 @@ def test_a_parsed_file_or_value_is_the_callers_own_and_an_edited_file_is_read_ag
 @pytest.mark.parametrize(
     ("overrides", "fragment"),
     [
-        (["roundz=3"], "roundz: unknown key; allowed keys here:"),
+        (["roundz=3"], "roundz: unknown key; did you mean 'rounds'? allowed keys here:"),
+        (["round=3"], "round: unknown key; did you mean 'rounds'? allowed keys here: alpha, "),
+        (["fedprox.mue=0.1"], "fedprox.mue: unknown key; did you mean 'mu'? allowed keys here: mu"),
+        (["zzzz=1"], "zzzz: unknown key; allowed keys here: alpha, "),
         (["rounds=abc"], "rounds: Input should be a valid integer"),
         (["rounds=0"], "rounds: Input should be greater than or equal to 1"),
         (["fraction=1.5"], "fraction: Input should be less than or equal to 1"),
@@ -189,6 +192,19 @@ def test_cli_partition_writes_table_and_plot(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert out.stat().st_size > 1000
     assert "samples per class" in proc.stdout
+
+
+def test_cli_partition_takes_data_root(tmp_path):
+    """``fedsuite partition`` had no ``--data-root`` (simulate, sweep and reproduce have it): the data
+    is looked for where it says, and missing data names that folder."""
+    proc = run_cli("partition", "--dataset", "fmnist", "--data-root", str(tmp_path / "mydata"),
+                   "--out", str(tmp_path / "p.png"), cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert str(tmp_path / "mydata") in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    out = tmp_path / "s.png"
+    proc = run_cli("partition", "--num-clients", "6", "--data-root", str(tmp_path / "mydata"), "--out", str(out),
+                   cwd=tmp_path)
+    assert proc.returncode == 0 and out.stat().st_size > 1000, proc.stderr
 
 
 def test_the_docs_list_every_registered_name():

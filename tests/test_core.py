@@ -345,7 +345,7 @@ def test_report_groups_seeds_and_finds_rounds_to_target(tmp_path):
         assert (d / "accuracy.png").stat().st_size > 1000
     rows, curves = report([tmp_path / "s0", tmp_path / "s1"], target=0.65, last=1)
     assert len(rows) == 1 and rows[0]["seeds"] == 2
-    assert rows[0]["final_mean"] == pytest.approx(0.8) and rows[0]["final_std"] == pytest.approx(0.1)
+    assert rows[0]["final_mean"] == pytest.approx(0.8) and rows[0]["final_std"] == pytest.approx(0.02 ** 0.5)  # sample std
     assert rows[0]["rounds_to_target"] == pytest.approx(2.0) and rows[0]["reached"] == "2/2"
 
 

@@ -23,8 +23,13 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 def shell_commands(page: Path) -> list[tuple[int, str]]:
     """(line number, command) of each ``fedsuite`` command in the page's ```bash blocks, with
     backslash continuations joined and trailing comments dropped."""
+    return commands_in(page.read_text())
+
+
+def commands_in(text: str) -> list[tuple[int, str]]:
+    """:func:`shell_commands` of a page's text."""
     out, in_block, pending, start = [], False, "", 0
-    for number, line in enumerate(page.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if line.startswith("```"):
             in_block = line.strip() in ("```bash", "```sh", "```console") if not in_block else False
             continue
@@ -155,15 +160,91 @@ def test_fedsuite_list_points_at_nothing_outside_the_repository():
     partitioner and model), and each method's paper and hyperparameter descriptions."""
     from fedsuite import registry
     from fedsuite.cli import first_line
+    from fedsuite.hyperparams import paper_value
 
     texts = {}
     for name, method in registry.methods().items():
         texts[f"method {name}"] = " ".join([method.summary, method.paper, *(
-            field.description or "" for field in method.params.model_fields.values())])
+            f"{field.description or ''} {paper_value(field)}" for field in method.params.model_fields.values())])
     for kind in ("datasets", "partitioners", "models"):
         for name, fn in getattr(registry, kind)().items():
             texts[f"{kind} {name}"] = first_line(fn.__doc__)
     for name, params in registry.plugins().items():
-        texts[f"plug-in {name}"] = " ".join(field.description or "" for field in params.model_fields.values())
+        texts[f"plug-in {name}"] = " ".join(f"{field.description or ''} {paper_value(field)}"
+                                            for field in params.model_fields.values())
     found = [f"{where}: {f}" for where, text in texts.items() for f in foreign_references(text)]
     assert not found, "; ".join(found)
+
+
+def test_the_methods_parameters_page_is_current():
+    """docs/methods/parameters.md is written from the methods' and plug-ins' typed sections
+    (``python -m fedsuite.hyperparams``), the source ``fedsuite list strategies`` prints: regenerated
+    here, it must equal the page (a parameter added, renamed or given another default changes both)."""
+    from fedsuite.hyperparams import markdown
+
+    page = ROOT / "docs" / "methods" / "parameters.md"
+    assert page.read_text() == markdown(), ("docs/methods/parameters.md is out of date: "
+                                            "python -m fedsuite.hyperparams > docs/methods/parameters.md")
+    for key in ("`fedprox.mu`", "`fedsam.rho`", "`relaxed_init.beta`", "`neuron_lr.preset`"):
+        assert f"| {key} |" in page.read_text()
+
+
+def test_the_install_says_how_to_get_pytorchs_cpu_build():
+    """pip installs PyTorch's CUDA build (a few GB) on a machine without a GPU unless told otherwise:
+    the README's set-up names PyTorch's CPU-only wheel index and the option that adds it, by name
+    (no package index's host is written into the project)."""
+    readme = (ROOT / "README.md").read_text()
+    setup = readme[readme.index("## Set up"):readme.index("## Quickstart 1")]
+    assert "CPU-only wheel index" in setup and "--extra-index-url" in setup
+    assert not re.search(r"https?://|download\.pytorch|whl/cpu", setup)
+
+
+def own_data_commands() -> list[str]:
+    """The commands of docs/datasets.md's "Your own data" section, as a shell reads them."""
+    page = ROOT / "docs" / "datasets.md"
+    text = page.read_text()
+    section = text[text.index("## Your own data"):]
+    section = section[:section.index("\n## ", 1)]
+    return [command for _, command in commands_in(section)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_a_toml_value_in_a_set_is_quoted_for_the_shell(page):
+    """``--set dataset_options={path="/data/mine.npz"}`` unquoted reaches fedsuite as
+    ``{path=/data/mine.npz}`` (the shell drops the double quotes), which is no TOML: every ``--set``
+    whose value holds braces or double quotes is written in single quotes."""
+    bad = re.findall(r"--set (?!')[^\s`]*[{\"][^\s`]*", page.read_text())
+    assert not bad, f"{page.relative_to(ROOT)}: unquoted --set values: {bad}"
+
+
+def test_the_own_data_commands_run_as_typed(tmp_path):
+    """docs/datasets.md's own-data commands, run by bash as a reader types them (their ``/data/...``
+    paths pointed at data generated here: an .npz of feature vectors and an image folder), on the
+    in-process engine for one round. They failed as typed: the shell took the unquoted TOML apart."""
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "mine.npz", x_train=rng.standard_normal((200, 8)).astype(np.float32),
+             y_train=rng.integers(0, 3, 200), x_test=rng.standard_normal((40, 8)).astype(np.float32),
+             y_test=rng.integers(0, 3, 40))
+    for split, per_class in (("train", 40), ("test", 10)):
+        for label in ("cat", "dog", "emu"):
+            folder = tmp_path / "imgs" / split / label
+            folder.mkdir(parents=True)
+            for i in range(per_class):  # RGB of two sizes: mode="L", size=28 make them one shape
+                Image.fromarray(rng.integers(0, 255, (30 + i % 2, 30, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    commands = own_data_commands()
+    assert len(commands) == 2 and {"--dataset npz", "--dataset imagefolder"} <= {
+        " ".join(c.split()[2:4]) for c in commands}, commands
+    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+    for command in commands:
+        typed = command.replace("/data/mine.npz", str(tmp_path / "mine.npz")).replace("/data/imgs", str(tmp_path / "imgs"))
+        proc = subprocess.run(["bash", "-c", f"{typed} --engine inprocess --rounds 1 --output-dir {tmp_path / 'runs'}"],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+        assert proc.returncode == 0, f"`{command}`: {proc.stderr[-2000:]}"
+        assert "done: final accuracy" in proc.stdout, proc.stdout[-2000:]

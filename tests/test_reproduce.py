@@ -884,11 +884,56 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         assert out.returncode == 2, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1 and words in out.stderr, out.stderr
     # missing data: the missing files and the layout are named, nothing is started or created
-    out = fedsuite_run(["reproduce", "tiny", *base], env=_env(), timeout=120)
+    out = fedsuite_run(["reproduce", "tiny", "--scale", "paper", *base], env=_env(), timeout=120)
     assert out.returncode == 2
     assert "missing data, nothing was started" in out.stderr and "train-images-idx3-ubyte.gz" in out.stderr
     assert "Expected layout" in out.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_without_scale_a_machine_without_a_gpu_gets_the_cpu_scale_or_a_refusal(tmp_path):
+    """``--scale`` defaulted to ``paper``: a bare ``fedsuite reproduce fedinit-claims`` started 500
+    rounds of ResNet-18 on a CPU without a word. Given no ``--scale``, a run with a GPU (or a Ray
+    cluster) gets the paper's settings; without one, the target's cpu scale where it has one, said in
+    a line; a target with only the paper scale is refused, naming its runs and rounds, before
+    anything starts (``--scale paper`` starts it anyway); ``--report`` runs nothing and reads the
+    paper scale of such a target."""
+    from fedsuite.reproduce import default_scale
+
+    targets = load_targets()
+    claims, cifar = targets["fedinit-claims"], targets["fedinit-claims-cifar10"]
+    assert claims.has_cpu_scale and not cifar.has_cpu_scale
+
+    def plan_paper(target):
+        return lambda: plan(target, "paper", tmp_path / "out")
+
+    for target in (claims, cifar):
+        assert default_scale(target, [], False, True, plan_paper(target)) == "paper"  # a GPU here
+        assert default_scale(target, ["--ray-address", "auto"], False, False, plan_paper(target)) == "paper"
+    assert default_scale(claims, [], False, False, plan_paper(claims)) == "cpu"
+    assert default_scale(cifar, [], True, False, plan_paper(cifar)) == "paper"  # --report: nothing runs
+    runs = plan(cifar, "paper", tmp_path / "out")
+    with pytest.raises(ReproduceError) as refused:
+        default_scale(cifar, [], False, False, plan_paper(cifar))
+    assert str(refused.value) == (
+        f"fedinit-claims-cifar10 has only the paper scale, {len(runs)} runs of {sum(r.rounds for r in runs)} rounds "
+        "in all (cnn on cifar10), sized for GPUs, and this machine has none: pass --scale paper to start them on "
+        "its CPU anyway")
+    # the command on this machine, as it is
+    from fedsuite.reproduce import gpu_here
+
+    out = fedsuite_run(["reproduce", "fedinit-claims-cifar10", "--output-dir", str(tmp_path / "o"), "--data-root",
+                        str(tmp_path / "nodata")], env=_env(), timeout=300)
+    assert out.returncode == 2 and not (tmp_path / "o").exists(), out.stdout + out.stderr
+    if gpu_here():  # the paper scale, stopped by the missing data
+        assert out.stdout.startswith("--scale paper: ") and "missing data" in out.stderr, out.stdout + out.stderr
+    else:
+        assert out.stdout == "" and out.stderr == f"error: {refused.value}\n", out.stderr
+    out = fedsuite_run(["reproduce", "fedinit-claims", "--output-dir", str(tmp_path / "o"), "--data-root",
+                        str(tmp_path / "nodata")], env=_env(), timeout=300)
+    assert out.returncode == 2 and "missing data, nothing was started" in out.stderr, out.stdout + out.stderr
+    assert out.stdout.startswith("--scale paper: " if gpu_here() else "--scale cpu: the target's CPU-sized variant, "
+                                 "the default on a machine without a GPU"), out.stdout
 
 
 def test_options_take_several_values_after_one_flag_and_a_usage_error_is_one_line(tmp_path):
@@ -906,7 +951,7 @@ def test_options_take_several_values_after_one_flag_and_a_usage_error_is_one_lin
     tables = tmp_path / "tiny" / "tables.toml"
     tables.parent.mkdir()
     tables.write_text(TINY.format(dataset="synthetic"))
-    base = ["reproduce", "tiny", "--tables", str(tables), "--output-dir", str(tmp_path / "out")]
+    base = ["reproduce", "tiny", "--scale", "paper", "--tables", str(tables), "--output-dir", str(tmp_path / "out")]
     result = CliRunner().invoke(app, [*base, "--seeds", "0", "1", "--methods", "fedavg", "fedprox", "--report"])
     assert result.exit_code == 0, result.output
     assert [r["seeds_planned"] for r in csv.DictReader((tmp_path / "out/tiny/paper/tiny/report.csv").open())] == ["2", "2"]
@@ -938,13 +983,13 @@ def test_kill_and_restart_resumes_and_reports(tmp_path):
 
     # the cell that will be interrupted, run without interruption (beside step 1, into another folder)
     ref_out = tmp_path / "reference"
-    ref = subprocess.Popen(_cmd("tiny", "--output-dir", str(ref_out), "--methods", "fedavg", "--seeds", "1", *common,
+    ref = subprocess.Popen(_cmd("tiny", "--scale", "paper", "--output-dir", str(ref_out), "--methods", "fedavg", "--seeds", "1", *common,
                                 *inprocess),
                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
 
     # 1. one run at a time; SIGKILL the command's process group once the second run is mid-way
-    proc = subprocess.Popen(_cmd("tiny", "--output-dir", str(out), "--jobs", "1", *common, *inprocess), env=_env(),
+    proc = subprocess.Popen(_cmd("tiny", "--scale", "paper", "--output-dir", str(out), "--jobs", "1", *common, *inprocess), env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 900  # a guard against a hang, not a timing: the suite shares 2 cores
     while time.monotonic() < deadline and proc.poll() is None:
@@ -963,7 +1008,7 @@ def test_kill_and_restart_resumes_and_reports(tmp_path):
     before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
 
     # 2. the same command again, two runs at a time
-    again = fedsuite_run(["reproduce", "tiny", "--output-dir", str(out), "--jobs", "2", *common, *inprocess],
+    again = fedsuite_run(["reproduce", "tiny", "--scale", "paper", "--output-dir", str(out), "--jobs", "2", *common, *inprocess],
                          env=_env(), timeout=900)
     text = again.stdout + again.stderr
     assert again.returncode == 0, text
@@ -1006,7 +1051,7 @@ def test_kill_and_restart_resumes_and_reports(tmp_path):
     assert (report / "dir0.5.png").stat().st_size > 0
 
     # --report alone rewrites the same report from the runs on disk
-    out2 = fedsuite_run(["reproduce", "tiny", "--output-dir", str(out), "--report", *common], env=_env(), timeout=120)
+    out2 = fedsuite_run(["reproduce", "tiny", "--scale", "paper", "--output-dir", str(out), "--report", *common], env=_env(), timeout=120)
     assert out2.returncode == 0 and list(csv.DictReader((report / "report.csv").open())) == rows
 
     # numbers labelled cpu scale are compared on orderings only: no difference against the paper
@@ -1499,7 +1544,7 @@ def test_reproduce_reuses_a_moved_run_and_stops_on_a_changed_target(simulate, da
     out = tmp_path / "out"
     run_dir = out / "tiny" / "paper" / "dir0.5" / f"fedavg-s{FAST['seed']}"
     shutil.copytree(done.run_dir, run_dir, ignore=shutil.ignore_patterns(".flwr"))
-    args = ["reproduce", "tiny", "--tables", str(tables), "--output-dir", str(out), "--methods", "fedavg",
+    args = ["reproduce", "tiny", "--scale", "paper", "--tables", str(tables), "--output-dir", str(out), "--methods", "fedavg",
             "--seeds", str(FAST["seed"]), "--data-root", str(data_root)]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.stdout + res.stderr
@@ -1533,7 +1578,7 @@ def test_raising_a_targets_rounds_continues_its_completed_runs(tmp_path):
 
     def reproduce(rounds: int, out: Path) -> subprocess.CompletedProcess:
         tables.write_text(tiny.replace('"rounds=2"', f'"rounds={rounds}"'))
-        return fedsuite_run(["reproduce", "tiny", "--output-dir", str(out), *common], env=_env(), timeout=900)
+        return fedsuite_run(["reproduce", "tiny", "--scale", "paper", "--output-dir", str(out), *common], env=_env(), timeout=900)
 
     out, ref_out = tmp_path / "out", tmp_path / "reference"
     run, reference = (o / "tiny" / "paper" / "dir0.5" / "fedavg-s0" for o in (out, ref_out))

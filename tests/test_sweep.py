@@ -258,7 +258,7 @@ def test_a_reproduce_queue_makes_simulates_checks_before_it_starts(tmp_path):
                       '[targets.tiny.methods]\nfedavg = { set = ["strategy=fedavg"] }\n'
                       'fedprox = { set = ["strategy=fedprox"] }\n\n[[targets.tiny.rows]]\nname = "a"\n')
     out = tmp_path / "out"
-    res = fedsuite_run(["reproduce", "tiny", "--tables", str(tables), "--output-dir", str(out), "--data-root",
+    res = fedsuite_run(["reproduce", "tiny", "--scale", "paper", "--tables", str(tables), "--output-dir", str(out), "--data-root",
                         str(tmp_path / "data"), *ENGINE], env=_env(), timeout=600)
     assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
     assert res.stderr.startswith("error: a fedavg s0: ") and "model 'cnn' needs image input" in res.stderr, res.stderr

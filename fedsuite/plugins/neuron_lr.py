@@ -107,7 +107,9 @@ class NeuronLRParams(Params):
     a1: float | None = Field(None, ge=0, description="depth coefficient a_1 of Eq. 17 (default: the preset's)")
     a2: float | None = Field(None, ge=0, description="width coefficient a_2 of Eq. 17 (default: the preset's)")
     log_base: float = Field(10.0, gt=1, description="base of the log in Eq. 17")
-    depth_mode: Literal["l_over_L", "one_over_L"] = Field("l_over_L", description="depth term l/L or the literal 1/L")
+    depth_mode: Literal["l_over_L", "one_over_L"] = Field(
+        "l_over_L", description="depth term l/L (Eq. 17) or the literal 1/L",
+        json_schema_extra={"paper": "\"one_over_L\" in the final formula of §7.3 (Eq. 17 has l/L)"})
     mu_override: list[float] | None = Field(None, description="μ_l per weighted layer (length L), replaces Eq. 17")
     layers: list[int] | None = Field(None, description="1-based layers that get neuron-wise rates; others s = 1")
     classifier_activation: Literal["logits", "relu", "softmax"] = Field("logits", description="classifier statistic")

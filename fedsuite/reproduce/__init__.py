@@ -20,7 +20,7 @@ simulations at once, and writes the report. One idea per module:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from rich.text import Text
 
@@ -33,7 +33,7 @@ from fedsuite.reproduce.verdicts import DEFAULT_CONFIDENCE
 
 
 def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequence[str] | None,
-                  seeds: Sequence[int] | None, scale: str, jobs: int, output_dir: Path, data_root: str | None,
+                  seeds: Sequence[int] | None, scale: str | None, jobs: int, output_dir: Path, data_root: str | None,
                   placement: Sequence[str], tables: Sequence[Path], report_only: bool,
                   console, retry_failed: bool = False, confidence: float = DEFAULT_CONFIDENCE) -> int:
     """The command (``target_name`` ``list``: the targets): plan, check, queue, report. Returns the
@@ -42,9 +42,10 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
     not the run the target asks for (its config changed since, e.g. by a ``--tables`` file that
     replaces the target: ``fedsuite.reproduce.queue.check_recorded``), also with ``--report``, which
     would read it as the target's. A failed run is named at the start and left as it is, or run
-    again with ``retry_failed`` (``--retry-failed``). The report judges each claimed ordering at
-    ``confidence`` (``--confidence``: :mod:`fedsuite.reproduce.verdicts`)."""
-    if scale not in SCALES:
+    again with ``retry_failed`` (``--retry-failed``). ``scale`` None: :func:`default_scale`. The
+    report judges each claimed ordering at ``confidence`` (``--confidence``:
+    :mod:`fedsuite.reproduce.verdicts`)."""
+    if scale is not None and scale not in SCALES:
         raise ReproduceError(f"unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
     if jobs < 1:
         raise ReproduceError(f"--jobs must be at least 1, got {jobs}")
@@ -62,6 +63,10 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
     if target_name not in targets:
         raise ReproduceError(f"unknown target {target_name!r}; allowed: {', '.join(sorted(targets))}")
     target = targets[target_name]
+    if scale is None:
+        scale = default_scale(target, placement, report_only, gpu_here(),
+                              lambda: plan(target, "paper", output_dir, rows, methods, seeds, data_root))
+        console.print(f"--scale {scale}: {SCALE_REASON[scale]}", soft_wrap=True)
     specs = plan(target, scale, output_dir, rows, methods, seeds, data_root)
     report_dir = (output_dir / target.paper_key / scale / target.name).resolve()
     if report_only:
@@ -77,6 +82,41 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
     name_failed(specs, retry_failed, console)
     return queue_and_report(specs, jobs, placement, console,
                             lambda: write_report(target, specs, scale, report_dir, confidence), retry_failed)
+
+
+#: what ``fedsuite reproduce`` says when it chose the scale itself (:func:`default_scale`)
+SCALE_REASON = {"paper": "the paper's settings (the default with a GPU here or a Ray cluster)",
+                "cpu": "the target's CPU-sized variant, the default on a machine without a GPU (--scale paper runs "
+                       "the paper's settings; its numbers compare orderings only)"}
+
+
+def gpu_here() -> bool:
+    """Whether this machine has a CUDA device torch can use."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def default_scale(target: Target, placement: Sequence[str], report_only: bool, gpu: bool,
+                  paper_runs: Callable[[], list]) -> str:
+    """The scale of a ``fedsuite reproduce`` given no ``--scale``: ``paper`` where the runs have a
+    GPU (``gpu``: this machine has one) or run on a Ray cluster (``--ray-address``: its hardware is
+    not this machine's); else the target's ``cpu`` scale where it has one. A target with only the
+    paper scale, on a machine without a GPU, is refused (:class:`ReproduceError`, naming how many
+    runs and rounds of which models it would start: ``paper_runs()``, the paper scale's plan) unless
+    nothing runs (``--report``): the paper's settings (hundreds of rounds of ResNet-18) on a CPU
+    take days, and ``--scale paper`` asks for them explicitly."""
+    if gpu or "--ray-address" in placement:
+        return "paper"
+    if target.has_cpu_scale:
+        return "cpu"
+    if report_only:
+        return "paper"
+    runs = paper_runs()
+    models = ", ".join(sorted({f"{run.cfg.model} on {run.cfg.dataset}" for run in runs}))
+    raise ReproduceError(f"{target.name} has only the paper scale, {len(runs)} runs of "
+                         f"{sum(run.rounds for run in runs)} rounds in all ({models}), sized for GPUs, and this "
+                         f"machine has none: pass --scale paper to start them on its CPU anyway")
 
 
 def print_targets(targets: dict[str, Target], console) -> None:
