@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from fedsuite.errors import FedsuiteError, ResultsError, RunFailed, RunInterrupted
+from fedsuite.errors import ConfigError, FedsuiteError, ResultsError, RunFailed, RunInterrupted
+from fedsuite.paths import as_path, input_problem
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,7 +53,13 @@ def simulate(*, config: str | os.PathLike | None = None, resume: bool = False, p
     from fedsuite.cli_support import plain_console
     from fedsuite.runner import PYTHON, run_simulation
 
-    path = None if config is None else Path(os.fspath(config)).expanduser()
+    try:
+        path = as_path(config, "config", optional=True)  # config=123: a ConfigError, not a bare TypeError
+        for name, flag in (("resume", resume), ("progress", progress)):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"{name}: expected True or False, got {type(flag).__name__} {flag!r}")
+    except ConfigError as exc:
+        raise exc.with_traceback(None) from None
     values = {key: _plain(value) for key, value in settings.items()}
     try:
         outcome = run_simulation(path, [], values, resume=resume, console=plain_console() if progress else None,
@@ -129,9 +136,7 @@ def load_run(path: str | os.PathLike) -> Run:
     from fedsuite import rundir
     from fedsuite.results import load_run as read_run
 
-    run_dir = Path(os.fspath(path)).expanduser().absolute()
-    if not run_dir.is_dir():
-        raise ResultsError(f"{run_dir} is not a folder")
+    run_dir = _folder(path, "path")
     try:
         loaded = read_run(run_dir)
     except ResultsError as exc:
@@ -141,6 +146,20 @@ def load_run(path: str | os.PathLike) -> Run:
     reason = recorded[1] if recorded is not None else rundir.last_line(run_dir / "error.txt")
     return Run(run_dir, loaded["config"], metrics_frame(loaded["rows"]), loaded["summary"], status,
                None if status == "completed" else reason or None)
+
+
+def _folder(value: Any, field: str) -> Path:
+    """``value``, a folder to read runs from, as an absolute path; :class:`~fedsuite.ResultsError`
+    (one line, ``fedsuite.paths``' check) for a value that is not a path, or a folder that is
+    missing, a file, a loop or unreadable."""
+    try:
+        path = as_path(value, field)
+    except ConfigError as exc:
+        raise ResultsError(str(exc)) from None
+    problem = input_problem(path, "folder")
+    if problem is not None:
+        raise ResultsError(f"{field}: {problem}")
+    return path.absolute()
 
 
 def metrics_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -167,9 +186,7 @@ def load_runs(folder: str | os.PathLike) -> Runs:
     is a :class:`~fedsuite.ResultsError`, and so is any run that cannot be read."""
     from fedsuite.results import run_dirs
 
-    root = Path(os.fspath(folder)).expanduser().absolute()
-    if not root.is_dir():
-        raise ResultsError(f"{root} is not a folder")
+    root = _folder(folder, "folder")
     found = run_dirs(root)
     if not found:
         raise ResultsError(f"no fedsuite runs under {root} (a run's folder holds config.json)")

@@ -226,10 +226,20 @@ def simulate(
 
 
 def check_writable_folder(folder: Path, field: str) -> None:
-    """Something can be written under ``folder`` (``rundir.folder_problem``); else one line, exit 2."""
-    from fedsuite.rundir import folder_problem
+    """Something can be written under ``folder`` (``fedsuite.paths.folder_problem``: a loop, a file
+    on the way, no room, ...); else one line, exit 2."""
+    from fedsuite.paths import folder_problem
 
     problem = folder_problem(folder)
+    if problem is not None:
+        fail(f"{field}: {problem}")
+
+
+def check_writable_file(path: Path, field: str) -> None:
+    """A file can be written at ``path`` (``fedsuite.paths.file_target_problem``); else one line, exit 2."""
+    from fedsuite.paths import file_target_problem
+
+    problem = file_target_problem(path)
     if problem is not None:
         fail(f"{field}: {problem}")
 
@@ -338,6 +348,9 @@ def partition(
     values = _common_values(dataset=dataset, partitioner=partitioner, alpha=alpha,
                             classes_per_client=classes_per_client, num_clients=num_clients, seed=seed,
                             data_root=data_root)
+    check_writable_file(out, "--out")  # before the data is read; a folder given as --out is refused as it is
+    out = figure_path(out.expanduser())
+    check_writable_file(out, "--out")
     try:
         cfg = build_config(config, set_, values)
         bundle = runtime.load_bundle(cfg)
@@ -348,8 +361,6 @@ def partition(
         if runtime.is_data_error(exc):
             fail(str(exc))
         raise
-    out = figure_path(out.expanduser())
-    check_writable_folder(out.parent.resolve(), "--out")
     hist = label_histogram(bundle.y_train.numpy(), parts, bundle.num_classes)
     table = Table(title=f"{cfg.dataset} / {cfg.partitioner}: samples per class (first {min(show, len(parts))} clients)")
     table.add_column("client")
@@ -396,7 +407,7 @@ def report(
         rows, curves = make_report(run_dirs, target=None if target is None else target / 100, last=last)
     except ResultsError as exc:
         fail(str(exc))
-    check_writable_folder(output_dir.resolve(), "--output-dir")
+    check_writable_folder(output_dir, "--output-dir")
     headers, cells = report_table(rows, target, last)
     table = Table(title="fedsuite report")
     for h in headers:
@@ -496,6 +507,12 @@ def gateway(
     from fedsuite import gateway as gw
     from fedsuite.certs import CertError, Credentials
 
+    from fedsuite.paths import path_problem
+
+    for field, path in (("CREDENTIALS", credentials), ("--dir", workdir)):
+        problem = None if path is None else path_problem(path)
+        if problem is not None:
+            fail(f"{field}: {problem}")
     creds = Credentials(credentials)
     folder = workdir or credentials.resolve().parent / "gateway"
     try:
@@ -543,6 +560,7 @@ def sweep(
     or, with --search, a Ray Tune search (ASHA stops poor trials early), each trial a fedsuite run.
     A run in the folder of another config than asked stops the command before it starts anything;
     a failed run is named and left as it is, or run again with --retry-failed."""
+    from fedsuite.errors import ConfigError
     from fedsuite.reproduce.queue import ReproduceError, placement_options
     from fedsuite.sweep import run_sweep
 
@@ -563,15 +581,18 @@ def sweep(
 
             if jobs < 1 or last < 1:
                 fail("--jobs and --last must be at least 1")
+            from fedsuite.sweep import study_folder
+
             # not the grid's default folder: a grid and a search do not share one (fedsuite.sweep.study_in)
-            folder = (output_dir / (name or (f"{config.stem}-search" if config is not None else "search"))).resolve()
+            folder = study_folder(output_dir, name if name is not None else
+                                  f"{config.stem}-search" if config is not None else "search")
             code = run_search(search, space, samples, grace_rounds, config, set_, seed_list or [0], folder, jobs,
                               placement_options(num_gpus, ray_address, engine), last, console)
             raise typer.Exit(code)
         code = run_sweep(config, set_, grid, seed_list, output_dir, name, jobs, placement_options(num_gpus, ray_address, engine),
                          last, group_by,
                          report_only, console, retry_failed)
-    except ReproduceError as exc:  # SweepError, or missing data
+    except (ReproduceError, ConfigError) as exc:  # SweepError, missing data, a path (fedsuite.paths)
         fail(str(exc))
     raise typer.Exit(code)
 

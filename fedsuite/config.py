@@ -31,38 +31,12 @@ from fedsuite import registry
 from fedsuite.activity import Component
 from fedsuite.errors import ConfigError  # defined there (no imports: fedsuite exports it); raised and caught as ours
 from fedsuite.params import Params
+from fedsuite.paths import (NAME_MAX, RUN_DIR_MAX, input_problem, name_problem, path_length_problem,  # noqa: F401
+                            unresolvable)
 
-#: the longest file or folder name, in bytes, of Linux's file systems (and macOS's)
-NAME_MAX = 255
 #: the largest run seed: every random draw takes the seed modulo 2^32 (fedsuite.seeding), so larger
 #: seeds would repeat smaller ones
 SEED_MAX = 2**32 - 1
-#: the longest run folder path, in bytes: Linux's PATH_MAX (4096) less room for the files a run
-#: writes inside it (client-state/client-00099/...)
-RUN_DIR_MAX = 4096 - 512
-
-
-def path_length_problem(path: str | Path) -> str | None:
-    """Why ``path`` (``~`` expanded, made absolute) is too long to be a run folder, or None."""
-    import os
-
-    full = os.fsencode(os.path.abspath(os.path.expanduser(path)))
-    if len(full) > RUN_DIR_MAX:
-        return f"the path is {len(full)} bytes long; at most {RUN_DIR_MAX} leave room for a run's files"
-    long = next((part for part in full.split(b"/") if len(part) > NAME_MAX), None)
-    if long is not None:
-        return f"a name in it is {len(long)} bytes long ({long[:24].decode(errors='replace')}...); a name has at most {NAME_MAX}"
-    return unresolvable(path)
-
-
-def unresolvable(path: str | Path) -> str | None:
-    """Why ``path`` cannot be followed to a place (a symlink loop, a name that is not a folder on
-    the way), or None. Python raises RuntimeError (3.11, 3.12) or OSError (3.13) for a loop."""
-    try:
-        Path(path).expanduser().resolve()
-    except (RuntimeError, OSError) as exc:
-        return f"{path} cannot be followed ({exc})"
-    return None
 
 #: ``max_failed_fraction`` when unset, on the Deployment Engine (real clients drop out)
 DEPLOYMENT_MAX_FAILED_FRACTION = 0.5
@@ -178,22 +152,20 @@ class BaseRunConfig(Params):
         _check_choice("dataset", self.dataset, registry.datasets())
         _check_choice("partitioner", self.partitioner, registry.partitioners())
         _check_choice("model", self.model, registry.models())
-        if self.run_name is not None and (
-            not self.run_name or self.run_name in (".", "..") or "/" in self.run_name or "\\" in self.run_name
-        ):
-            raise ValueError(f"run_name must be a plain folder name inside output_dir (no '/', '..'), got {self.run_name!r}")
-        if self.run_name is not None and not self.run_name.isprintable():
-            raise ValueError(f"run_name must be printable text (no newline, tab or other control character), "
-                             f"got {self.run_name!r}")
-        if self.run_name is not None and len(self.run_name.encode()) > NAME_MAX:
-            raise ValueError(f"run_name is {len(self.run_name.encode())} bytes long; a folder name has at most "
-                             f"{NAME_MAX}")
+        problem = None if self.run_name is None else name_problem(self.run_name)
+        if problem is not None:  # the one name check (fedsuite.paths), as sweep --name's
+            raise ValueError(f"run_name {problem}")
         problem = path_length_problem(Path(self.output_dir) / (self.run_name or "r" * 64))
         if problem is not None:
             raise ValueError(f"output_dir: {problem}")
         problem = unresolvable(self.data_root)
         if problem is not None:
             raise ValueError(f"data_root: {problem}")
+        from fedsuite.data.loading import options_problem
+
+        problem = options_problem(self.dataset, self.dataset_options)  # typed before use, as every field
+        if problem is not None:
+            raise ValueError(problem)
         if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise ValueError("tensorboard=true needs the tensorboard package: pip install tensorboard")
         if self.partition_by is not None and self.partitioner != "natural":
@@ -311,8 +283,11 @@ def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
-    if not path.is_file():
+    if not path.is_file() and not unresolvable(path) and not path.exists():
         raise ConfigError(f"config file not found: {path}")
+    problem = input_problem(path, "file")  # a folder, a loop, unreadable: the one check (fedsuite.paths)
+    if problem is not None:
+        raise ConfigError(f"config file: {problem}")
     try:
         return copy.deepcopy(_parse_toml(path.read_text(encoding="utf-8")))  # the file's text is the key
     except tomllib.TOMLDecodeError as exc:

@@ -11,7 +11,7 @@ inconsistent with the others; the readers check what they read: :func:`recorded_
 :func:`recorded_rows`), whether it is the
 run a queue asks for (:func:`config_mismatch`), whether it is the debris of a start-up
 (:func:`start_debris`), who holds it (:func:`claimed`), and whether a folder can take a run at all
-(:func:`folder_problem`). The parent-death watcher (``fedsuite.reaper``)
+(:func:`folder_problem`, ``fedsuite.paths``'s, the one path check). The parent-death watcher (``fedsuite.reaper``)
 reads a run's outcome here too.
 """
 
@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 import time
 import zipfile
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from fedsuite.errors import RecordError, ResultsError, RunDirError
+from fedsuite.paths import MIN_FREE_BYTES, folder_problem  # noqa: F401  (the one check: fedsuite.paths)
 from fedsuite.processes import marked
 
 if TYPE_CHECKING:
@@ -598,35 +598,3 @@ def describe(proc: psutil.Process) -> str:
     except psutil.Error:
         return f"process {proc.pid}"
 
-
-#: the least free space a run's folder needs before the run starts (a checkpoint per round, logs)
-MIN_FREE_BYTES = 64 * 2**20
-
-
-def folder_problem(folder: Path) -> str | None:
-    """Why nothing can be written under ``folder`` (None if it can): a path past the system's
-    length limits, a nearest existing parent that is a file, not writable, not a real folder
-    (``/proc``, ``/sys``: a probe folder is made and removed to find out), or on a file system with
-    less than :data:`MIN_FREE_BYTES` free."""
-    from fedsuite.config import path_length_problem
-
-    folder = Path(os.path.abspath(os.path.expanduser(folder)))
-    too_long = path_length_problem(folder)
-    if too_long is not None:
-        return too_long
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is a file, not a folder, so {folder} cannot be created"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable, so nothing can be written under {folder}"
-    try:
-        shutil.rmtree(tempfile.mkdtemp(prefix=".fedsuite-probe-", dir=existing))
-    except OSError as exc:
-        return f"a folder cannot be created in {existing} ({exc.strerror})"
-    free = shutil.disk_usage(existing).free
-    if free < MIN_FREE_BYTES:
-        return (f"the file system of {existing} has {free / 2**20:.1f} MiB free; a run needs at least "
-                f"{MIN_FREE_BYTES / 2**20:.0f} MiB")
-    return None

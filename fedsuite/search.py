@@ -70,7 +70,8 @@ from rich.text import Text
 from fedsuite import rundir
 from fedsuite.config import (BaseRunConfig, ConfigError, build_config, check_settings_used, own_settings, parse_value,
                              setting_keys, unused_setting)
-from fedsuite.sweep import FolderLock, SweepError, _text, _toml_value, setting_label, split_values, study_in
+from fedsuite.sweep import (FolderLock, SweepError, _text, _toml_value, refuse_folder_keys, setting_label, split_values,
+                            study_in)
 
 SEARCHES = ("random", "asha")
 #: ASHA's reduction factor: at each rung the better half goes on
@@ -118,6 +119,7 @@ def parse_space(items: Sequence[str]) -> list[Range]:
             raise SweepError(f"--space names {key!r} twice")
         if key == "seed":
             raise SweepError("seed is not a search key: --seeds names the trials' seed")
+        refuse_folder_keys([key], "--space")
         if kind == "choice":
             values = split_values(spec)
             if any(v == "" for v in values):
@@ -310,6 +312,7 @@ def run_search(search: str, space_items: Sequence[str], samples: int, grace_roun
     if len(seeds) != 1:
         raise SweepError(f"a search runs one seed per trial; give one --seeds value, got {len(seeds)}")
     space = parse_space(space_items)
+    refuse_folder_keys(setting_keys(list(base_set)), "--set")
     rounds = check_space(space, base_set, config)
     grace = grace_rounds if grace_rounds is not None else max(1, rounds // 4)
     if not 1 <= grace <= rounds:

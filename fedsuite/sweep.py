@@ -106,10 +106,42 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
 
 
 def _toml_value(value: Any) -> str:
-    """A grid value as ``--set`` text (TOML), for the run's command line."""
+    """A grid value as ``--set`` text (TOML), for the run's command line; a table (``{alpha = 1}``,
+    a section or ``dataset_options`` given whole) as an inline table, keys quoted."""
     import tomli_w
 
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
     return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
+
+
+#: the config keys a queue sets for each of its runs itself (its folder): a grid, a search space or a
+#: base ``--set`` that names one would be overridden without a word
+FOLDER_KEYS = ("output_dir", "run_name")
+
+
+def refuse_folder_keys(keys: Sequence[str], option: str) -> None:
+    """:class:`SweepError` (one line) for the first of ``keys`` (dotted) that is one of
+    :data:`FOLDER_KEYS`, which a sweep or search sets for every run (``<output-dir>/<name>/...``)."""
+    for key in keys:
+        if key.split(".", 1)[0] in FOLDER_KEYS:
+            raise SweepError(f"{option} {key}: a sweep or search puts each run in its own folder "
+                             "(<output-dir>/<name>/...); choose where with --output-dir and --name")
+
+
+def study_folder(output_dir: Path, name: str) -> Path:
+    """A sweep's or search's folder, ``output_dir/name`` resolved, where ``name`` is a plain folder
+    name and ``output_dir`` can be followed (``fedsuite.paths``, the check of ``simulate``'s
+    ``run_name`` and ``output_dir``); else :class:`SweepError`, one line."""
+    from fedsuite.paths import name_problem, path_problem
+
+    problem = name_problem(name)
+    if problem is not None:
+        raise SweepError(f"--name {problem}")
+    problem = path_problem(output_dir / name)
+    if problem is not None:
+        raise SweepError(f"--output-dir: {problem}")
+    return (output_dir / name).expanduser().resolve()
 
 
 def _text(value: Any) -> str:
@@ -160,6 +192,8 @@ def plan(config: Path | None, base_set: Sequence[str], grid: dict[str, list[Any]
         raise SweepError("no seeds: give --seeds 0,1,2 (or [sweep] seeds in the config)")
     if "seed" in grid:
         raise SweepError("seed is not a grid key: the seeds are --seeds")
+    refuse_folder_keys(list(grid), "--grid")
+    refuse_folder_keys(setting_keys(list(base_set)), "--set")
     settings = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
     def build(items: list[str]) -> BaseRunConfig:
@@ -419,8 +453,8 @@ def run_sweep(config: Path | None, base_set: Sequence[str], grid_items: Sequence
     seed_list = list(seeds) if seeds else file_seeds or [0]
     if group_by is not None and group_by not in grid:
         raise SweepError(f"--group-by {group_by!r} is not a grid key; allowed: {', '.join(grid)}")
-    name = name or (config.stem if config is not None else "sweep")
-    folder = (output_dir / name).resolve()
+    name = name if name is not None else config.stem if config is not None else "sweep"  # --name '' is refused
+    folder = study_folder(output_dir, name)
     if study_in(folder) == "search":
         raise SweepError(f"{folder} holds a search (trials/), whose report.md a grid's would replace: give the grid "
                          "another --name")

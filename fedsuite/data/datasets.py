@@ -571,17 +571,29 @@ def load_tinyimagenet(root: Path, *, download: bool = True) -> DatasetBundle:
 
 
 def _folder_split(d: Path, class_to_idx: dict[str, int] | None = None) -> tuple[list[Path], list[int], dict[str, int]]:
+    """The image files of one split ``d/<class>/...`` and their labels. ``class_to_idx``: the
+    training split's classes, which every other split must have exactly (None: ``d`` is the
+    training split, whose sorted folder names are the classes). Every class folder must hold at
+    least one image: a class without training images is one the model can never learn, one without
+    test images is never measured, and one without either would be dropped without a word. Else
+    :class:`DatasetError`, one line naming the folder."""
     classes = sorted(p.name for p in d.iterdir() if p.is_dir())
     if class_to_idx is None:
         class_to_idx = {c: i for i, c in enumerate(classes)}
+    extra = [c for c in classes if c not in class_to_idx]
+    if extra:
+        raise DatasetError(f"Class folder {d / extra[0]} has no counterpart in the training split; the splits "
+                           "must hold the same class folders.")
+    lacking = [c for c in class_to_idx if c not in classes]
+    if lacking:
+        raise DatasetError(f"{d} lacks the class folder(s) {', '.join(lacking)} of the training split; the "
+                           "splits must hold the same class folders, each with images.")
     files, ys = [], []
     for c in classes:
-        if c not in class_to_idx:
-            raise DatasetError(
-                f"Class folder {d / c} has no counterpart in the training split; the test split "
-                "may only use classes present in train/."
-            )
         fs = sorted(p for p in (d / c).rglob("*") if p.is_file() and p.suffix.lower() in _IMG_EXT)
+        if not fs:
+            raise DatasetError(f"Class folder {d / c} holds no image ({', '.join(sorted(_IMG_EXT))}); every class "
+                               "needs images in every split (remove the folder to drop the class).")
         files += fs
         ys += [class_to_idx[c]] * len(fs)
     return files, ys, class_to_idx

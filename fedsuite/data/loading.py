@@ -9,9 +9,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from pydantic import ConfigDict, ValidationError, create_model
 
 from .datasets import (AUGMENT_KINDS, DatasetBundle, DatasetError, check_bundle, load_cifar10, load_cifar100,
                        load_cinic10, load_femnist, load_fmnist, load_imagefolder, load_mnist, load_npz,
@@ -52,6 +55,64 @@ def _load_cached(name: str, root: str, options: tuple[tuple[str, Any], ...]) -> 
     return check_bundle(DATASETS[name](Path(root), **dict(options)), str(source))
 
 
+#: the view options' types (:func:`_apply_view`): a per-channel value may be one number or a list
+_VIEW_TYPES: dict[str, Any] = {"augment": str | None, "normalize": str | None,
+                               "mean": float | list[float] | None, "std": float | list[float] | None}
+
+
+def _option_type(annotation: Any) -> Any:
+    """A loader parameter's type as a config value has it: a path is a string (``str | Path`` -> ``str``)."""
+    if annotation is Path:
+        return str
+    args = typing.get_args(annotation)
+    if args and typing.get_origin(annotation) in (typing.Union, type(str | None)):
+        return typing.Union[tuple(_option_type(a) for a in args)]
+    return annotation
+
+
+@functools.cache
+def _options_model(name: str) -> Any:
+    """A strict pydantic model of dataset ``name``'s options: its loader's keyword parameters, with
+    their annotated types (a path as a string), and the view options; no other key."""
+    loader = DATASETS[name]
+    hints = typing.get_type_hints(loader)
+    fields = {p: (_option_type(hints.get(p, Any)), None) for p in inspect.signature(loader).parameters if p != "root"}
+    fields.update({k: (t, None) for k, t in _VIEW_TYPES.items()})
+    return create_model(f"{name}_options", __config__=ConfigDict(strict=True, extra="forbid"), **fields)
+
+
+def _as_config_value(value: Any) -> Any:
+    """A value as a config file holds it: a path as its string, a tuple as a list."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_as_config_value(v) for v in value]
+    return value
+
+
+def options_problem(name: str, options: dict[str, Any]) -> str | None:
+    """Why ``options`` are not options of dataset ``name`` (one line naming the first bad one:
+    ``dataset_options.path: Input should be a valid string (got 1)``), or None. Every option has
+    its loader's annotated type, strictly: no number for a string (``path=1``), no boolean for a
+    string (``path=true`` is not the hub id ``'True'``) or a number, no string for a number; an
+    option the dataset does not take is named with those it takes. The one check of the options,
+    for the run's config (``fedsuite.config``) and for :func:`load_dataset`."""
+    if name not in DATASETS:
+        return f"Unknown dataset {name!r}; available datasets: {', '.join(sorted(DATASETS))}."
+    model = _options_model(name)
+    unknown = [k for k in options if k not in model.model_fields]
+    if unknown:
+        return (f"Unknown option(s) {', '.join(map(str, unknown))} for dataset {name!r}; it accepts "
+                f"{', '.join(model.model_fields)}.")
+    try:
+        model.model_validate({k: _as_config_value(v) for k, v in options.items()})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(part) for part in err["loc"][:1])
+        return f"dataset_options.{loc}: {err['msg']} (got {err['input']!r}) for dataset {name!r}"
+    return None
+
+
 def load_dataset(name: str, root: str | Path = "data", **options: Any) -> DatasetBundle:
     """Load dataset ``name`` (see :data:`DATASETS`) from the data root ``root``; cached per process.
 
@@ -61,17 +122,10 @@ def load_dataset(name: str, root: str | Path = "data", **options: Any) -> Datase
     dataset's loader (e.g. ``label_mode`` for cifar100, ``path`` for npz/imagefolder/hf, ``alpha``,
     ``beta``, ``num_devices``, ``seed`` for synthetic, ``download`` for downloadable datasets).
     """
-    if name not in DATASETS:
-        raise DatasetError(f"Unknown dataset {name!r}; available datasets: {', '.join(sorted(DATASETS))}.")
+    problem = options_problem(name, options)
+    if problem is not None:
+        raise DatasetError(problem)
     view = {k: options.pop(k) for k in _VIEW_OPTIONS if k in options}
-    params = inspect.signature(DATASETS[name]).parameters
-    accepted = [p for p in params if p != "root"]
-    unknown = [k for k in options if k not in accepted]
-    if unknown:
-        raise DatasetError(
-            f"Unknown option(s) {', '.join(unknown)} for dataset {name!r}; it accepts "
-            f"{', '.join(accepted + list(_VIEW_OPTIONS))}."
-        )
     root_s = str(Path(root).expanduser().resolve())
     bundle = _load_cached(name, root_s, tuple(sorted((k, _hashable(v)) for k, v in options.items())))
     return _apply_view(bundle, **view)

@@ -53,13 +53,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from fedsuite import rundir
+from fedsuite.errors import FedsuiteError
 from fedsuite.processes import core_slices, fedsuite_first, stop_tree
 
 if TYPE_CHECKING:
     from fedsuite.config import BaseRunConfig
 
 
-class ReproduceError(ValueError):
+class ReproduceError(FedsuiteError, ValueError):
     """A user error (unknown target, row or method, a bad tables file, missing data); one line."""
 
 
