@@ -13,7 +13,9 @@ complete); the Python API (``fedsuite.simulate``, ``fedsuite.load_run``) raises 
     │   └── RecordError    ... because they are damaged: a record file that is a link, a folder,
     │                      unreadable, undecodable or inconsistent with the others (``fedsuite.rundir``);
     │                      a ConfigError too, so ``--resume`` refuses it as bad input (exit 2)
-    └── RunFailed      a run started but did not complete; ``run_dir`` and ``run`` say what it left
+    ├── RunFailed      a run started but did not complete; ``run_dir`` and ``run`` say what it left
+    ├── CertError      credentials that cannot be made, read, or do not belong together (``fedsuite.certs``)
+    └── ReproduceError a queue's bad input: a target, a grid, a sweep's folder (``fedsuite.reproduce.queue``)
 
 :class:`RunInterrupted` is not one of them: it is a :class:`KeyboardInterrupt` (Ctrl-C, a notebook's
 stop button) that says how to continue the run, so ``except Exception`` never swallows it.

@@ -71,7 +71,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsuite.certs import Credentials, require
+from fedsuite.certs import Credentials, check_set, require, server_hosts
 
 #: the Fleet API's endpoints are ``/v1/fleet/<lower-case words joined by ->``; nothing else passes
 FLEET_PATH_RE = r"^/v1/fleet/[a-z]+(-[a-z]+)*$"
@@ -193,11 +193,21 @@ def nginx_config(creds: Credentials, listen: str, superlink: str, workdir: Path,
 
     ``superlink_name`` is the name nginx checks the SuperLink's certificate against: by default the
     host of ``superlink``, or ``localhost`` when that is an IP address (nginx verifies names, not IP
-    addresses; ``fedsuite certs`` always puts ``localhost`` in the certificate)."""
+    addresses; ``fedsuite certs`` always puts ``localhost`` in the certificate). The name must be one
+    of the DNS names ``server.pem`` holds, and the three files must belong together
+    (``fedsuite.certs.check_set``): else :class:`GatewayError` or ``CertError``, one line, where
+    nginx would start and every SuperNode's request fail its TLS check of the SuperLink."""
     require(creds.ca_cert, creds.server_cert, creds.server_key)
     listen_host, listen_port = split_address(listen, "--listen")
     up_host, up_port = split_address(superlink, "--superlink")
     name = superlink_name or ("localhost" if _is_ip(up_host) else up_host)
+    check_set(creds)
+    names = [h for h in server_hosts(creds) if not _is_ip(h)]
+    if name not in names:
+        given = f"--superlink-name {name!r}" if superlink_name else f"the name {name!r} (--superlink's host)"
+        why = " (nginx checks DNS names, not IP addresses)" if _is_ip(name) else ""
+        raise GatewayError(f"{given} is not a name of the SuperLink's certificate {creds.server_cert}{why}; its "
+                           f"names: {', '.join(names)} (add one with fedsuite certs --host NAME --force-server)")
     work = workdir.resolve()
     lim = limits or Limits()
     max_body, timeout = lim.body_bytes, lim.body_timeout
