@@ -42,6 +42,9 @@ from fedsuite.cli_support import (
     ConfigOptionsCommand,
     ManyValuesCommand,
     Names,
+    check_readable,
+    check_writable_file,
+    check_writable_folder,
     OneLineUsageCommand,
     OneLineUsageGroup,
     err_console,
@@ -223,25 +226,6 @@ def simulate(
     finally:
         if previous is not None:  # None: a handler not set from Python, which cannot be put back
             signal.signal(signal.SIGTERM, previous)
-
-
-def check_writable_folder(folder: Path, field: str) -> None:
-    """Something can be written under ``folder`` (``fedsuite.paths.folder_problem``: a loop, a file
-    on the way, no room, ...); else one line, exit 2."""
-    from fedsuite.paths import folder_problem
-
-    problem = folder_problem(folder)
-    if problem is not None:
-        fail(f"{field}: {problem}")
-
-
-def check_writable_file(path: Path, field: str) -> None:
-    """A file can be written at ``path`` (``fedsuite.paths.file_target_problem``); else one line, exit 2."""
-    from fedsuite.paths import file_target_problem
-
-    problem = file_target_problem(path)
-    if problem is not None:
-        fail(f"{field}: {problem}")
 
 
 #: the figure formats partition's ``--out`` file may have (matplotlib's raster and vector backends)
@@ -461,6 +445,9 @@ def connection(
     """Write the flwr CLI's connection to a SuperLink (for flwr run, flwr log, fedsuite submit)."""
     from fedsuite.superlink import write_connection
 
+    check_writable_folder(flwr_home, "FLWR_HOME")
+    if root_certificates is not None:
+        check_readable(root_certificates, "file", "--root-certificates")
     write_connection(flwr_home, address, root_certificates, name)
 
 
@@ -474,6 +461,7 @@ def submit(
     """flwr run + flwr log --stream against a SuperLink; exits 0 only if the run finished completed."""
     from fedsuite.superlink import submit_and_follow
 
+    check_readable(app_dir, "folder", "APP_DIR")
     raise typer.Exit(submit_and_follow(app_dir, connection, run_config or ""))
 
 
@@ -509,10 +497,11 @@ def gateway(
 
     from fedsuite.paths import path_problem
 
-    for field, path in (("CREDENTIALS", credentials), ("--dir", workdir)):
-        problem = None if path is None else path_problem(path)
-        if problem is not None:
-            fail(f"{field}: {problem}")
+    problem = path_problem(credentials)  # a loop; a missing file is named by the credentials' own check
+    if problem is not None:
+        fail(f"CREDENTIALS: {problem}")
+    if workdir is not None:
+        check_writable_folder(workdir, "--dir")
     creds = Credentials(credentials)
     folder = workdir or credentials.resolve().parent / "gateway"
     try:

@@ -4,7 +4,9 @@ the consoles that print text as given (:func:`plain_console`), usage errors said
 choices and default (:class:`PlainHelp`, :class:`Names`, :class:`ConfigOptionsCommand`), options
 that take several values after one flag (:class:`ManyValuesCommand`: ``--seeds 0 1 2``), the one
 reading of ``--seeds`` (:func:`parse_seeds`, ``sweep``'s and ``reproduce``'s) and a run's progress
-bar (:class:`RunProgress`). Light imports only: ``fedsuite.cli`` imports this at start-up.
+bar (:class:`RunProgress`), and the commands' checks of the paths they take (:func:`check_readable`,
+:func:`check_writable_folder`, :func:`check_writable_file`: ``fedsuite.paths``' one check, as
+one line). Light imports only: ``fedsuite.cli`` imports this at start-up.
 
 No text is ever read as rich markup or emoji codes: help is click's plain text (the app has
 ``rich_markup_mode=None``), and every console is a :func:`plain_console`, so a message holding
@@ -43,6 +45,35 @@ def fail(message: str, code: int = 2) -> NoReturn:
     The only error prefix of the CLI: click's usage errors come here too."""
     err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(code)
+
+
+def check_writable_folder(folder: Any, field: str) -> None:
+    """Something can be written under ``folder`` (``fedsuite.paths.folder_problem``: a loop, a file
+    on the way, no room, ...); else one line naming ``field``, exit 2."""
+    from fedsuite.paths import folder_problem
+
+    problem = folder_problem(folder)
+    if problem is not None:
+        fail(f"{field}: {problem}")
+
+
+def check_writable_file(path: Any, field: str) -> None:
+    """A file can be written at ``path`` (``fedsuite.paths.file_target_problem``); else one line, exit 2."""
+    from fedsuite.paths import file_target_problem
+
+    problem = file_target_problem(path)
+    if problem is not None:
+        fail(f"{field}: {problem}")
+
+
+def check_readable(path: Any, kind: str, field: str) -> None:
+    """``path``, a ``kind`` (``file`` or ``folder``) the command reads, can be read
+    (``fedsuite.paths.input_problem``); else one line naming ``field``, exit 2."""
+    from fedsuite.paths import input_problem
+
+    problem = input_problem(path, kind)
+    if problem is not None:
+        fail(f"{field}: {problem}")
 
 
 #: the two spellings of ``--seeds`` (and both at once: ``--seeds 0,1 2``), as its error names them

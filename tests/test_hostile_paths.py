@@ -155,6 +155,10 @@ def test_a_symlink_loop_is_one_line_for_every_command(tmp_path, loop):
     assert_one_line(fedsuite("simulate", "--config", str(loop / "c.toml")), "config file: ")
     assert_one_line(fedsuite("certs", str(loop / "creds")), "credentials folder: ")
     assert_one_line(fedsuite("gateway", str(loop / "creds"), "--print-config"), "CREDENTIALS: ")
+    assert_one_line(fedsuite("connection", str(loop / "home"), "127.0.0.1:9092"), "FLWR_HOME: ")
+    assert_one_line(fedsuite("connection", str(tmp_path / "home"), "127.0.0.1:9092", "--root-certificates",
+                             str(loop / "ca.crt")), "--root-certificates: ")
+    assert_one_line(fedsuite("submit", str(loop / "app"), "fedsuite"), "APP_DIR: ")
     # a folder where a file is meant
     out = fedsuite("partition", "--out", str(tmp_path), "--num-clients", "2")
     assert_one_line(out, "is a folder (or another non-file), not a file that can be written")
