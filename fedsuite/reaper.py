@@ -15,6 +15,10 @@ them running. Two mechanisms:
   SuperLink and its children), discards the private Ray's temporary directory
   (:func:`discard_ray_tmpdir`), then exits. After a normal run the CLI stops it.
 
+A third, for a ServerApp in Flower's own ``flwr-simulation`` process (``flwr run`` of a Flower app of
+one's own, ``fedsuite.server_app.watch_flower_simulation``): :func:`watch_descendants` stops what
+that process started (Ray's daemons, agents, ClientApp actors) once it is gone.
+
 The processes are found and stopped through ``fedsuite.processes`` (:func:`sweep` repeats its scan
 until Ray has stopped starting workers), a run's outcome read through ``fedsuite.rundir``. This
 module imports only the standard library, psutil and those two (whose own heavy imports wait inside
