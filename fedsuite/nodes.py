@@ -4,9 +4,10 @@ fills it, its refresh before every round, and which partition a reply belongs to
 A node says its partition id in answer to a QUERY (:func:`partition_query`; the ClientApp replies
 with the MetricRecord ``"info"`` holding ``"partition-id"``, ``fedsuite.wire``). The ServerApp asks
 every node once at the start (:class:`Handshake`: a missing or failed answer, or two nodes claiming
-one partition, fail the run; fewer nodes than clients are said in one line, :func:`shortfall`). The strategy then keeps a :class:`NodeMap` and calls
-:meth:`NodeMap.refresh` before every round: a SuperNode that joined late or restarted under a new
-node id is asked the same question and gets work again (a failed answer is logged, not fatal).
+one partition, fail the run; fewer nodes than clients are said in one line, :func:`shortfall`).
+The strategy then keeps a :class:`NodeMap` and calls :meth:`NodeMap.refresh` before every round:
+a SuperNode that joined late or restarted under a new node id is asked the same question and gets
+work again (a failed answer is logged, not fatal).
 Sampling is by partition id; a partition whose node is gone stays in the map and is sent nothing.
 
 Each exchange with the clients (a round's training messages, a statistics query) is an
