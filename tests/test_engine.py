@@ -211,3 +211,22 @@ def test_a_flower_users_own_serverapp_runs_a_fedsuite_method(tmp_path, data_root
         [{k: v for k, v in row.items() if k != "wall_seconds"} for row in ours.rows]
     summary = json.loads((tmp_path / "records" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["final_accuracy"] == ours.summary["final_accuracy"]
+
+
+def test_records_in_flowers_loop_refuse_a_folder_that_holds_a_run_and_a_key_that_is_not_a_boolean(tmp_path):
+    """``records = true`` (a Flower app of one's own, ``fedsuite.flower_loop``) never mixes two runs'
+    records: a run directory that holds a run is refused in one line before the handshake; a new or
+    empty one is taken. ``records`` must be a TOML boolean."""
+    from fedsuite.errors import ConfigError, RunDirError
+    from fedsuite.flower_loop import LoopRecords
+    from fedsuite.runtime import records_asked
+
+    LoopRecords.check_folder(tmp_path / "new")
+    (tmp_path / "empty").mkdir()
+    LoopRecords.check_folder(tmp_path / "empty")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(RunDirError, match=r"^records: .* holds a run already \(partial\): name another run_dir"):
+        LoopRecords.check_folder(tmp_path)
+    assert records_asked({RECORDS_KEY: True}) and not records_asked({}) and not records_asked({RECORDS_KEY: False})
+    with pytest.raises(ConfigError, match="records must be true or false"):
+        records_asked({RECORDS_KEY: "yes"})
