@@ -39,8 +39,9 @@ import os
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -49,7 +50,7 @@ from fedsuite.models import initial_arrays, make_model
 from fedsuite.processes import available_cores
 from fedsuite.recording import RunRecorder, tensorboard_installed
 from fedsuite.results import write_json
-from fedsuite.rounds import RoundFailure, ServerSetup
+from fedsuite.rounds import RoundFailure, RoundLog, ServerSetup
 from fedsuite.strategy import FedSuiteStrategy
 from fedsuite.state import prune_committed
 from fedsuite.training import arrays_evaluator
@@ -72,18 +73,32 @@ def execute(cfg, run_dir: Path, transport: Transport, connect: Connect,
     """One run of ``cfg`` into ``run_dir`` through ``transport`` (see module); raises what failed
     the run after recording it (``summary.json`` status ``failed``, ``error.txt``). ``on_round`` is
     called after each line of ``metrics.jsonl`` (round 0's too)."""
+    torch.set_num_threads(max(1, cfg.num_cpus))
+    with recorded(cfg, run_dir) as (recorder, extra):
+        run_rounds(cfg, run_dir, transport, connect, recorder, extra["timing"], extra["provenance"],
+                   on_round or (lambda: None))
+
+
+@contextmanager
+def recorded(cfg, run_dir: Path) -> Iterator[tuple[RunRecorder, dict]]:
+    """A run's record around its rounds, whoever drives them (:func:`execute`, or Flower's own loop:
+    ``fedsuite.flower_loop``): ``config.json`` first, then the :class:`RunRecorder` and the
+    summary's extras (``timing``, ``provenance``: this start) for the rounds to fill; at the end
+    ``summary.json`` with status ``completed``, or ``failed`` (``error.txt``, and a
+    :class:`RoundFailure`'s record) when the block raised an ``Exception``, which propagates. A stop
+    from outside (:data:`stop_requested`, or SystemExit/KeyboardInterrupt) records no outcome: the
+    run stays partial."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "config.json", cfg.active_dump())
     recorder = RunRecorder(run_dir, cfg.active_dump(),
                            tensorboard=tensorboard_installed() if cfg.tensorboard is None else cfg.tensorboard,
                            components=cfg.components)
-    torch.set_num_threads(max(1, cfg.num_cpus))
     status, extra = None, {"timing": {"serverapp_start": time.time(), "cores": available_cores()}}
-    extra["provenance"] = starts = [this_start(cfg)]
+    extra["provenance"] = [this_start(cfg)]
     log.info("%s on %s (%s), %d clients, K=%d, %d rounds -> %s", cfg.strategy, cfg.dataset, cfg.partitioner,
              cfg.num_clients, cfg.cohort_size, cfg.rounds, run_dir)
     try:
-        run_rounds(cfg, run_dir, transport, connect, recorder, extra["timing"], starts, on_round or (lambda: None))
+        yield recorder, extra
         status = "completed"
     except BaseException as exc:
         if stop_requested.is_set() or not isinstance(exc, Exception):
@@ -104,6 +119,16 @@ def execute(cfg, run_dir: Path, transport: Transport, connect: Connect,
         else:
             recorder.finish(status, extra)
             log.info("run %s: %s", status, run_dir)
+
+
+def round_row(server_round: int, test: dict, info: RoundLog | None = None, wall_seconds: float | None = None) -> dict:
+    """Round ``server_round``'s line of ``metrics.jsonl``: its central evaluation ``test``
+    (``{"accuracy", "loss"}``, or {} in a round not evaluated) and, for a training round, its
+    :class:`RoundLog` and wall time (round 0, w^0, has neither)."""
+    row = {"round": server_round, "test_accuracy": test.get("accuracy"), "test_loss": test.get("loss")}
+    if info is not None:
+        row.update({"train_loss": info.train_loss, "wall_seconds": wall_seconds, **info.row()})
+    return row
 
 
 def run_inprocess(cfg, run_dir: Path, on_round: Callable[[], None] | None = None) -> None:
@@ -155,8 +180,7 @@ def run_rounds(cfg, run_dir: Path, transport: Transport, connect: Connect, recor
         recorder.rewind(done, ckpt.get("metrics_row"))
     else:
         recorder.rewind(0, None)  # killed before round 1 was checkpointed: round 0 is written again
-        test = evaluate_arrays(arrays)
-        recorder.append({"round": 0, "test_accuracy": test.get("accuracy"), "test_loss": test.get("loss")})
+        recorder.append(round_row(0, evaluate_arrays(arrays)))
         this["rounds"] = [0, 0]
         on_round()
     if done >= cfg.rounds:
@@ -168,14 +192,7 @@ def run_rounds(cfg, run_dir: Path, transport: Transport, connect: Connect, recor
         arrays, _ = strategy.train_round(server_round, arrays, transport)
         test = evaluate_arrays(strategy.evaluation_arrays(arrays)) if cfg.evaluates(server_round) else {}
         info = strategy.round_log
-        row = {
-            "round": server_round,
-            "test_accuracy": test.get("accuracy"),
-            "test_loss": test.get("loss"),
-            "train_loss": info.train_loss,
-            "wall_seconds": time.perf_counter() - started,
-            **info.row(),
-        }
+        row = round_row(server_round, test, info, time.perf_counter() - started)
         # one atomic step: the checkpoint carries its round's row; the row is appended after it,
         # and a resume rewrites metrics.jsonl to end with the checkpoint's row (RunRecorder.rewind)
         this["rounds"] = [this["rounds"][0] if this["rounds"] else server_round, server_round]

@@ -4,9 +4,10 @@ fills it, its refresh before every round, and which partition a reply belongs to
 A node says its partition id in answer to a QUERY (:func:`partition_query`; the ClientApp replies
 with the MetricRecord ``"info"`` holding ``"partition-id"``, ``fedsuite.wire``). The ServerApp asks
 every node once at the start (:class:`Handshake`: a missing or failed answer, or two nodes claiming
-one partition, fail the run). The strategy then keeps a :class:`NodeMap` and calls
-:meth:`NodeMap.refresh` before every round: a SuperNode that joined late or restarted under a new
-node id is asked the same question and gets work again (a failed answer is logged, not fatal).
+one partition, fail the run; fewer nodes than clients are said in one line, :func:`shortfall`).
+The strategy then keeps a :class:`NodeMap` and calls :meth:`NodeMap.refresh` before every round:
+a SuperNode that joined late or restarted under a new node id is asked the same question and gets
+work again (a failed answer is logged, not fatal).
 Sampling is by partition id; a partition whose node is gone stays in the map and is sent nothing.
 
 Each exchange with the clients (a round's training messages, a statistics query) is an
@@ -23,6 +24,7 @@ import time
 
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
+from flwr.superlink.grid import InMemoryGrid
 
 from fedsuite.replies import failure_reason
 from fedsuite.wire import INFO, PARTITION_ID
@@ -31,6 +33,11 @@ log = logging.getLogger("fedsuite")
 
 #: how long the ServerApp waits for all nodes to connect and answer the handshake
 HANDSHAKE_TIMEOUT_S = 600.0
+#: seconds the ServerApp waits with fewer SuperNodes than clients before it says so (deployment)
+SHORTFALL_NOTICE_S = 5.0
+#: seconds a simulation's node count must hold before it is taken as the federation's size (its
+#: virtual SuperNodes are registered in one loop, as the ServerApp starts)
+SIMULATION_SETTLE_S = 1.0
 #: how long a round waits for newly connected nodes to say which partition they hold
 QUERY_TIMEOUT_S = 60.0
 
@@ -45,18 +52,51 @@ def claimed_partition(reply: Message) -> int:
     return int(reply.content[INFO][PARTITION_ID])
 
 
+class TooFewNodes(RuntimeError):
+    """A simulation has fewer SuperNodes than the run's clients: the handshake can never complete."""
+
+
+def shortfall(connected: int, expected: int, simulation: bool) -> str:
+    """The one line that says a run has fewer nodes than clients: both numbers and what to set."""
+    if simulation:
+        return (f"the simulation has {connected} SuperNodes and the run has num_clients={expected}: set the "
+                f"federation's num-supernodes={expected} (flwr run ... --federation-config "
+                f"\"num-supernodes={expected}\") or the run's num_clients={connected}")
+    return (f"{connected} SuperNodes are connected and the run has num_clients={expected}: waiting up to "
+            f"{HANDSHAKE_TIMEOUT_S:g} s for {expected - connected} more (each with its own partition-id in "
+            f"--node-config), or run with num_clients={connected}")
+
+
 class Handshake:
     """One QUERY to every node, answered with its partition id: Flower node id -> partition id.
 
     Construction waits until ``expected`` nodes have connected and sends the queries;
     ``partition_ids()`` collects the replies. What the ServerApp does in between overlaps the
-    clients' start."""
+    clients' start.
+
+    Fewer nodes than ``expected`` are said in one line (:func:`shortfall`), never waited for
+    silently: a simulation's virtual SuperNodes are registered at once and never grow, so once their
+    number has held for :data:`SIMULATION_SETTLE_S` the run fails (:class:`TooFewNodes`); real
+    SuperNodes may still join, so after :data:`SHORTFALL_NOTICE_S` (and whenever the number changes)
+    the line is logged as a warning while the wait goes on (``HANDSHAKE_TIMEOUT_S``)."""
 
     def __init__(self, grid: Grid, expected: int) -> None:
-        self.grid, self.deadline = grid, time.monotonic() + HANDSHAKE_TIMEOUT_S
-        while len(list(grid.get_node_ids())) < expected:
-            if time.monotonic() > self.deadline:
-                raise RuntimeError(f"only {len(list(grid.get_node_ids()))} of {expected} nodes connected")
+        self.grid, started = grid, time.monotonic()
+        self.deadline = started + HANDSHAKE_TIMEOUT_S
+        simulation = isinstance(grid, InMemoryGrid)
+        count, since, told = -1, started, None
+        while (connected := len(list(grid.get_node_ids()))) < expected:
+            now = time.monotonic()
+            if connected != count:
+                count, since = connected, now
+            if simulation and connected > 0 and now - since >= SIMULATION_SETTLE_S:
+                log.error("%s", shortfall(connected, expected, simulation=True))
+                raise TooFewNodes(shortfall(connected, expected, simulation=True))
+            if not simulation and now - started >= SHORTFALL_NOTICE_S and told != connected:
+                log.warning("%s", shortfall(connected, expected, simulation=False))
+                told = connected
+            if now > self.deadline:
+                raise RuntimeError(f"only {connected} of {expected} nodes connected")
             time.sleep(0.5)
         self.pending = set(grid.push_messages([partition_query(n) for n in sorted(grid.get_node_ids())]))
 

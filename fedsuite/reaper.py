@@ -15,6 +15,10 @@ them running. Two mechanisms:
   SuperLink and its children), discards the private Ray's temporary directory
   (:func:`discard_ray_tmpdir`), then exits. After a normal run the CLI stops it.
 
+A third, for a ServerApp in Flower's own ``flwr-simulation`` process (``flwr run`` of a Flower app of
+one's own, ``fedsuite.server_app.watch_flower_simulation``): :func:`watch_descendants` stops what
+that process started (Ray's daemons, agents, ClientApp actors) once it is gone.
+
 The processes are found and stopped through ``fedsuite.processes`` (:func:`sweep` repeats its scan
 until Ray has stopped starting workers), a run's outcome read through ``fedsuite.rundir``. This
 module imports only the standard library, psutil and those two (whose own heavy imports wait inside
@@ -36,7 +40,7 @@ from pathlib import Path
 
 import psutil
 
-from fedsuite.processes import ATTEMPT_ENV, fedsuite_first, marked, terminate_all, with_descendants
+from fedsuite.processes import ATTEMPT_ENV, STOP_GRACE_S, fedsuite_first, marked, terminate_all, with_descendants
 from fedsuite.rundir import summary_status
 
 PR_SET_PDEATHSIG = 1
@@ -211,9 +215,9 @@ def remember(seen: dict[int, float], key: str, value: str, exclude: tuple[int, .
             continue
 
 
-def terminate_seen(seen: dict[int, float]) -> list[int]:
+def terminate_seen(seen: dict[int, float], grace: float = 5.0) -> list[int]:
     """Stop the processes of ``seen`` that still run (the same PID and start time: never a process
-    that reused a PID); returns their PIDs."""
+    that reused a PID; SIGKILL after ``grace`` seconds); returns their PIDs."""
     alive = []
     for pid, started in seen.items():
         if _alive(pid, started):
@@ -221,12 +225,47 @@ def terminate_seen(seen: dict[int, float]) -> list[int]:
                 alive.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 continue
-    terminate_all(alive, timeout=5.0)
+    terminate_all(alive, timeout=grace)
     return [p.pid for p in alive]
 
 
+def watch_descendants() -> subprocess.Popen:
+    """Start a watcher of this process's descendants (``python -m fedsuite.reaper --descendants``, in
+    its own session): every 0.5 s it notes them, and once this process is gone it stops those still
+    running (the same PID and start time), then exits. For a ServerApp in Flower's own
+    ``flwr-simulation``: its Ray (started by Flower, not by fedsuite) loses its raylet and GCS with
+    that process when ``flwr stop`` ends it, and Ray's agents, children of the raylet, then linger
+    for a minute or more, reporting to a GCS that is gone."""
+    me = psutil.Process()
+    env = fedsuite_first({k: v for k, v in os.environ.items() if k != ATTEMPT_ENV})
+    return subprocess.Popen([sys.executable, "-m", "fedsuite.reaper", "--descendants", str(me.pid), repr(me.create_time())],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def descendants_main(pid: int, create_time: float) -> int:
+    """:func:`watch_descendants`' watcher: note ``pid``'s descendants while it lives, then stop them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    seen: dict[int, float] = {}
+    while _alive(pid, create_time):
+        try:
+            for p in psutil.Process(pid).children(recursive=True):
+                if p.pid != os.getpid():
+                    seen[p.pid] = p.create_time()
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.5)
+    # Ray's agents ignore SIGTERM once their raylet is gone, and nothing of the run is left to save
+    stopped = terminate_seen(seen, grace=STOP_GRACE_S)
+    print(f"fedsuite reaper: process {pid} is gone; stopped {len(stopped)} of its descendants", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    """``python -m fedsuite.reaper PID CREATE_TIME FLWR_HOME MARK_KEY MARK_VALUE [RAY_TMPDIR]``."""
+    """``python -m fedsuite.reaper PID CREATE_TIME FLWR_HOME MARK_KEY MARK_VALUE [RAY_TMPDIR]``, or
+    ``python -m fedsuite.reaper --descendants PID CREATE_TIME`` (:func:`watch_descendants`)."""
+    if argv[:1] == ["--descendants"]:
+        return descendants_main(int(argv[1]), float(argv[2]))
     pid, create_time, flwr_home, key, value = int(argv[0]), float(argv[1]), argv[2], argv[3], argv[4]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the CLI finished normally
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -20,9 +20,14 @@ import torch
 
 from fedsuite.config import BaseRunConfig, from_run_config
 from fedsuite.data import load_dataset, partition_indices
-from fedsuite.errors import DataError
+from fedsuite.errors import ConfigError, DataError
 
 RUN_DIR_KEY = "run_dir"
+
+#: a Flower app of one's own (``fedsuite.server_app.method_strategy``) writes fedsuite's run records
+#: (``config.json``, ``metrics.jsonl``, ``summary.json``, ...) into the run directory when its run
+#: config has this key set to true; like :data:`RUN_DIR_KEY` it is the app's, not a config field
+RECORDS_KEY = "records"
 
 #: a batch's Flower app (``fedsuite.launch.simulate_batch``) has this one run config key: its runs'
 #: flat run configs (each with its :data:`RUN_DIR_KEY`), in the order they run, as a JSON list; its
@@ -51,9 +56,18 @@ def split_run_config(run_config: dict[str, Any]) -> tuple[BaseRunConfig, Path]:
     if key not in _SPLIT:
         flat = dict(run_config)
         run_dir = flat.pop(RUN_DIR_KEY, "")
+        flat.pop(RECORDS_KEY, None)  # the app's own key (records_asked)
         cfg = from_run_config(flat)
         _SPLIT[key] = cfg, Path(run_dir) if run_dir else default_run_dir(cfg)
     return _SPLIT[key]
+
+
+def records_asked(run_config: dict[str, Any]) -> bool:
+    """Whether an app's run config asks for fedsuite's run records (:data:`RECORDS_KEY`: a TOML boolean)."""
+    value = run_config.get(RECORDS_KEY, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{RECORDS_KEY} must be true or false (a TOML boolean), got {value!r}")
+    return value
 
 
 #: :func:`split_run_config`'s results, by run config

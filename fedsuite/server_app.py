@@ -14,11 +14,15 @@ names, as a Flower ``Strategy`` to ``start`` in their own loop (with fedsuite's 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
-from fedsuite import engine, runtime
+from fedsuite import engine, reaper, runtime
+from fedsuite.flower_loop import LoopRecords
 from fedsuite.nodes import Handshake
 from fedsuite.strategy import FedSuiteStrategy
 from fedsuite.transport import FlowerTransport
@@ -39,6 +43,7 @@ def main(grid: Grid, context: Context) -> None:
     ``summary.json`` and ``error.txt``) and the next one starts; once all have run, the app raises
     naming the failed ones. A stop (``engine.stop_requested``) ends the batch where it is."""
     tune_grid(grid)
+    watch_flower_simulation()
     batch = runtime.BATCH_KEY in context.run_config
     failed = []
     for index, flat in enumerate(runtime.app_runs(context.run_config)):
@@ -57,15 +62,42 @@ def main(grid: Grid, context: Context) -> None:
 def method_strategy(grid: Grid, context: Context) -> tuple[FedSuiteStrategy, ArrayRecord]:
     """The method that ``context.run_config`` names (fedsuite's config keys, as in
     ``[tool.flwr.app.config]``), built for ``grid``'s nodes, and w^0: for a ServerApp of one's own,
-    e.g. ``strategy.start(grid=grid, initial_arrays=w0, num_rounds=...)``. The nodes must run
-    fedsuite's ClientApp with the same run config; it waits until ``num_clients`` nodes have said
-    which partition they hold. ``strategy.setup.evaluate`` is fedsuite's central evaluation of a
-    model given as arrays (``{"accuracy", "loss"}``)."""
+    e.g. ``strategy.start(grid=grid, initial_arrays=w0)`` (``FedSuiteStrategy.start``: Flower's loop,
+    with fedsuite's central evaluation as its ``evaluate_fn``, ``central_evaluation``). The nodes
+    must run fedsuite's ClientApp with the same run config; it waits until ``num_clients`` nodes
+    have said which partition they hold, and says so in one line when there are fewer
+    (``fedsuite.nodes.Handshake``: a simulation with fewer SuperNodes fails at once).
+
+    Two app keys that are not config fields: ``records`` (``runtime.RECORDS_KEY``) true writes
+    fedsuite's run records (``fedsuite.flower_loop``) into ``run_dir`` (``runtime.RUN_DIR_KEY``),
+    else into ``output_dir``/``run_name`` (a folder that holds a run already is refused before
+    the handshake). In Flower's own ``flwr-simulation`` process the run's processes are watched
+    (:func:`watch_flower_simulation`)."""
     cfg, run_dir = runtime.split_run_config(dict(context.run_config))
+    records = runtime.records_asked(context.run_config)
+    if records:
+        LoopRecords.check_folder(run_dir)
     tune_grid(grid)
+    watch_flower_simulation()
     handshake = Handshake(grid, cfg.num_clients)
     strategy, initial, _ = engine.build_strategy(cfg, run_dir, handshake.partition_ids)
+    if records:
+        strategy.loop_records = LoopRecords(strategy, run_dir)
     return strategy, to_record(initial)
+
+
+#: the watcher of this process's descendants, once started (:func:`watch_flower_simulation`)
+_WATCHER: list = []
+
+
+def watch_flower_simulation() -> None:
+    """In Flower's own simulation process (``flwr-simulation``, under ``flwr run`` on a simulation
+    federation), once per process: a watcher that stops what this process started (its Ray's daemons,
+    agents and ClientApp actors) once it is gone (``fedsuite.reaper.watch_descendants``). ``flwr
+    stop`` ends that process at its next heartbeat to the SuperLink, without Ray's orderly shutdown.
+    fedsuite's own simulation process (``fedsuite simulate``) has its own watcher."""
+    if Path(sys.argv[0]).name == "flwr-simulation" and not _WATCHER:
+        _WATCHER.append(reaper.watch_descendants())
 
 
 def tune_grid(grid: Grid) -> None:

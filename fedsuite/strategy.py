@@ -46,12 +46,12 @@ own loop counts from 1, which is the global round of a fresh run.
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from fedsuite.arrays import weighted_mean
 from fedsuite.nodes import Exchange, NodeMap
@@ -101,6 +101,12 @@ class FedSuiteStrategy(Strategy):
         ]
         #: the activity measures of the run's components (``fedsuite.activity``), logged each round
         self.activity_measures: tuple[str, ...] = tuple(c.measure for c in cfg.components)
+        #: the rounds of the run in flight: the config's, or what :meth:`start` was given
+        self.num_rounds: int = cfg.rounds
+        #: fedsuite's run records when this strategy runs in Flower's own loop (:meth:`start`) and the
+        #: app's run config asks for them (``fedsuite.flower_loop.LoopRecords``, set by
+        #: ``fedsuite.server_app.method_strategy``); None: :meth:`start` writes no records
+        self.loop_records: Any = None
 
     @property
     def pid_to_node(self) -> dict[int, int]:
@@ -188,6 +194,43 @@ class FedSuiteStrategy(Strategy):
         """Flower's ``aggregate_train``: :meth:`aggregate_round` of the replies to :meth:`configure_train`'s messages."""
         new_arrays, metrics = self.aggregate_round(server_round, FlowerTransport.replies(self.flower_exchange, replies))
         return to_record(new_arrays), MetricRecord(metrics)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None = None, timeout: float | None = None,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """Flower's own loop (``Strategy.start``) over this method, with fedsuite's defaults:
+        ``num_rounds`` the config's ``rounds``, ``timeout`` (seconds a round waits for replies) its
+        ``round_timeout_s``, and ``evaluate_fn`` (Flower's central evaluation, called with w^0 and
+        after each round) :meth:`central_evaluation`. Flower's ``Result`` then holds the test
+        accuracy of each evaluated round (``evaluate_metrics_serverapp``). With ``loop_records``
+        (the app asked for them) fedsuite's run records are written around the loop: a
+        ``metrics.jsonl`` line after each call of ``evaluate_fn`` (the last thing Flower's loop does in
+        a round, after ``aggregate_train`` and the federated evaluation, whose
+        ``aggregate_evaluate`` may add columns to the round's :class:`RoundLog`), ``summary.json``
+        at the end (``fedsuite.flower_loop``)."""
+        self.num_rounds = self.cfg.rounds if num_rounds is None else int(num_rounds)
+        evaluate_fn = self.central_evaluation if evaluate_fn is None else evaluate_fn
+        timeout = self.cfg.round_timeout_s if timeout is None else timeout
+
+        def loop(fn: Callable[[int, ArrayRecord], MetricRecord | None]) -> Result:
+            return Strategy.start(self, grid=grid, initial_arrays=initial_arrays, num_rounds=self.num_rounds,
+                                  timeout=timeout, train_config=train_config, evaluate_config=evaluate_config,
+                                  evaluate_fn=fn)
+
+        return loop(evaluate_fn) if self.loop_records is None else self.loop_records.run(loop, evaluate_fn)
+
+    def central_evaluation(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """Flower's ``evaluate_fn``: fedsuite's central evaluation (``ServerSetup.evaluate``, on the
+        run's test set) of round ``server_round``'s global model ``arrays`` as this method evaluates
+        it (:meth:`evaluation_arrays`; round 0: w^0 itself): ``{"accuracy", "loss"}``, in the rounds
+        the engine evaluates too (round 0, every ``eval_every``, the last of :attr:`num_rounds`);
+        None in the others, and where the setup has no evaluator."""
+        evaluated = server_round == 0 or server_round % self.cfg.eval_every == 0 or server_round == self.num_rounds
+        if self.setup.evaluate is None or not evaluated:
+            return None
+        model = to_ndarrays(arrays)
+        test = self.setup.evaluate(model if server_round == 0 else self.evaluation_arrays(model))
+        return MetricRecord({key: float(value) for key, value in test.items()})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """No federated evaluation: fedsuite evaluates the global model centrally."""

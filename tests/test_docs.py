@@ -17,7 +17,7 @@ import pytest
 import typer
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "examples").rglob("README.md"))]
 
 
 def shell_commands(page: Path) -> list[tuple[int, str]]:

@@ -23,7 +23,7 @@ from conftest import FAST, assert_same_arrays, assert_same_client_state, assert_
 from fedsuite import launch, processes
 from fedsuite.config import build_config, to_run_config
 from fedsuite.rundir import read_metrics
-from fedsuite.runtime import RUN_DIR_KEY
+from fedsuite.runtime import RECORDS_KEY, RUN_DIR_KEY
 
 
 def inprocess_config(data_root: Path, **values):
@@ -150,7 +150,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedsuite.server_app import method_strategy
@@ -161,12 +161,8 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     strategy, initial = method_strategy(grid, context)  # the method the run config names
-
-    def central(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        return MetricRecord(strategy.setup.evaluate({k: v.numpy() for k, v in arrays.items()}))
-
-    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=int(context.run_config["rounds"]),
-                            evaluate_fn=central)
+    # fedsuite's defaults: the config's rounds, round_timeout_s, and its central evaluation as evaluate_fn
+    result = strategy.start(grid=grid, initial_arrays=initial)
     out = Path(context.run_config["output_dir"])
     np.savez(out / "final.npz", **{k: v.numpy() for k, v in result.arrays.items()})
     accuracy = {r: float(m["accuracy"]) for r, m in result.evaluate_metrics_serverapp.items()}
@@ -179,7 +175,9 @@ def test_a_flower_users_own_serverapp_runs_a_fedsuite_method(tmp_path, data_root
     """An app folder as a Flower user writes it: their own ServerApp module (Flower's
     ``Strategy.start`` loop with fedsuite's FedMR from ``method_strategy``) and fedsuite's ClientApp,
     run on Flower's Simulation Engine. Its final model equals fedsuite's own run of the same config
-    bit for bit, and its central accuracy after each round is fedsuite's."""
+    bit for bit, its central accuracy after each round (Flower's ``evaluate_fn``, by default) is
+    fedsuite's, and the records it writes when asked (``records = true``) are fedsuite's run's, line
+    by line but for the wall time."""
     cfg = build_config(values={**FAST, "strategy": "fedmr", "data_root": str(data_root),
                                "output_dir": str(tmp_path), "rounds": 2})
     app_dir = tmp_path / "user-app"
@@ -192,7 +190,7 @@ def test_a_flower_users_own_serverapp_runs_a_fedsuite_method(tmp_path, data_root
         "tool": {"flwr": {"app": {
             "publisher": "someone",
             "components": {"serverapp": "user_server:app", "clientapp": "fedsuite.client_app:app"},
-            "config": {**to_run_config(cfg), RUN_DIR_KEY: str(tmp_path / "client-side")},
+            "config": {**to_run_config(cfg), RUN_DIR_KEY: str(tmp_path / "records"), RECORDS_KEY: True},
         }}},
     }
     (app_dir / "pyproject.toml").write_text(tomli_w.dumps(pyproject))
@@ -208,3 +206,27 @@ def test_a_flower_users_own_serverapp_runs_a_fedsuite_method(tmp_path, data_root
     ours = simulate(strategy="fedmr", rounds=2, engine="inprocess")
     assert_same_arrays(final, ours.arrays)
     assert [accuracy[str(r)] for r in range(3)] == [row["test_accuracy"] for row in ours.rows]
+    recorded = read_metrics(tmp_path / "records")
+    assert [{k: v for k, v in row.items() if k != "wall_seconds"} for row in recorded] == \
+        [{k: v for k, v in row.items() if k != "wall_seconds"} for row in ours.rows]
+    summary = json.loads((tmp_path / "records" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["final_accuracy"] == ours.summary["final_accuracy"]
+
+
+def test_records_in_flowers_loop_refuse_a_folder_that_holds_a_run_and_a_key_that_is_not_a_boolean(tmp_path):
+    """``records = true`` (a Flower app of one's own, ``fedsuite.flower_loop``) never mixes two runs'
+    records: a run directory that holds a run is refused in one line before the handshake; a new or
+    empty one is taken. ``records`` must be a TOML boolean."""
+    from fedsuite.errors import ConfigError, RunDirError
+    from fedsuite.flower_loop import LoopRecords
+    from fedsuite.runtime import records_asked
+
+    LoopRecords.check_folder(tmp_path / "new")
+    (tmp_path / "empty").mkdir()
+    LoopRecords.check_folder(tmp_path / "empty")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(RunDirError, match=r"^records: .* holds a run already \(partial\): name another run_dir"):
+        LoopRecords.check_folder(tmp_path)
+    assert records_asked({RECORDS_KEY: True}) and not records_asked({}) and not records_asked({RECORDS_KEY: False})
+    with pytest.raises(ConfigError, match="records must be true or false"):
+        records_asked({RECORDS_KEY: "yes"})
