@@ -276,3 +276,37 @@ def test_a_kill_between_the_checkpoint_and_the_client_rows_neither_loses_nor_dou
     got, want = read_clients(run_dir), read_clients(reference.run_dir)
     assert [r["round"] for r in got] == [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4
     assert without(got, "train_seconds") == without(want, "train_seconds")
+
+
+# --- the reports ----------------------------------------------------------------------------------
+def test_fedsuite_report_and_a_sweeps_report_show_the_clients_accuracies(simulate, data_root, tmp_path):
+    """``fedsuite report``'s table and a sweep's report.md/.csv add the federated-evaluation readings:
+    each run's mean of its last ``last`` rounds' values, in %, then the mean over seeds."""
+    import csv
+
+    from fedsuite.results import report, report_table
+    from fedsuite.sweep import SweepRun, write_report
+
+    values = {"federated_eval": "cohort", "rounds": 3}
+    runs = [simulate(**values, seed=seed) for seed in (7, 8)]
+    plain = simulate(rounds=3)
+
+    def reading(run, column, last=2):
+        return 100 * np.mean([r[column] for r in run.rows[1:]][-last:])
+
+    want = np.mean([reading(run, "client_accuracy_worst10") for run in runs])
+    rows, _ = report([run.run_dir for run in runs], last=2)
+    headers, cells = report_table(rows, None)
+    assert headers[-4:] == ["client mean (%)", "client weighted (%)", "client std, ddof=1 (%)", "worst 10% (%)"]
+    assert rows[0]["client_accuracy_worst10"] == pytest.approx(want, abs=1e-12) and cells[0][-1] == f"{want:.2f}"
+    assert "client mean (%)" not in report_table(report([plain.run_dir], last=2)[0], None)[0]
+
+    cfg = config(data_root, **values)
+    sweep = [SweepRun(run_dir=run.run_dir, config=None, overrides=[], rounds=3, cfg=cfg, seed=seed,
+                      dataset=("synthetic", str(data_root), "{}"), setting={"strategy": "fedavg"})
+             for run, seed in zip(runs, (7, 8))]
+    write_report(sweep, tmp_path / "sweep", 2, None, "test")
+    assert "worst 10% (%)" in (tmp_path / "sweep" / "report.md").read_text()
+    with (tmp_path / "sweep" / "report.csv").open() as f:
+        (line,) = list(csv.DictReader(f))
+    assert float(line["client_accuracy_worst10"]) == pytest.approx(want, abs=1e-12)
