@@ -310,3 +310,29 @@ def test_fedsuite_report_and_a_sweeps_report_show_the_clients_accuracies(simulat
     with (tmp_path / "sweep" / "report.csv").open() as f:
         (line,) = list(csv.DictReader(f))
     assert float(line["client_accuracy_worst10"]) == pytest.approx(want, abs=1e-12)
+
+
+def test_a_reproduce_report_shows_the_clients_accuracies_where_runs_have_them(tmp_path):
+    """A reproduce target's cells: the federated-evaluation readings in the row's table and report.csv
+    (the mean over seeds of each run's mean of its last evaluations); runs without them add no column."""
+    import csv
+
+    from fedsuite.reproduce.report import write_report
+    from fedsuite.reproduce.tables import plan
+    from tests.test_reproduce import _tiny_target, _write_runs
+
+    target = _tiny_target(tmp_path, "")
+    specs = {(s.method, s.seed): s for s in plan(target, "paper", tmp_path / "out")}
+    _write_runs(specs, {(m, seed): 0.5 for m in ("fedavg", "fedprox") for seed in range(3)})
+    write_report(target, list(specs.values()), "paper", tmp_path / "plain")
+    assert "client_accuracy_worst10" not in (tmp_path / "plain" / "report.csv").read_text()
+    for (method, seed), spec in specs.items():  # FedProx's runs evaluated on the clients, worst decile 0.2 + seed/10
+        if method == "fedprox":
+            rows = [json.loads(line) for line in (spec.run_dir / "metrics.jsonl").read_text().splitlines()]
+            rows[1:] = [{**r, "client_accuracy_mean": 0.5, "client_accuracy_worst10": 0.2 + seed / 10} for r in rows[1:]]
+            (spec.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = write_report(target, list(specs.values()), "paper", tmp_path / "report").read_text()
+    assert "| difference | client mean (%) | worst 10% (%) |" in md
+    cells = {c["method"]: c for c in csv.DictReader((tmp_path / "report" / "report.csv").open())}
+    assert float(cells["fedprox"]["client_accuracy_worst10"]) == pytest.approx(30.0)
+    assert cells["fedavg"]["client_accuracy_worst10"] == ""
