@@ -19,8 +19,8 @@ give the same ``metrics.jsonl`` (wall time aside), checkpoint and client state t
    the clients evaluate the same model on their own data (``fedsuite.client_eval``); the checkpoint
    is rewritten with that round's metrics row and its clients' rows inside it, then the rows are
    appended to ``metrics.jsonl`` and ``clients.jsonl``, so a crash loses at most the round in
-   flight, and a resume rewinds both files to the checkpoint (no round twice); per-client state is versioned by round (``fedsuite.state``), so a
-   killed round's state is unused;
+   flight, and a resume rewinds both files to the checkpoint (no round twice); per-client state is
+   versioned by round (``fedsuite.state``), so a killed round's state is unused;
 5. ``accuracy.png`` (and ``diagnostics.png``), then ``summary.json`` are written at the end, also
    when a round fails (``summary.json`` last: the launcher takes it as the end of the run). A run
    stopped from outside (:data:`stop_requested`: its simulation process got SIGTERM, e.g. because

@@ -18,7 +18,8 @@ import numpy as np
 from fedsuite.activity import Component, summarize_activity
 from fedsuite.config import flat_config
 from fedsuite.client_records import FEDERATED_COLUMNS
-from fedsuite.plots import has_client_evaluations, has_pool_diagnostics, plot_accuracy, plot_clients, plot_pool_diagnostics
+from fedsuite.plots import (has_client_evaluations, has_pool_diagnostics, plot_accuracy, plot_clients,
+                            plot_pool_diagnostics)
 from fedsuite.results import write_json
 from fedsuite.rundir import read_clients, read_metrics
 
@@ -142,7 +143,8 @@ class RunRecorder:
 def summarize(rows: list[dict[str, Any]], components: Sequence[Component] = ()) -> dict[str, Any]:
     """``summary.json`` from a run's ``metrics.jsonl`` rows: rounds, final and best accuracy, failed
     replies, time per round, for a run with federated evaluation its last evaluated round's columns
-    (``federated_evaluation``: ``fedsuite.client_records.FEDERATED_COLUMNS``) and, for a run with distinguishing ``components``, their ``activity``
+    (``federated_evaluation``: ``fedsuite.client_records.FEDERATED_COLUMNS``) and, for a run with
+    distinguishing ``components``, their ``activity``
     (``fedsuite.activity.summarize_activity``; left out when no round recorded a measure)."""
     evals = [(r["round"], r["test_accuracy"]) for r in rows if r.get("test_accuracy") is not None]
     out: dict[str, Any] = {"rounds_completed": max((r["round"] for r in rows), default=0)}

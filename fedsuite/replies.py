@@ -49,10 +49,10 @@ def check_reply(reply: Reply, arrays: str | None, metrics: str | None = None,
                 template: NDArrays | None = None, keys: Iterable[str] = ()) -> tuple[str | None, dict[str, NDArrays]]:
     """Validate a reply that must hold the ArrayRecord ``arrays`` (when given: an evaluation reply
     has none) and the MetricRecord ``metrics`` with :data:`~fedsuite.wire.NUM_EXAMPLES` and every one
-    of ``keys`` (when given), each a number (a loss may be NaN: a diverged model's). With a ``template``, ``arrays`` must have its
-    names and shapes. Returns ``(problem, {})`` for an error reply, a missing record or metric, a
-    layout that differs from the template or non-finite values; else ``(None, every ArrayRecord
-    decoded)``."""
+    of ``keys`` (when given), each a number (a loss may be NaN: a diverged model's). With a
+    ``template``, ``arrays`` must have its names and shapes. Returns ``(problem, {})`` for an error
+    reply, a missing record or metric, a layout that differs from the template or non-finite array
+    values; else ``(None, every ArrayRecord decoded)``."""
     if reply.has_error():
         return f"client error: {reply.error}", {}
     content = reply.content

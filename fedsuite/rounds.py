@@ -67,7 +67,10 @@ class RoundLog:
         self.columns.update(columns)
 
     def note(self, pid: int, **fields: Any) -> None:
-        """Set fields of client ``pid``'s row of this round (``fedsuite.client_records.CLIENT_FIELDS``)."""
+        """Set fields of client ``pid``'s row of this round (``fedsuite.client_records.CLIENT_FIELDS``).
+        A training reply's ``num_steps``, ``train_loss`` and ``train_seconds`` are None where its
+        ClientApp (another than fedsuite's) does not report them: they describe the reply, the server
+        rule does not need them."""
         unknown = set(fields) - set(CLIENT_FIELDS)
         if unknown:
             raise KeyError(f"not a clients.jsonl field: {', '.join(sorted(unknown))}")

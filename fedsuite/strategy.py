@@ -224,7 +224,8 @@ class FedSuiteStrategy(Strategy):
 
     # --- replies --------------------------------------------------------------------------------
     def receive(self, reply: Reply, arrays: str | None, metrics: str | None = None,
-                template: NDArrays | None = None, *, pid: int, keys: Iterable[str] = ()) -> tuple[str | None, dict[str, NDArrays]]:
+                template: NDArrays | None = None, *, pid: int,
+                keys: Iterable[str] = ()) -> tuple[str | None, dict[str, NDArrays]]:
         """Count the bytes of client ``pid``'s reply into the round's log (unless it is an error) and
         validate it (``fedsuite.replies.check_reply``, which ``keys`` is passed to): (problem, {}) or
         (None, its decoded ArrayRecords)."""
@@ -244,7 +245,8 @@ class FedSuiteStrategy(Strategy):
             metrics = {k: float(v) for k, v in replies[pid].content[METRICS].items() if not isinstance(v, list)}
             arrays = records.pop(ARRAYS)
             good.append(ClientReply(pid, arrays, int(metrics[NUM_EXAMPLES]), metrics, records))
-            self.round_log.note(pid, num_examples=int(metrics[NUM_EXAMPLES]), num_steps=int(metrics[NUM_STEPS]) if NUM_STEPS in metrics else None,
+            steps = int(metrics[NUM_STEPS]) if NUM_STEPS in metrics else None
+            self.round_log.note(pid, num_examples=int(metrics[NUM_EXAMPLES]), num_steps=steps,
                                 train_loss=metrics.get(TRAIN_LOSS), train_seconds=metrics.get(TRAIN_SECONDS))
         return good
 
