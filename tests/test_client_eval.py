@@ -119,6 +119,12 @@ def test_the_rounds_columns_are_the_clients_own_numbers(simulate):
         assert row["clients_evaluated"] == 10 and row["client_eval_failed"] == 0
     assert run.summary["federated_evaluation"] == {"round": 3, **{k: rows[-1][k] for k in FEDERATED_COLUMNS}}
     assert (run.run_dir / "clients.png").is_file()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(run.run_dir))
+    board.Reload()
+    assert [e.value for e in board.Scalars("client_accuracy_worst10")] == pytest.approx(
+        [r["client_accuracy_worst10"] for r in rows[1:]], rel=1e-6)  # float32 events
     frame = fedsuite.load_run(run.run_dir).clients
     assert list(frame.columns) == list(CLIENT_FIELDS) and len(frame) == 30
 
