@@ -26,8 +26,8 @@ from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsuite import runtime
-from fedsuite.data import DatasetError
 from fedsuite.client_eval import evaluate_locally
+from fedsuite.data import DatasetError
 from fedsuite.faults import FaultDraw
 from fedsuite.models import make_model, model_with_state
 from fedsuite.plugins import active_plugins

@@ -97,6 +97,30 @@ def test_a_natural_partition_keeps_each_clients_own_test_split(data_root):
         assert np.array_equal(split.test, np.flatnonzero(bundle.test_groups == device))  # its own 10%
 
 
+def test_a_nodes_own_data_file_keeps_its_test_split_or_holds_out_a_share(data_root, tmp_path):
+    """A real node's ``data-path``: all of x_train without federated evaluation; with it, its own
+    x_test/y_test where the file has them, else the seeded held-out share of its x_train."""
+    from flwr.app import Context
+
+    cfg_off, cfg_on = config(data_root), config(data_root, federated_eval="cohort")
+    bundle = runtime.load_bundle(cfg_on)
+    x, y = np.arange(600, dtype=np.float32).reshape(10, 60), np.arange(10) % 3
+    np.savez(tmp_path / "plain.npz", x_train=x, y_train=y)
+    np.savez(tmp_path / "own.npz", x_train=x, y_train=y, x_test=x[:2] + 1, y_test=y[:2])
+    cpu = torch.device("cpu")
+
+    def node(name: str) -> Context:
+        return Context(run_id=0, node_id=1, node_config={"partition-id": 3, "data-path": str(tmp_path / name)},
+                       state=RecordDict(), run_config={})
+
+    assert torch.equal(client_app.local_data(cfg_off, bundle, 3, node("plain.npz"), cpu).y, torch.from_numpy(y))
+    train, test = runtime.holdout(np.arange(10), 0.2, cfg_on.seed, 3)
+    assert torch.equal(client_app.local_data(cfg_on, bundle, 3, node("plain.npz"), cpu).y, torch.from_numpy(y[train]))
+    assert torch.equal(client_app.local_test_data(cfg_on, bundle, 3, node("plain.npz"), cpu).x, torch.from_numpy(x[test]))
+    assert torch.equal(client_app.local_data(cfg_on, bundle, 3, node("own.npz"), cpu).x, torch.from_numpy(x))
+    assert torch.equal(client_app.local_test_data(cfg_on, bundle, 3, node("own.npz"), cpu).x, torch.from_numpy(x[:2] + 1))
+
+
 # --- the round's numbers ---------------------------------------------------------------------------
 def test_the_rounds_columns_are_the_clients_own_numbers(simulate):
     run = simulate(**EVAL, rounds=3)
