@@ -79,8 +79,8 @@ def test_the_held_out_share_is_seeded_disjoint_and_never_trained_on(data_root):
         data = client_app.local_data(cfg, bundle, pid, context(pid), torch.device("cpu"))
         assert torch.equal(data.y, bundle.y_train[torch.tensor(split.train)])  # the client trains on the rest
     other = config(data_root, federated_eval="cohort", local_test_fraction=0.25, seed=8)
-    assert not all(np.array_equal(runtime.client_split(other, bundle, p).test, runtime.client_split(cfg, bundle, p).test)
-                   for p in range(cfg.num_clients))
+    assert not all(np.array_equal(runtime.client_split(other, bundle, p).test,
+                                  runtime.client_split(cfg, bundle, p).test) for p in range(cfg.num_clients))
     with pytest.raises(ValueError, match="client 3 has 1 training sample"):
         runtime.holdout(np.array([5]), 0.2, 0, 3)
     with pytest.raises(ConfigError, match="finetune_steps=5 is a step of federated evaluation, which is off"):
@@ -116,9 +116,11 @@ def test_a_nodes_own_data_file_keeps_its_test_split_or_holds_out_a_share(data_ro
     assert torch.equal(client_app.local_data(cfg_off, bundle, 3, node("plain.npz"), cpu).y, torch.from_numpy(y))
     train, test = runtime.holdout(np.arange(10), 0.2, cfg_on.seed, 3)
     assert torch.equal(client_app.local_data(cfg_on, bundle, 3, node("plain.npz"), cpu).y, torch.from_numpy(y[train]))
-    assert torch.equal(client_app.local_test_data(cfg_on, bundle, 3, node("plain.npz"), cpu).x, torch.from_numpy(x[test]))
+    held_out = client_app.local_test_data(cfg_on, bundle, 3, node("plain.npz"), cpu)
+    assert torch.equal(held_out.x, torch.from_numpy(x[test]))
     assert torch.equal(client_app.local_data(cfg_on, bundle, 3, node("own.npz"), cpu).x, torch.from_numpy(x))
-    assert torch.equal(client_app.local_test_data(cfg_on, bundle, 3, node("own.npz"), cpu).x, torch.from_numpy(x[:2] + 1))
+    own = client_app.local_test_data(cfg_on, bundle, 3, node("own.npz"), cpu)
+    assert torch.equal(own.x, torch.from_numpy(x[:2] + 1))
 
 
 # --- the round's numbers ---------------------------------------------------------------------------
