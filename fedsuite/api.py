@@ -96,7 +96,8 @@ class Run:
     one row per round, round 0 being the initial model's evaluation (columns as the file's:
     ``round``, ``test_accuracy``, ``test_loss``, ``train_loss``, ``wall_seconds``, ``bytes_sent``,
     ..., and the method's own; round 0 has only the evaluation's); ``summary``: ``summary.json``
-    ({} for a run that did not end); ``status``: ``completed``, ``failed`` (it ended without
+    ({} for a run that did not end); ``clients``: ``clients.jsonl`` as a DataFrame, one row per
+    client and round (:attr:`clients`); ``status``: ``completed``, ``failed`` (it ended without
     completing) or ``partial`` (stopped before it ended: interrupted or killed;
     ``fedsuite.simulate(resume=True, output_dir=..., run_name=...)`` continues it); ``error``: why it
     failed, when it says (``summary.json``'s failure, else ``error.txt``'s last line).
@@ -115,6 +116,26 @@ class Run:
         from fedsuite.config import flat_config
 
         return flat_config(self.config)
+
+    @property
+    def clients(self) -> pd.DataFrame:
+        """``clients.jsonl`` as a DataFrame: one row per client and round it took part in (sampled,
+        or evaluated under ``federated_eval = "all"``), columns ``fedsuite.client_records.CLIENT_FIELDS``
+        (``round``, ``partition_id``, ``sampled``, ``num_examples``, ``num_steps``, ``train_loss``,
+        ``train_seconds``, ``bytes_sent``, ``bytes_received``, ``failure``, and the client's own
+        evaluation: ``eval_examples``, ``eval_accuracy``, ``eval_loss``, ``personal_accuracy``,
+        ``personal_loss``, ``eval_failure``); read from the folder at each access (a run made before
+        fedsuite recorded it has none: an empty frame with those columns)."""
+        import pandas as pd
+
+        from fedsuite.client_records import CLIENT_FIELDS
+        from fedsuite.rundir import read_clients
+
+        try:
+            rows = read_clients(self.dir, torn_tail=self.status == "partial")
+        except ResultsError as exc:
+            raise exc.with_traceback(None) from None
+        return pd.DataFrame(rows, columns=list(CLIENT_FIELDS))
 
     @property
     def rounds_done(self) -> int:

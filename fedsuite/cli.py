@@ -545,7 +545,7 @@ def sweep(
     samples: int = typer.Option(8, "--samples", help="a search's number of trials"),
     grace_rounds: Optional[int] = typer.Option(None, "--grace-rounds", help="ASHA's first rung, in rounds (default: a quarter of the rounds)"),
 ) -> None:
-    """Run a grid of settings times seeds as one resumable queue, and report mean ± std per setting;
+    """Run a grid of settings times seeds as one resumable queue, and report mean ± sample std per setting;
     or, with --search, a Ray Tune search (ASHA stops poor trials early), each trial a fedsuite run.
     A run in the folder of another config than asked stops the command before it starts anything;
     a failed run is named and left as it is, or run again with --retry-failed."""

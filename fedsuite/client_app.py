@@ -17,6 +17,7 @@ node's own ``x_train``/``y_train`` instead of a partition of the configured data
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsuite import runtime
+from fedsuite.client_eval import evaluate_locally
 from fedsuite.data import DatasetError
 from fedsuite.faults import FaultDraw
 from fedsuite.models import make_model, model_with_state
@@ -34,8 +36,8 @@ from fedsuite.seeding import seed_for
 from fedsuite.state import ClientState
 from fedsuite.training import LocalData, LocalTask, run_local_training
 from fedsuite.wire import (
-    ARRAYS, CHECKSUM_REQUEST, CONFIG, INFO, METRICS, NUM_EXAMPLES, PARTITION_ID, RECEIVED_CHECKSUM, SERVER_ROUND,
-    STATISTICS, STATISTICS_QUERY, record_checksum, to_record,
+    ARRAYS, CHECKSUM_REQUEST, CONFIG, INFO, LR, METRICS, NUM_EXAMPLES, PARTITION_ID, RECEIVED_CHECKSUM,
+    SERVER_ROUND, STATISTICS, STATISTICS_QUERY, TRAIN_SECONDS, record_checksum, to_record,
 )
 
 app = ClientApp()
@@ -85,15 +87,17 @@ def train_content(content: RecordDict, context: Context) -> RecordDict:
     task = LocalTask(
         model=model, received=received, extras=extras, config=dict(content[CONFIG]), cfg=cfg,
         data=data, state=ClientState(context, Path(state_dir).expanduser(), pid, server_round), partition_id=pid,
-        server_round=server_round, lr=float(content[CONFIG]["lr"]), device=device, generator=generator,
+        server_round=server_round, lr=float(content[CONFIG][LR]), device=device, generator=generator,
     )
     rule = cfg.method.client(plugins=active_plugins(cfg))
+    started = time.perf_counter()
     result = run_local_training(rule, task)
+    seconds = time.perf_counter() - started
 
     reply = RecordDict({ARRAYS: to_record(faults.corrupt(result.arrays))})
     for name, arrays in result.extras.items():
         reply[name] = to_record(arrays)
-    metrics = {**result.metrics, PARTITION_ID: pid}
+    metrics = {**result.metrics, PARTITION_ID: pid, TRAIN_SECONDS: seconds}
     if content[CONFIG].get(CHECKSUM_REQUEST):  # a server that sends per-client models verifies them
         metrics[RECEIVED_CHECKSUM] = record_checksum(content[ARRAYS])
     reply[METRICS] = MetricRecord(metrics)
@@ -115,9 +119,28 @@ def statistics_content(content: RecordDict, context: Context) -> RecordDict:
     return RecordDict({STATISTICS: to_record(stats), METRICS: metrics})
 
 
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return Message(evaluate_content(msg.content, run_context(msg, context)), reply_to=msg)
+
+
+def evaluate_content(content: RecordDict, context: Context) -> RecordDict:
+    """An evaluation message's reply (federated evaluation, ``fedsuite.client_eval``): the received
+    model's metrics on this client's own test data, and its personalised model's with
+    ``finetune_steps``."""
+    cfg, _ = runtime.split_run_config(dict(context.run_config))
+    pid = int(context.node_config["partition-id"])
+    device, data, model = _received_model(cfg, content, context, pid)
+    test = local_test_data(cfg, runtime.load_bundle(cfg), pid, context, device)
+    metrics = evaluate_locally(model, data, test, cfg, pid, int(content[CONFIG][SERVER_ROUND]),
+                               float(content[CONFIG][LR]))
+    return RecordDict({METRICS: MetricRecord({PARTITION_ID: pid, NUM_EXAMPLES: len(test), **metrics})})
+
+
 #: the handlers without Flower's Message around them, by message type: what the in-process
 #: transport calls (``fedsuite.transport.InProcessTransport``)
-HANDLERS = {MessageType.TRAIN: train_content, STATISTICS_QUERY: statistics_content}
+HANDLERS = {MessageType.TRAIN: train_content, MessageType.EVALUATE: evaluate_content,
+            STATISTICS_QUERY: statistics_content}
 
 
 def _received_model(cfg, content: RecordDict, context: Context, pid: int) -> tuple[torch.device, LocalData, torch.nn.Module]:
@@ -139,19 +162,46 @@ def _received_model(cfg, content: RecordDict, context: Context, pid: int) -> tup
 
 
 def local_data(cfg, bundle, pid: int, context: Context, device: torch.device) -> LocalData:
-    """This client's data: its partition of the run's dataset, or the node's own ``data-path``."""
+    """This client's training data: its partition of the run's dataset, or the node's own
+    ``data-path``; under federated evaluation less its held-out share (``runtime.client_split``)."""
     path = context.node_config.get("data-path")
     if path:
-        x, y = _node_data(str(path))
+        x, y = _node_split(str(path), cfg.federated_eval != "off", cfg.local_test_fraction, cfg.seed, pid)[0]
     else:
         # torch.tensor copies: the cached partition is read-only
-        idx = torch.tensor(runtime.client_indices(cfg, bundle, pid), dtype=torch.int64)
+        idx = torch.tensor(runtime.client_split(cfg, bundle, pid).train, dtype=torch.int64)
         x, y = bundle.x_train[idx], bundle.y_train[idx]
     augment = bundle.augment if cfg.augment is None else ("crop-flip" if cfg.augment else "none")
     return LocalData(x=x.to(device), y=y.to(device), bundle=bundle, augment=augment)
 
 
+def local_test_data(cfg, bundle, pid: int, context: Context, device: torch.device) -> LocalData:
+    """This client's own test data under federated evaluation (``runtime.client_split``; a node's
+    ``data-path`` with ``x_test``/``y_test`` has its own, else its held-out share), never augmented."""
+    path = context.node_config.get("data-path")
+    if path:
+        x, y = _node_split(str(path), True, cfg.local_test_fraction, cfg.seed, pid)[1]
+    else:
+        split = runtime.client_split(cfg, bundle, pid)
+        idx = torch.tensor(split.test, dtype=torch.int64)
+        x, y = (bundle.x_test[idx], bundle.y_test[idx]) if split.natural else (bundle.x_train[idx], bundle.y_train[idx])
+    return LocalData(x=x.to(device), y=y.to(device), bundle=bundle, augment="none")
+
+
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
 @functools.cache
-def _node_data(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _node_split(path: str, held_out: bool, fraction: float, seed: int, pid: int) -> tuple[Pair, Pair | None]:
+    """A node's own ``.npz``: (its training data, its test data): all of ``x_train``/``y_train`` and
+    no test data without federated evaluation; with it, ``x_test``/``y_test`` when the file has them,
+    else ``runtime.holdout`` of the training data."""
     with np.load(Path(path).expanduser()) as f:
-        return torch.from_numpy(f["x_train"]), torch.from_numpy(f["y_train"]).long()
+        x, y = torch.from_numpy(f["x_train"]), torch.from_numpy(f["y_train"]).long()
+        own = (torch.from_numpy(f["x_test"]), torch.from_numpy(f["y_test"]).long()) if "x_test" in f.files else None
+    if not held_out:
+        return (x, y), None
+    if own is not None:
+        return (x, y), own
+    train, test = (torch.from_numpy(i) for i in runtime.holdout(np.arange(len(y)), fraction, seed, pid))
+    return (x[train], y[train]), (x[test], y[test])

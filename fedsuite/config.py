@@ -106,6 +106,21 @@ class BaseRunConfig(Params):
                       "shuffling (0 to 2^32 - 1: every draw takes it modulo 2^32, fedsuite.seeding)")
     eval_every: int = Field(1, ge=1, description="central evaluation of the global model every k rounds")
     eval_batch_size: int = Field(1000, ge=1, description="batch size of central evaluation")
+    federated_eval: Literal["off", "cohort", "all"] = Field(
+        "off", description="federated evaluation: every eval_every rounds (and at the last) the round's cohort "
+        "(cohort) or every client (all) evaluates the global model on its own held-out data (per-round client-mean, "
+        "weighted and worst-10% accuracy; clients.jsonl). off (default): clients train on their whole partition, "
+        "as runs without it always have; on, each trains on its partition less the held-out share",
+    )
+    local_test_fraction: float = Field(
+        0.2, gt=0, lt=1, description="federated evaluation: the seeded share of each client's partition held out "
+        "as its own test data (not trained on), where the client has no test data of its own (a natural "
+        "partition of synthetic or femnist keeps each client's own test split)",
+    )
+    finetune_steps: int = Field(
+        0, ge=0, description="federated evaluation: also evaluate each client's personalised model, the global "
+        "model after this many local SGD steps on the client's training data (0: no personalised evaluation)",
+    )
     output_dir: str = Field("runs", description="parent folder of run directories")
     run_name: str | None = Field(None, description="run directory name; default <strategy>-<dataset>-s<seed>-<time>")
     num_cpus: int = Field(1, ge=1, description="CPU cores per simulated client (Ray actor)")
@@ -180,6 +195,9 @@ class BaseRunConfig(Params):
             raise ValueError(
                 f"clients_per_round ({self.cohort_size}) cannot exceed num_clients ({self.num_clients})"
             )
+        if self.finetune_steps and self.federated_eval == "off":
+            raise ValueError(f"finetune_steps={self.finetune_steps} is a step of federated evaluation, which is off; "
+                             "set federated_eval to cohort or all, or drop finetune_steps")
         if all(hasattr(self, name) for name in registry.plugins()):  # the full model, with its sections
             registry.plugin_params(self)  # a plug-in the method refuses is an error on every path
         return self

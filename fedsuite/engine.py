@@ -15,11 +15,12 @@ give the same ``metrics.jsonl`` (wall time aside), checkpoint and client state t
    (``MethodSpec.risks``); resume from ``checkpoint.pt`` if present;
 4. the rounds: ``strategy.train_round`` (cohort, payloads, replies, server rule) once a round, the
    global round counted here; after each round the global model is evaluated centrally
-   (``cfg.evaluates``: every ``eval_every`` rounds and at the last); the checkpoint is rewritten
-   with that round's metrics row inside it, then the row is appended to ``metrics.jsonl``, so a
-   crash loses at most the round in flight, and a resume rewinds ``metrics.jsonl`` to the
-   checkpoint (no round twice); per-client state is versioned by round (``fedsuite.state``), so a
-   killed round's state is unused;
+   (``cfg.evaluates``: every ``eval_every`` rounds and at the last), and with ``federated_eval`` on
+   the clients evaluate the same model on their own data (``fedsuite.client_eval``); the checkpoint
+   is rewritten with that round's metrics row and its clients' rows inside it, then the rows are
+   appended to ``metrics.jsonl`` and ``clients.jsonl``, so a crash loses at most the round in
+   flight, and a resume rewinds both files to the checkpoint (no round twice); per-client state is
+   versioned by round (``fedsuite.state``), so a killed round's state is unused;
 5. ``accuracy.png`` (and ``diagnostics.png``), then ``summary.json`` are written at the end, also
    when a round fails (``summary.json`` last: the launcher takes it as the end of the run). A run
    stopped from outside (:data:`stop_requested`: its simulation process got SIGTERM, e.g. because
@@ -46,6 +47,7 @@ from typing import Callable, Iterator
 import torch
 
 from fedsuite import provenance, runtime
+from fedsuite.client_eval import evaluate_clients
 from fedsuite.models import initial_arrays, make_model
 from fedsuite.processes import available_cores
 from fedsuite.recording import RunRecorder, tensorboard_installed
@@ -177,9 +179,9 @@ def run_rounds(cfg, run_dir: Path, transport: Transport, connect: Connect, recor
         strategy.load_checkpoint_state(ckpt["strategy"])
         log.warning("resuming %s from round %d", run_dir, done)
         starts[:-1] = ckpt.get("provenance") or [provenance.unrecorded(done)]
-        recorder.rewind(done, ckpt.get("metrics_row"))
+        recorder.rewind(done, ckpt.get("metrics_row"), ckpt.get("client_rows"))
     else:
-        recorder.rewind(0, None)  # killed before round 1 was checkpointed: round 0 is written again
+        recorder.rewind(0, None, [])  # killed before round 1 was checkpointed: round 0 is written again
         recorder.append(round_row(0, evaluate_arrays(arrays)))
         this["rounds"] = [0, 0]
         on_round()
@@ -190,14 +192,20 @@ def run_rounds(cfg, run_dir: Path, transport: Transport, connect: Connect, recor
         started = time.perf_counter()
         log.info("round %d/%d", server_round, cfg.rounds)
         arrays, _ = strategy.train_round(server_round, arrays, transport)
-        test = evaluate_arrays(strategy.evaluation_arrays(arrays)) if cfg.evaluates(server_round) else {}
         info = strategy.round_log
+        test = {}
+        if cfg.evaluates(server_round):
+            evaluated = strategy.evaluation_arrays(arrays)
+            test = evaluate_arrays(evaluated)
+            if cfg.federated_eval != "off":  # the same model, on the clients' own data (fedsuite.client_eval)
+                info.add(evaluate_clients(strategy, server_round, evaluated, transport))
         row = round_row(server_round, test, info, time.perf_counter() - started)
         # one atomic step: the checkpoint carries its round's row; the row is appended after it,
         # and a resume rewrites metrics.jsonl to end with the checkpoint's row (RunRecorder.rewind)
         this["rounds"] = [this["rounds"][0] if this["rounds"] else server_round, server_round]
-        save_checkpoint(ckpt_path, server_round, arrays, strategy, row, starts)
-        recorder.append(row)
+        clients = info.client_rows()
+        save_checkpoint(ckpt_path, server_round, arrays, strategy, row, starts, clients)
+        recorder.append(row, clients)
         # round t is committed: each of its clients needs only its newest state version <= t
         prune_committed(run_dir / "client-state", info.cohort, server_round)
         on_round()
@@ -224,7 +232,7 @@ def build_strategy(cfg, run_dir: Path | None, partition_map: Callable[[], dict[i
     setup = ServerSetup(
         cfg=cfg, node_to_pid=node_to_pid, initial=initial, run_dir=run_dir,
         build_model=lambda: make_model(cfg, bundle), evaluate=evaluate_arrays,
-        partition_size=lambda pid: len(runtime.client_indices(cfg, bundle, pid)),
+        partition_size=lambda pid: len(runtime.client_split(cfg, bundle, pid).train),
     )
     for risk in cfg.method.risks(cfg):
         log.warning("%s", risk)
@@ -243,8 +251,10 @@ def evaluation_threads(cfg) -> int:
 
 
 def save_checkpoint(path: Path, server_round: int, arrays: NDArrays, strategy, row: dict | None = None,
-                    starts: list[dict] | None = None) -> None:
+                    starts: list[dict] | None = None, client_rows: list[dict] | None = None) -> None:
+    """The checkpoint of round ``server_round``, with that round's ``metrics.jsonl`` row and
+    ``clients.jsonl`` rows (``RunRecorder.rewind`` makes the files end with them on a resume)."""
     tmp = path.with_suffix(".tmp")
     torch.save({"round": server_round, "arrays": arrays, "strategy": strategy.checkpoint_state(),
-                "metrics_row": row, "provenance": starts}, tmp)
+                "metrics_row": row, "provenance": starts, "client_rows": client_rows}, tmp)
     os.replace(tmp, path)

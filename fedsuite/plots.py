@@ -44,6 +44,42 @@ def plot_accuracy(curves: dict[str, list[dict[str, Any]]], path: Path, title: st
     plt.close(fig)
 
 
+def has_client_evaluations(client_rows: list[dict[str, Any]]) -> bool:
+    """Whether a run's ``clients.jsonl`` rows hold a federated evaluation (``federated_eval``)."""
+    return any(r.get("eval_accuracy") is not None for r in client_rows)
+
+
+def plot_clients(client_rows: list[dict[str, Any]], path: Path, title: str | None = None) -> None:
+    """The distribution of the clients' own test accuracies over the rounds (``clients.jsonl``): one
+    dot per client and evaluated round, the client mean and the worst decile's mean (the ⌈m/10⌉
+    lowest of the round's m accuracies) as lines; a second panel the same for the personalised
+    models where the run fine-tuned them (``finetune_steps``)."""
+    plt = pyplot()
+    kinds = [("eval_accuracy", "global model")]
+    if any(r.get("personal_accuracy") is not None for r in client_rows):
+        kinds.append(("personal_accuracy", "personalised (fine-tuned)"))
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.4 * len(kinds), 4.0), dpi=120, squeeze=False)
+    for ax, (key, label) in zip(axes[0], kinds):
+        by_round: dict[int, list[float]] = {}
+        for r in client_rows:
+            if r.get(key) is not None:
+                by_round.setdefault(r["round"], []).append(100 * r[key])
+        rounds = sorted(by_round)
+        xs = [t for t in rounds for _ in by_round[t]]
+        ax.scatter(xs, [a for t in rounds for a in by_round[t]], s=6, alpha=0.35, color="C0", label="a client")
+        ax.plot(rounds, [np.mean(by_round[t]) for t in rounds], color="C1", label="client mean")
+        worst = [np.mean(sorted(by_round[t])[: max(1, int(np.ceil(len(by_round[t]) / 10)))]) for t in rounds]
+        ax.plot(rounds, worst, color="C3", label="worst 10% (mean)")
+        ax.set_xlabel("round")
+        ax.set_ylabel("accuracy on the client's own test data (%)")
+        ax.set_title(label if title is None else f"{title}: {label}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def has_pool_diagnostics(rows: list[dict[str, Any]]) -> bool:
     """Whether a run's rows carry the pool diagnostics (``strategies/pool.py``)."""
     return any("pool_accuracy" in r for r in rows)

@@ -1,7 +1,9 @@
 """A run's record as the ServerApp writes it (:class:`RunRecorder`): ``metrics.jsonl`` row by row,
-the TensorBoard event files beside it, and at the end ``accuracy.png``, ``diagnostics.png`` and
-``summary.json`` (the run directory's layout: ``fedsuite.results``; its ``activity``: how much each
-of the run's distinguishing components acted, ``fedsuite.activity``)."""
+``clients.jsonl`` (one row per client and round: ``fedsuite.client_records.CLIENT_FIELDS``), the
+TensorBoard event files beside them, and at the end ``accuracy.png``, ``diagnostics.png``,
+``clients.png`` (federated evaluation) and ``summary.json`` (the run directory's layout:
+``fedsuite.results``; its ``activity``: how much each of the run's distinguishing components
+acted, ``fedsuite.activity``)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ import numpy as np
 
 from fedsuite.activity import Component, summarize_activity
 from fedsuite.config import flat_config
-from fedsuite.plots import has_pool_diagnostics, plot_accuracy, plot_pool_diagnostics
+from fedsuite.client_records import FEDERATED_COLUMNS
+from fedsuite.plots import (has_client_evaluations, has_pool_diagnostics, plot_accuracy, plot_clients,
+                            plot_pool_diagnostics)
 from fedsuite.results import write_json
-from fedsuite.rundir import read_metrics
+from fedsuite.rundir import read_clients, read_metrics
 
 
 def tensorboard_installed() -> bool:
@@ -73,6 +77,7 @@ class RunRecorder:
                  components: Sequence[Component] = ()) -> None:
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
+        self.clients_path = run_dir / "clients.jsonl"
         self.config = config or {}
         self.tensorboard = tensorboard
         self.components = list(components)
@@ -83,39 +88,24 @@ class RunRecorder:
             self.board = TensorBoardLog(self.run_dir, self.config, purge_from)
         return self.board
 
-    def append(self, row: dict[str, Any]) -> None:
+    def append(self, row: dict[str, Any], clients: list[dict[str, Any]] = ()) -> None:
+        """Append a round's ``metrics.jsonl`` row, then its ``clients.jsonl`` rows (one per client)."""
         row = _clean(row)
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        _append_lines(self.metrics_path, [row])
+        if clients:
+            _append_lines(self.clients_path, [_clean(r) for r in clients])
         if self._board() is not None:
             self.board.add(row)
 
-    def rewind(self, checkpoint_round: int, checkpoint_row: dict[str, Any] | None) -> None:
-        """Make ``metrics.jsonl`` end at the checkpoint a run resumes from: keep the rows of earlier
-        rounds, then the checkpoint's own row (a checkpoint without one keeps the file's row of that
-        round). Rows of a round the checkpoint does not hold, and a half-written last line, go."""
-        if not self.metrics_path.is_file():
-            if checkpoint_row is None:
-                return
-            lines = []
-        else:
-            lines = self.metrics_path.read_text().splitlines()
-        rows: list[dict[str, Any]] = []
-        for line in lines:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
-        keep = [r for r in rows if r["round"] < checkpoint_round]
-        if checkpoint_row is not None:
-            keep.append(_clean(checkpoint_row))
-        elif checkpoint_round > 0:
-            keep += [r for r in rows if r["round"] == checkpoint_round][:1]
-        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
-        os.replace(tmp, self.metrics_path)
+    def rewind(self, checkpoint_round: int, checkpoint_row: dict[str, Any] | None,
+               checkpoint_clients: list[dict[str, Any]] | None = None) -> None:
+        """Make ``metrics.jsonl`` and ``clients.jsonl`` end at the checkpoint a run resumes from:
+        keep the rows of earlier rounds, then the checkpoint's own rows (a checkpoint without them
+        keeps the file's rows of that round). Rows of a round the checkpoint does not hold, and a
+        half-written last line, go."""
+        keep = _rewound(self.metrics_path, checkpoint_round, None if checkpoint_row is None else [checkpoint_row],
+                        first_only=True)
+        _rewound(self.clients_path, checkpoint_round, checkpoint_clients)
         if self.tensorboard and any(self.run_dir.glob("events.out.tfevents.*")):
             # an earlier attempt logged to TensorBoard: hide its events from the last kept row on,
             # and log that row again (a kill may have come between the checkpoint and its row)
@@ -141,6 +131,9 @@ class RunRecorder:
             plot_accuracy({self.run_dir.name: rows}, self.run_dir / "accuracy.png")
         if has_pool_diagnostics(rows):
             plot_pool_diagnostics(rows, self.run_dir / "diagnostics.png", title=self.run_dir.name)
+        client_rows = read_clients(self.run_dir)
+        if has_client_evaluations(client_rows):
+            plot_clients(client_rows, self.run_dir / "clients.png", title=self.run_dir.name)
         self.close()
         # last: the launcher takes summary.json as the sign that the run has ended and stops its processes
         write_json(self.run_dir / "summary.json", summary)
@@ -149,7 +142,9 @@ class RunRecorder:
 
 def summarize(rows: list[dict[str, Any]], components: Sequence[Component] = ()) -> dict[str, Any]:
     """``summary.json`` from a run's ``metrics.jsonl`` rows: rounds, final and best accuracy, failed
-    replies, time per round and, for a run with distinguishing ``components``, their ``activity``
+    replies, time per round, for a run with federated evaluation its last evaluated round's columns
+    (``federated_evaluation``: ``fedsuite.client_records.FEDERATED_COLUMNS``) and, for a run with
+    distinguishing ``components``, their ``activity``
     (``fedsuite.activity.summarize_activity``; left out when no round recorded a measure)."""
     evals = [(r["round"], r["test_accuracy"]) for r in rows if r.get("test_accuracy") is not None]
     out: dict[str, Any] = {"rounds_completed": max((r["round"] for r in rows), default=0)}
@@ -166,10 +161,51 @@ def summarize(rows: list[dict[str, Any]], components: Sequence[Component] = ()) 
     if walls:
         out["seconds_per_round"] = float(np.median(walls))
         out["total_seconds"] = float(np.sum(walls))
+    evaluated = [r for r in rows if r.get("clients_evaluated")]
+    if evaluated:  # federated evaluation: its last round's columns
+        out["federated_evaluation"] = {"round": evaluated[-1]["round"],
+                                       **{k: evaluated[-1][k] for k in FEDERATED_COLUMNS if k in evaluated[-1]}}
     activity = summarize_activity(rows, components)
     if activity:
         out["activity"] = activity
     return out
+
+
+def _append_lines(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Append ``rows`` to a JSON-lines file, one line each, and sync it."""
+    with path.open("a") as f:
+        f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _rewound(path: Path, checkpoint_round: int, own: list[dict[str, Any]] | None,
+             first_only: bool = False) -> list[dict[str, Any]]:
+    """Rewrite the JSON-lines file ``path`` to its rows of rounds before ``checkpoint_round``, then
+    ``own`` (the checkpoint's rows of its round) or, when None, the file's rows of that round (the
+    first one only with ``first_only``); a line cut short by a kill goes. Returns the rows kept."""
+    if not path.is_file():
+        if not own:
+            return []
+        lines = []
+    else:
+        lines = path.read_text().splitlines()
+    rows: list[dict[str, Any]] = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill
+    keep = [r for r in rows if r["round"] < checkpoint_round]
+    if own is not None:
+        keep += [_clean(r) for r in own]
+    elif checkpoint_round > 0:
+        same = [r for r in rows if r["round"] == checkpoint_round]
+        keep += same[:1] if first_only else same
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
+    os.replace(tmp, path)
+    return keep
 
 
 def _clean(value: Any) -> Any:

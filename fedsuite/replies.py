@@ -45,19 +45,28 @@ def failure_reason(reason: str) -> str:
     return lines[-1] if lines else "unknown error"
 
 
-def check_reply(reply: Reply, arrays: str, metrics: str | None = None,
-                template: NDArrays | None = None) -> tuple[str | None, dict[str, NDArrays]]:
-    """Validate a reply that must hold the ArrayRecord ``arrays`` (and the MetricRecord ``metrics``
-    with :data:`~fedsuite.wire.NUM_EXAMPLES`, when given). With a ``template``, ``arrays`` must have
-    its names and shapes. Returns ``(problem, {})`` for an error reply, a missing record, a layout
-    that differs from the template or non-finite values; else ``(None, every ArrayRecord decoded)``."""
+def check_reply(reply: Reply, arrays: str | None, metrics: str | None = None,
+                template: NDArrays | None = None, keys: Iterable[str] = ()) -> tuple[str | None, dict[str, NDArrays]]:
+    """Validate a reply that must hold the ArrayRecord ``arrays`` (when given: an evaluation reply
+    has none) and the MetricRecord ``metrics`` with :data:`~fedsuite.wire.NUM_EXAMPLES` and every one
+    of ``keys`` (when given), each a number (a loss may be NaN: a diverged model's). With a
+    ``template``, ``arrays`` must have its names and shapes. Returns ``(problem, {})`` for an error
+    reply, a missing record or metric, a layout that differs from the template or non-finite array
+    values; else ``(None, every ArrayRecord decoded)``."""
     if reply.has_error():
         return f"client error: {reply.error}", {}
     content = reply.content
-    if arrays not in content.array_records or (metrics is not None and metrics not in content.metric_records):
+    if (arrays is not None and arrays not in content.array_records) or (
+            metrics is not None and metrics not in content.metric_records):
         return "reply lacks " + " or ".join(repr(n) for n in (arrays, metrics) if n is not None), {}
-    if metrics is not None and NUM_EXAMPLES not in content[metrics]:
-        return f"{metrics} lack {NUM_EXAMPLES!r}", {}
+    if metrics is not None:
+        for key in (NUM_EXAMPLES, *keys):
+            if key not in content[metrics]:
+                return f"{metrics} lack {key!r}", {}
+        for key in keys:
+            value = content[metrics][key]
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                return f"{metrics}[{key!r}] is {value!r}, not a number", {}
     if template is not None:
         problem = layout_problem(content[arrays], template)
         if problem:

@@ -8,7 +8,10 @@ A run directory holds::
                      bytes_sent, bytes_received, cohort, dropped (partition ids), failed (their
                      count), failure_reasons ({partition id: reason}) (+ method metrics, and
                      the cohort mean of each activity measure of the run's components:
-                     ``fedsuite.activity``)
+                     ``fedsuite.activity``; with ``federated_eval``, the clients' accuracies:
+                     ``fedsuite.client_records.FEDERATED_COLUMNS``)
+    clients.jsonl    one line per client and round it took part in: its training reply and its own
+                     evaluation (``fedsuite.client_records.CLIENT_FIELDS``)
     summary.json     final/best accuracy, rounds, total time, status, failed_replies and
                      rounds_with_failures (totals), failure (round, partition ids, first error)
                      when the run stopped on too many failed replies, provenance (what produced
@@ -20,6 +23,7 @@ A run directory holds::
     events.out.tfevents.*  the same metrics for TensorBoard (``tensorboard=true``, the default where
                      the package is installed; ``fedsuite.recording.TensorBoardLog``)
     accuracy.png     test accuracy versus round
+    clients.png      the clients' own test accuracies versus round (``federated_eval``)
     diagnostics.png  pool diagnostics versus round (pool methods with ``<method>.diagnostics = true``,
                      see ``fedsuite.plots.plot_pool_diagnostics``)
 """
@@ -92,6 +96,36 @@ def run_value(evals: Sequence[tuple[int, float]], metric: str, last: int = 1,
     if not tail:
         raise ValueError("a run without evaluations has no value")
     return float(np.mean(tail)), tail
+
+
+#: the federated-evaluation readings of every report (``federated_eval``: the columns of
+#: ``fedsuite.client_records.FEDERATED_COLUMNS`` a report shows), column -> the report's label
+CLIENT_READINGS = {
+    "client_accuracy_mean": "client mean (%)",
+    "client_accuracy_weighted": "client weighted (%)",
+    "client_accuracy_std": "client std, ddof=1 (%)",
+    "client_accuracy_worst10": "worst 10% (%)",
+    "personal_accuracy_mean": "personalised mean (%)",
+    "personal_accuracy_worst10": "personalised worst 10% (%)",
+}
+
+
+def client_readings(rows: list[dict[str, Any]], last: int) -> dict[str, float]:
+    """A run's federated-evaluation readings, read as its accuracy is (:func:`run_value`): per column
+    of :data:`CLIENT_READINGS` its ``metrics.jsonl`` rows hold, the mean of its last ``last`` values
+    (round 0 left out), in %; {} for a run without federated evaluation."""
+    out = {}
+    for column in CLIENT_READINGS:
+        values = [r[column] for r in rows if r["round"] > 0 and r.get(column) is not None]
+        if values:
+            out[column] = float(np.mean([100 * v for v in values[-last:]]))
+    return out
+
+
+def reading_columns(readings: Iterable[dict[str, float]]) -> list[str]:
+    """The :data:`CLIENT_READINGS` columns that any of ``readings`` holds, in that order: a report's extra columns."""
+    held = set().union(*readings)
+    return [c for c in CLIENT_READINGS if c in held]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -210,21 +244,23 @@ def group_runs(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 10) -> tuple[list[dict[str, Any]], dict]:
-    """One row per group of seeds: final accuracy mean ± std (each run's reading: the mean of its
+    """One row per group of seeds: final accuracy mean ± sample std (n − 1) (each run's reading: the mean of its
     last ``last`` evaluations, all of them if it has fewer; round 0, the initial model, is none:
     :func:`evaluations`, as every report reads a run; ``final_std`` the sample standard deviation
     of the readings over seeds, ddof = 1, None with one seed), best accuracy, rounds to ``target`` accuracy
-    (mean over the runs that reach it), and the group's :func:`momentum_loop_limit` (None where it has
-    none). ``last``'s default is ``fedsuite report``'s and ``sweep``'s."""
+    (mean over the runs that reach it), the group's :func:`momentum_loop_limit` (None where it has
+    none) and, for runs with federated evaluation, the mean over seeds of their
+    :func:`client_readings`. ``last``'s default is ``fedsuite report``'s and ``sweep``'s."""
     groups = group_runs([load_run(Path(d)) for d in run_dirs])
     table = []
     curves: dict[str, list[list[dict[str, Any]]]] = {}
     for label, runs in groups.items():
-        finals, bests, hits = [], [], []
+        finals, bests, hits, readings = [], [], [], []
         for run in runs:
             accs = evaluations(run["rows"])
             if not accs:
                 continue
+            readings.append(client_readings(run["rows"], last))
             finals.append(float(np.mean(last_accuracies(accs, last))))
             bests.append(best_accuracy(accs))
             if target is not None:
@@ -240,6 +276,8 @@ def report(run_dirs: Iterable[Path], target: float | None = None, last: int = 10
             "rounds_to_target": float(np.mean(reached)) if reached else None,
             "reached": f"{len(reached)}/{len(hits)}" if target is not None else "",
             "momentum_loop_limit": momentum_loop_limit(runs[0]["config"]),
+            # federated evaluation: the mean over seeds of each run's reading (client_readings), in %
+            **{c: float(np.mean([r[c] for r in readings if c in r])) for c in reading_columns(readings)},
         })
         curves[label] = [run["rows"] for run in runs]
     return table, curves
@@ -258,8 +296,10 @@ def report_table(rows: list[dict[str, Any]], target: float | None,
     """:func:`report`'s rows as a table: (headers, one list of cells per setting); ``target`` in %.
     The final accuracy's header names the reading (:func:`reading_text`); a setting of one seed
     shows its mean alone (no "± 0.00")."""
+    extra = reading_columns(rows)  # federated evaluation's readings, where runs have them
     headers = ["setting", "seeds", f"final acc (%): mean of last {last} evaluations ± sample std", "best acc (%)"]
     headers += [f"rounds to {target:g}%"] if target else []
+    headers += [CLIENT_READINGS[c] for c in extra]
     table = []
     for r in rows:
         final = "-" if r["final_mean"] is None else f"{100 * r['final_mean']:.2f}"
@@ -268,6 +308,7 @@ def report_table(rows: list[dict[str, Any]], target: float | None,
         cells = [r["group"], str(r["seeds"]), final, f"{100 * r['best_mean']:.2f}" if r["best_mean"] is not None else "-"]
         if target:
             cells.append(f"{r['rounds_to_target']:.0f} ({r['reached']})" if r["rounds_to_target"] else f"∞ ({r['reached']})")
+        cells += [f"{r[c]:.2f}" if c in r else "-" for c in extra]
         table.append(cells)
     return headers, table
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fedsuite.arrays import NDArrays, trainable_keys
+from fedsuite.client_records import CLIENT_FIELDS
 
 
 @dataclass
@@ -58,10 +59,43 @@ class RoundLog:
     num_replies: int = 0
     train_loss: float | None = None
     columns: dict[str, Any] = field(default_factory=dict)
+    #: each client's part in the round by partition id (its ``clients.jsonl`` row: :meth:`client_rows`)
+    clients: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def add(self, columns: dict[str, Any]) -> None:
         """Add (or update) columns of this round's line (JSON-serialisable values)."""
         self.columns.update(columns)
+
+    def note(self, pid: int, **fields: Any) -> None:
+        """Set fields of client ``pid``'s row of this round (``fedsuite.client_records.CLIENT_FIELDS``).
+        A training reply's ``num_steps``, ``train_loss`` and ``train_seconds`` are None where its
+        ClientApp (another than fedsuite's) does not report them: they describe the reply, the server
+        rule does not need them."""
+        unknown = set(fields) - set(CLIENT_FIELDS)
+        if unknown:
+            raise KeyError(f"not a clients.jsonl field: {', '.join(sorted(unknown))}")
+        self.clients.setdefault(pid, {}).update(fields)
+
+    def count_bytes(self, pid: int, sent: int = 0, received: int = 0) -> None:
+        """Add a message's bytes to the round's totals and to client ``pid``'s."""
+        self.bytes_sent += sent
+        self.bytes_received += received
+        row = self.clients.setdefault(pid, {})
+        row["bytes_sent"] = row.get("bytes_sent", 0) + sent
+        row["bytes_received"] = row.get("bytes_received", 0) + received
+
+    def client_rows(self) -> list[dict[str, Any]]:
+        """The round's ``clients.jsonl`` rows: one per client that was sampled or evaluated, by
+        partition id, every ``CLIENT_FIELDS`` key present (None where it does not apply), the
+        training failure's reason from ``drop_reasons``."""
+        rows = []
+        for pid in sorted(set(self.cohort) | set(self.clients)):
+            row = {name: None for name in CLIENT_FIELDS}
+            row.update({"round": self.round, "partition_id": pid, "sampled": pid in self.cohort,
+                        "bytes_sent": 0, "bytes_received": 0, **self.clients.get(pid, {})})
+            row["failure"] = self.drop_reasons.get(pid)
+            rows.append(row)
+        return rows
 
     def drop(self, pid: int, reason: str) -> None:
         """Record a dropped client (the first reason given for it is kept)."""

@@ -45,7 +45,18 @@ def read_metrics(run_dir: str | Path, tolerant: bool = False, torn_tail: bool = 
     ``tolerant`` (a live run's line being written). ``torn_tail``: a last line without its newline
     that a kill in the middle of an append can have left (:func:`torn_row`) is skipped; anything
     else there is damage as in any line."""
-    path = Path(run_dir) / "metrics.jsonl"
+    return read_rows(Path(run_dir) / "metrics.jsonl", "metrics", tolerant, torn_tail)
+
+
+def read_clients(run_dir: str | Path, tolerant: bool = False, torn_tail: bool = False) -> list[dict[str, Any]]:
+    """The rows of ``clients.jsonl`` (one per client and round: ``fedsuite.rounds.CLIENT_FIELDS``),
+    read as :func:`read_metrics` reads ``metrics.jsonl``; [] without the file (a run made before
+    fedsuite wrote it)."""
+    return read_rows(Path(run_dir) / "clients.jsonl", "client", tolerant, torn_tail)
+
+
+def read_rows(path: Path, kind: str, tolerant: bool = False, torn_tail: bool = False) -> list[dict[str, Any]]:
+    """The rows of a run's JSON-lines record ``path`` of ``kind`` rows (:func:`read_metrics`)."""
     if not path.is_file():
         return []
     try:
@@ -62,11 +73,11 @@ def read_metrics(run_dir: str | Path, tolerant: bool = False, torn_tail: bool = 
         try:
             row = json.loads(line.decode("utf-8"))
             if not isinstance(row, dict) or not isinstance(row.get("round"), int):
-                raise ValueError("not a metrics row (a JSON object with an integer 'round')")
+                raise ValueError(f"not a {kind} row (a JSON object with an integer 'round')")
         except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError too
             if tolerant or (torn_tail and number == len(lines) and torn_row(line)):
                 continue
-            raise ResultsError(f"{path}, line {number}: not a valid metrics row, the file is truncated or "
+            raise ResultsError(f"{path}, line {number}: not a valid {kind} row, the file is truncated or "
                                f"corrupt ({exc})") from None
         rows.append(row)
     return rows

@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 from fedsuite.config import BaseRunConfig, from_run_config
 from fedsuite.data import load_dataset, partition_indices
 from fedsuite.errors import ConfigError, DataError
+from fedsuite.seeding import seed_for
 
 RUN_DIR_KEY = "run_dir"
 
@@ -110,6 +112,57 @@ def client_indices(cfg: BaseRunConfig, bundle, partition_id: int) -> np.ndarray:
                       cfg.shards_per_client, cfg.partition_by)[partition_id]
 
 
+#: the purpose tag of a client's held-out share (``fedsuite.seeding``): :func:`client_split`
+HOLDOUT_TAG = 0x7E57
+
+
+@dataclass(frozen=True)
+class ClientSplit:
+    """A client's data under federated evaluation: ``train``, the training-sample indices it trains on;
+    ``test``, the indices of its own test data, into the dataset's test split when ``natural`` (the
+    client's own test split: :attr:`DatasetBundle.test_groups`), else into the training set (its
+    held-out share)."""
+
+    train: np.ndarray
+    test: np.ndarray
+    natural: bool
+
+
+def client_split(cfg: BaseRunConfig, bundle, partition_id: int) -> ClientSplit:
+    """Client ``partition_id``'s training and own test data (pure function of the config).
+
+    ``federated_eval = "off"``: its whole partition, no test data (the training data of every run
+    without federated evaluation). Otherwise, with a natural partition of a dataset whose clients have
+    test splits of their own (``bundle.test_groups``: synthetic's devices, FEMNIST's writers), the
+    whole partition and the client's own test split; else (and for a client whose own test split is
+    empty) :func:`holdout` of its partition: ``local_test_fraction`` of it held out, seeded by
+    (seed, partition id)."""
+    idx = client_indices(cfg, bundle, partition_id)
+    if cfg.federated_eval == "off":
+        return ClientSplit(idx, np.zeros(0, np.int64), False)
+    groups, test_groups = getattr(bundle, "groups", None), getattr(bundle, "test_groups", None)
+    if cfg.partitioner == "natural" and cfg.partition_by is None and groups is not None and test_groups is not None \
+            and len(idx):
+        own = np.flatnonzero(test_groups == groups[idx[0]])
+        if len(own):
+            return ClientSplit(idx, own.astype(np.int64), True)
+    train, test = holdout(idx, cfg.local_test_fraction, cfg.seed, partition_id)
+    return ClientSplit(train, test, False)
+
+
+def holdout(indices: np.ndarray, fraction: float, seed: int, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) of a client's ``indices``: k = round(fraction · n), at least 1 and at most n − 1,
+    drawn without replacement by a generator seeded from (seed, partition id, :data:`HOLDOUT_TAG`);
+    both keep the partition's order. A partition of fewer than 2 samples raises ``ValueError``."""
+    n = len(indices)
+    if n < 2:
+        raise ValueError(f"client {partition_id} has {n} training sample(s); federated evaluation holds out at "
+                         f"least one and trains on at least one (raise min_partition_size or use fewer clients)")
+    k = min(n - 1, max(1, int(round(fraction * n))))
+    order = np.random.default_rng(seed_for(seed, partition_id, HOLDOUT_TAG)).permutation(n)
+    return indices[np.sort(order[k:])], indices[np.sort(order[:k])]
+
+
 @functools.cache
 def _partition(name, root, options, scheme, num_clients, seed, alpha, min_size, classes, shards, partition_by):
     bundle = _load_bundle(name, root, options)
@@ -146,6 +199,9 @@ def check_data(cfg: BaseRunConfig) -> None:
     try:
         bundle = load_bundle(cfg)
         client_indices(cfg, bundle, 0)
+        if cfg.federated_eval != "off":  # every client must have data to train on and to test on
+            for pid in range(cfg.num_clients):
+                client_split(cfg, bundle, pid)
         with torch.device("meta"):  # the builders check the input shape; no weights are made
             make_model(cfg, bundle)
     except Exception as exc:  # data errors from loaders and partitioners are user errors

@@ -61,8 +61,8 @@ from fedsuite.seeding import COHORT_TAG, round_rng
 from fedsuite.replies import Reply, check_reply, metric_means
 from fedsuite.transport import FlowerTransport, Transport
 from fedsuite.wire import (
-    ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PARTITION_ID, RECEIVED_CHECKSUM, SERVER_ROUND, STATISTICS,
-    STATISTICS_QUERY, ClientReply, NDArrays, record_nbytes, to_ndarrays, to_record,
+    ARRAYS, CONFIG, LR, METRICS, NUM_EXAMPLES, NUM_STEPS, PARTITION_ID, RECEIVED_CHECKSUM, SERVER_ROUND, STATISTICS,
+    STATISTICS_QUERY, TRAIN_LOSS, TRAIN_SECONDS, ClientReply, NDArrays, record_nbytes, to_ndarrays, to_record,
 )
 
 #: ``ServerSetup``, ``RoundLog`` and ``RoundFailure`` live in ``fedsuite.rounds``; a method imports them from here
@@ -75,7 +75,7 @@ DROP_NOT_CONNECTED = "node not connected"
 #: ... and for one that was sent work but did not answer before the round timed out
 DROP_TIMEOUT = "no reply within round_timeout_s"
 #: the clients' bookkeeping metrics, not averaged into the round's training metrics
-BOOKKEEPING_METRICS = frozenset({NUM_EXAMPLES, PARTITION_ID, RECEIVED_CHECKSUM})
+BOOKKEEPING_METRICS = frozenset({NUM_EXAMPLES, PARTITION_ID, RECEIVED_CHECKSUM, TRAIN_SECONDS})
 
 
 class FedSuiteStrategy(Strategy):
@@ -127,7 +127,7 @@ class FedSuiteStrategy(Strategy):
 
     def train_config(self, server_round: int) -> dict[str, Any]:
         """Scalars every client receives this round."""
-        return {SERVER_ROUND: server_round, "lr": self.local_lr(server_round)}
+        return {SERVER_ROUND: server_round, LR: self.local_lr(server_round)}
 
     def prepare_round(self, server_round: int, cohort: list[int]) -> None:
         """Called once per round with the sampled cohort, before any payload is built."""
@@ -171,7 +171,7 @@ class FedSuiteStrategy(Strategy):
             content = self.client_payload(server_round, pid, record, conf)
             for hooks in self.server_hooks:
                 hooks.payload(server_round, pid, content)
-            self.round_log.bytes_sent += record_nbytes(content)
+            self.round_log.count_bytes(pid, sent=record_nbytes(content))
             contents[pid] = content
         for pid in cohort:
             if pid not in contents:
@@ -250,14 +250,15 @@ class FedSuiteStrategy(Strategy):
         values or never comes is dropped and logged in this round's log like a failed training reply."""
         conf = ConfigRecord({SERVER_ROUND: server_round})
         asked = {pid: RecordDict({ARRAYS: arrays, CONFIG: conf}) for pid in pids if self.nodes.node_of(pid) is not None}
-        self.round_log.bytes_sent += sum(record_nbytes(c) for c in asked.values())
+        for pid, content in asked.items():
+            self.round_log.count_bytes(pid, sent=record_nbytes(content))
         replies = self.transport.exchange(STATISTICS_QUERY, asked, self.nodes, self.cfg.round_timeout_s)
         stats: dict[int, NDArrays] = {}
         for pid in sorted(asked):
             if pid not in replies:
                 self.record_drop(pid, f"statistics query: {DROP_TIMEOUT} ({self.cfg.round_timeout_s:g} s)")
                 continue
-            problem, records = self.receive(replies[pid], STATISTICS)
+            problem, records = self.receive(replies[pid], STATISTICS, pid=pid)
             if problem:
                 self.record_drop(pid, f"statistics query: {problem}")
             else:
@@ -265,19 +266,21 @@ class FedSuiteStrategy(Strategy):
         return stats
 
     # --- replies --------------------------------------------------------------------------------
-    def receive(self, reply: Reply, arrays: str, metrics: str | None = None,
-                template: NDArrays | None = None) -> tuple[str | None, dict[str, NDArrays]]:
-        """Count a reply's bytes into the round's log (unless it is an error) and validate it
-        (``fedsuite.replies.check_reply``): (problem, {}) or (None, its decoded ArrayRecords)."""
+    def receive(self, reply: Reply, arrays: str | None, metrics: str | None = None,
+                template: NDArrays | None = None, *, pid: int,
+                keys: Iterable[str] = ()) -> tuple[str | None, dict[str, NDArrays]]:
+        """Count the bytes of client ``pid``'s reply into the round's log (unless it is an error) and
+        validate it (``fedsuite.replies.check_reply``, which ``keys`` is passed to): (problem, {}) or
+        (None, its decoded ArrayRecords)."""
         if not reply.has_error():
-            self.round_log.bytes_received += record_nbytes(reply.content)
-        return check_reply(reply, arrays, metrics, template)
+            self.round_log.count_bytes(pid, received=record_nbytes(reply.content))
+        return check_reply(reply, arrays, metrics, template, keys)
 
     def parse_replies(self, replies: dict[int, Reply]) -> list[ClientReply]:
         """Drop and log bad training replies; return the good ones, by partition id."""
         good: list[ClientReply] = []
         for pid in sorted(replies):
-            problem, records = self.receive(replies[pid], ARRAYS, METRICS, self.template)
+            problem, records = self.receive(replies[pid], ARRAYS, METRICS, self.template, pid=pid)
             if problem:
                 log.warning("round %s: dropped reply of client %s: %s", self.round_log.round, pid, problem)
                 self.round_log.drop(pid, problem)
@@ -285,6 +288,9 @@ class FedSuiteStrategy(Strategy):
             metrics = {k: float(v) for k, v in replies[pid].content[METRICS].items() if not isinstance(v, list)}
             arrays = records.pop(ARRAYS)
             good.append(ClientReply(pid, arrays, int(metrics[NUM_EXAMPLES]), metrics, records))
+            steps = int(metrics[NUM_STEPS]) if NUM_STEPS in metrics else None
+            self.round_log.note(pid, num_examples=int(metrics[NUM_EXAMPLES]), num_steps=steps,
+                                train_loss=metrics.get(TRAIN_LOSS), train_seconds=metrics.get(TRAIN_SECONDS))
         return good
 
     def aggregate_round(self, server_round: int, replies: dict[int, Reply]) -> tuple[NDArrays, dict[str, float]]:
@@ -308,7 +314,7 @@ class FedSuiteStrategy(Strategy):
         new_arrays = self.aggregate(server_round, good)
         self.global_arrays = new_arrays
         metrics = self.aggregate_metrics(good)
-        self.round_log.train_loss = metrics.get("train-loss")
+        self.round_log.train_loss = metrics.get(TRAIN_LOSS)
         # the cohort's example-weighted mean of each component's activity measure (fedsuite.activity)
         self.round_log.add({m: metrics[m] for m in self.activity_measures if m in metrics})
         self.after_aggregate(server_round)

@@ -33,7 +33,7 @@ folder (:class:`FolderLock`): a second command into it meanwhile is refused in o
 first's PID.
 
 The report (``<output-dir>/<name>/report.md``, ``report.csv``, ``accuracy.png``) has per setting the
-mean ± std over its completed seeds of the reading (each run's mean of its last ``--last``
+mean ± sample std (n − 1) over its completed seeds of the reading (each run's mean of its last ``--last``
 evaluations, :func:`fedsuite.results.run_value`), the best accuracy, the seeds that completed, and
 the best setting per group (``--group-by KEY``: per value of that grid key; else the best of all);
 the figure has one band per setting. Runs that did not complete are named with their failure.
@@ -277,15 +277,16 @@ def read_sweep_section(config: Path | None) -> tuple[dict[str, Any] | None, dict
 
 def collect(runs: Sequence[SweepRun], last: int) -> list[dict[str, Any]]:
     """Per setting: the completed seeds' readings (mean of the last ``last`` evaluations, in %),
-    their mean ± std, the mean best accuracy, and the curves."""
-    from fedsuite.results import best_accuracy, evaluations, run_value
+    their mean ± sample std, the mean best accuracy, the curves and, for runs with federated evaluation,
+    the mean over seeds of their ``results.client_readings`` (``clients``)."""
+    from fedsuite.results import best_accuracy, client_readings, evaluations, reading_columns, run_value
     from fedsuite.rundir import read_metrics
 
     out: dict[str, dict[str, Any]] = {}
     for run in runs:
         entry = out.setdefault(setting_label(run.setting), {
             "setting": run.setting, "label": setting_label(run.setting), "values": {}, "bests": [], "curves": [],
-            "planned": 0, "incomplete": []})
+            "planned": 0, "incomplete": [], "readings": []})
         entry["planned"] += 1
         if rundir.state(run.run_dir, run.rounds) != "completed":
             entry["incomplete"].append(run)
@@ -298,10 +299,14 @@ def collect(runs: Sequence[SweepRun], last: int) -> list[dict[str, Any]]:
         entry["values"][run.seed] = run_value(evals, "accuracy", last)[0]
         entry["bests"].append(100 * best_accuracy(evals))
         entry["curves"].append(rows)
+        entry["readings"].append(client_readings(rows, last))
     for entry in out.values():
         values = [entry["values"][s] for s in sorted(entry["values"])]
         entry["mean"], entry["std"] = aggregate(values)
         entry["best"] = float(np.mean(entry["bests"])) if entry["bests"] else None
+        # federated evaluation (results.client_readings): the mean over the completed seeds, in %
+        entry["clients"] = {c: float(np.mean([r[c] for r in entry["readings"] if c in r]))
+                            for c in reading_columns(entry["readings"])}
     return list(out.values())
 
 
@@ -321,23 +326,30 @@ def best_per_group(settings: Sequence[dict[str, Any]], group_by: str | None) -> 
 def write_report(runs: Sequence[SweepRun], folder: Path, last: int, group_by: str | None, title: str) -> Path:
     """``report.md``, ``report.csv`` and ``accuracy.png`` (one band per setting) in ``folder``."""
     from fedsuite.plots import plot_groups
+    from fedsuite.results import CLIENT_READINGS, reading_columns
 
     folder.mkdir(parents=True, exist_ok=True)
     data = collect(runs, last)
+    extra = reading_columns([e["clients"] for e in data])
     md = [f"# Sweep: {title}", "",
-          f"Reading: each run's mean test accuracy over its last {last} evaluations; per setting the mean ± std "
-          "(population) over its completed seeds; best = mean over seeds of each run's best evaluation.", "",
-          "| setting | reading (%) | seeds | best acc (%) |", "|---|---|---|---|"]
+          f"Reading: each run's mean test accuracy over its last {last} evaluations; per setting the mean ± sample std (n − 1) "
+          "over its completed seeds; best = mean over seeds of each run's best evaluation."
+          + (" Federated evaluation's columns: the same reading of the clients' accuracies, mean over seeds."
+             if extra else ""), "",
+          "| setting | reading (%) | seeds | best acc (%) |" + "".join(f" {CLIENT_READINGS[c]} |" for c in extra),
+          "|---|---|---|---|" + "---|" * len(extra)]
     rows_csv = []
     for e in data:
         reading = "-" if e["mean"] is None else f"{e['mean']:.2f}" + (f" ± {e['std']:.2f}" if e["std"] is not None else "")
         best_acc = "-" if e["best"] is None else f"{e['best']:.2f}"
-        md.append(f"| {e['label']} | {reading} | {len(e['values'])}/{e['planned']} | {best_acc} |")
+        md.append(f"| {e['label']} | {reading} | {len(e['values'])}/{e['planned']} | {best_acc} |"
+                  + "".join(f" {e['clients'][c]:.2f} |" if c in e["clients"] else " - |" for c in extra))
         rows_csv.append({**{k: _text(v) for k, v in e["setting"].items()},
                          "mean": "" if e["mean"] is None else e["mean"], "std": "" if e["std"] is None else e["std"],
                          "seeds_completed": len(e["values"]), "seeds_planned": e["planned"],
                          "best_mean": "" if e["best"] is None else e["best"],
-                         "values": " ".join(f"s{s}={v:.4f}" for s, v in sorted(e["values"].items()))})
+                         "values": " ".join(f"s{s}={v:.4f}" for s, v in sorted(e["values"].items())),
+                         **{c: e["clients"].get(c, "") for c in extra}})
     best = best_per_group(data, group_by)
     md += ["", f"Best setting {'per ' + group_by if group_by else 'of all'}:", ""]
     md += [f"- {group}: **{e['label']}** ({e['mean']:.2f})" for group, e in best.items()] or ["- none completed"]
@@ -346,12 +358,12 @@ def write_report(runs: Sequence[SweepRun], folder: Path, last: int, group_by: st
         md += ["", "Runs that did not complete (not in the numbers above):", "", *[f"- {line}" for line in incomplete]]
     curves = {e["label"]: e["curves"] for e in data if e["curves"]}
     if curves:
-        plot_groups(curves, folder / "accuracy.png", title=f"sweep {title}: mean ± std over seeds")
+        plot_groups(curves, folder / "accuracy.png", title=f"sweep {title}: mean ± sample std over seeds")
         md += ["", "![accuracy](accuracy.png)"]
     (folder / "report.md").write_text("\n".join(md) + "\n")
     with (folder / "report.csv").open("w", newline="") as fh:
         fields = [*(runs[0].setting if runs else {}), "mean", "std", "seeds_completed", "seeds_planned", "best_mean",
-                  "values"]
+                  "values", *extra]
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows_csv)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from fedsuite.data import augment_batch, to_float
 from fedsuite.state import ClientState
-from fedsuite.wire import NUM_STEPS
+from fedsuite.wire import NUM_EXAMPLES, NUM_STEPS, TRAIN_LOSS
 
 
 class SGD:
@@ -297,9 +297,9 @@ def run_local_training(rule: ClientRule, task: LocalTask) -> LocalResult:
             # float64 on the loss's device: the same sum as Python floats, without a sync per step
             task.loss_sum = task.loss_sum + (loss.double() if torch.is_tensor(loss) else loss)
     result = rule.run_finish(task)
-    result.metrics.setdefault("train-loss", float(task.loss_sum) / max(task.num_steps, 1))
+    result.metrics.setdefault(TRAIN_LOSS, float(task.loss_sum) / max(task.num_steps, 1))
     result.metrics[NUM_STEPS] = float(task.num_steps)
-    result.metrics["num-examples"] = float(len(task.data))
+    result.metrics[NUM_EXAMPLES] = float(len(task.data))
     return result
 
 

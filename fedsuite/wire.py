@@ -13,6 +13,11 @@ A reply (client → server) holds ``"arrays"`` (what is aggregated), ``"metrics"
 ``num-examples``, ``train-loss``, ``partition-id``, ``received-checksum`` when the config asked for
 it, and the rule's own) and the rule's extra ArrayRecords.
 
+An evaluation message (message type ``"evaluate"``: federated evaluation, ``federated_eval``) holds
+``"arrays"`` (the global model to evaluate) and ``"config"`` (``server-round``, ``lr``); the client
+evaluates it on its own test data (``fedsuite.runtime.client_split``) and replies with ``"metrics"``:
+``partition-id``, ``num-examples`` (its test samples) and :func:`evaluation_keys`.
+
 A statistics query (message type :data:`STATISTICS_QUERY`, server → client) holds ``"arrays"`` (the
 model w to describe) and ``"config"`` (``server-round``); the client trains nothing and replies with
 the ArrayRecord :data:`STATISTICS` (whatever its rule's ``statistics`` computes, e.g. CCVR's per-class
@@ -58,6 +63,28 @@ CHECKSUM_REQUEST = "report-checksum"
 STATISTICS_QUERY = "query.statistics"
 #: the ArrayRecord of a statistics reply
 STATISTICS = "statistics"
+#: metric of every training reply: the seconds the client's local training took (its own clock;
+#: ``clients.jsonl``'s ``train_seconds``, never averaged or compared between runs)
+TRAIN_SECONDS = "train-seconds"
+#: metric of every training reply: the mean loss of the client's local steps
+TRAIN_LOSS = "train-loss"
+#: config key of an evaluation message: the local learning rate of a personalised evaluation's steps
+LR = "lr"
+#: metrics of an evaluation reply (message type ``"evaluate"``, Flower's ``MessageType.EVALUATE``):
+#: the global model's accuracy and mean cross-entropy on the client's own test data (whose size is
+#: the reply's :data:`NUM_EXAMPLES`) ...
+EVAL_ACCURACY = "eval-accuracy"
+EVAL_LOSS = "eval-loss"
+#: ... and, with ``finetune_steps`` > 0, the same of the personalised model (the global model after
+#: ``finetune_steps`` local SGD steps on the client's training data)
+PERSONAL_ACCURACY = "personal-accuracy"
+PERSONAL_LOSS = "personal-loss"
+
+
+def evaluation_keys(finetune_steps: int) -> tuple[str, ...]:
+    """The metrics an evaluation reply must hold (besides ``partition-id`` and ``num-examples``) when
+    the run's ``finetune_steps`` is as given: a reply without one of them is a failed reply."""
+    return (EVAL_ACCURACY, EVAL_LOSS) + ((PERSONAL_ACCURACY, PERSONAL_LOSS) if finetune_steps > 0 else ())
 
 
 @dataclass

@@ -4,8 +4,8 @@ so a new method is covered the moment it registers. Each run must complete (any 
 client reply fails it) and write one metrics.jsonl line per round plus round 0, with a finite test
 accuracy in every line, and a checkpoint of the last round. The same run through the in-process
 engine (``engine="inprocess"``: the ClientApp's handlers called in the test process, no Ray) must
-give the same ``metrics.jsonl`` (wall time aside), checkpoint (global model and server state) and
-per-client state, bit for bit: the round engine is the same whatever carries its messages
+give the same ``metrics.jsonl`` (wall time aside), ``clients.jsonl`` (the clients' clocks aside),
+checkpoint (global model and server state) and per-client state, bit for bit: the round engine is the same whatever carries its messages
 (``fedsuite.transport``). FedInit and FedNLR carry the two plug-ins (relaxed initialisation,
 neuron-wise learning rates).
 
@@ -23,6 +23,7 @@ import pytest
 from conftest import FAST, assert_same_arrays, assert_same_client_state, assert_same_state
 
 from fedsuite.registry import methods
+from fedsuite.rundir import read_clients
 
 METHODS = sorted(methods())
 
@@ -54,3 +55,9 @@ def test_method_runs_end_to_end(flower_runs, simulate, name):
     assert_same_arrays(here.arrays, run.arrays)
     assert_same_state(here.checkpoint["strategy"], run.checkpoint["strategy"])
     assert_same_client_state(here.run_dir, run.run_dir)
+    # each client's record of each round (clients.jsonl), its own clock aside
+    mine, theirs = read_clients(here.run_dir), read_clients(run.run_dir)
+    assert [(c["round"], c["partition_id"]) for c in mine if c["sampled"]] == \
+        [(r["round"], pid) for r in rows[1:] for pid in sorted(r["cohort"])]  # one row per sampled client
+    assert [{k: v for k, v in r.items() if k != "train_seconds"} for r in mine] == \
+        [{k: v for k, v in r.items() if k != "train_seconds"} for r in theirs]

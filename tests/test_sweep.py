@@ -92,7 +92,7 @@ def test_a_killed_sweep_resumes_and_reports_what_its_runs_give(tmp_path):
     for r in runs():
         assert [x["round"] for x in read_metrics(r)] == [0, 1, 2], r
 
-    # the report's numbers are the runs' own: per setting, mean ± std over seeds of the last 2 evaluations
+    # the report's numbers are the runs' own: per setting, mean ± sample std (n − 1) over seeds of the last 2 evaluations
     rows = {(row["lr"], row["strategy"]): row for row in csv.DictReader((folder / "report.csv").open())}
     assert set(rows) == {("0.05", "fedavg"), ("0.05", "fedprox"), ("0.1", "fedavg"), ("0.1", "fedprox")}
     means = {}
@@ -101,7 +101,7 @@ def test_a_killed_sweep_resumes_and_reports_what_its_runs_give(tmp_path):
         for seed in (0, 1):
             metrics = read_metrics(folder / f"lr-{lr}_strategy-{strategy}" / f"s{seed}")
             values.append(100 * float(np.mean([x["test_accuracy"] for x in metrics if x["round"] > 0][-2:])))
-        assert float(row["mean"]) == pytest.approx(np.mean(values)) and float(row["std"]) == pytest.approx(np.std(values))
+        assert float(row["mean"]) == pytest.approx(np.mean(values)) and float(row["std"]) == pytest.approx(np.std(values, ddof=1))
         assert row["seeds_completed"] == "2" == row["seeds_planned"]
         means[lr, strategy] = np.mean(values)
     md = (folder / "report.md").read_text()

@@ -86,6 +86,10 @@ class DatasetBundle:
     std: tuple[float, ...] | None
     augment: str  # one of AUGMENT_KINDS
     groups: np.ndarray | None = None  # natural-partition id per training sample
+    # per test sample, the natural-partition id (of ``groups``) whose own test split it is; -1 for a
+    # test sample of a group without training data. Datasets whose clients have test splits of their
+    # own (synthetic's devices, FEMNIST's writers); a natural partition's federated evaluation uses them
+    test_groups: np.ndarray | None = None
     # dataset hf: per training sample, the index of its value among the sorted distinct values of
     # each column of ids (integers, text, booleans) besides the image, for ``partition_by``
     columns: dict[str, np.ndarray] | None = None
@@ -293,7 +297,7 @@ def load_synthetic(
     cov_diag = np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2)
     w_glob = rng.normal(0, 1, (dim, n_cls))
     b_glob = rng.normal(0, 1, n_cls)
-    xs_tr, ys_tr, gs_tr, xs_te, ys_te = [], [], [], [], []
+    xs_tr, ys_tr, gs_tr, xs_te, ys_te, gs_te = [], [], [], [], [], []
     for k in range(num_devices):
         if iid:
             mean_x = np.zeros(dim)
@@ -315,6 +319,7 @@ def load_synthetic(
         gs_tr.append(np.full(n_tr, k, dtype=np.int64))
         xs_te.append(x[n_tr:])
         ys_te.append(y[n_tr:])
+        gs_te.append(np.full(n - n_tr, k, dtype=np.int64))
     return DatasetBundle(
         name="synthetic",
         x_train=torch.from_numpy(np.concatenate(xs_tr).astype(np.float32)),
@@ -327,6 +332,7 @@ def load_synthetic(
         std=None,
         augment="none",
         groups=np.concatenate(gs_tr),
+        test_groups=np.concatenate(gs_te),
     )
 
 
@@ -734,9 +740,11 @@ def load_femnist(root: Path, *, invert: bool = True) -> DatasetBundle:
     te_users = sorted(te)
     x_te = to_u8([x for u in te_users for x in te[u][0]])
     y_te = _as_labels([y for u in te_users for y in te[u][1]])
+    writer = {u: i for i, u in enumerate(users)}
+    test_groups = np.array([writer.get(u, -1) for u in te_users for _ in te[u][1]], dtype=np.int64)
     return DatasetBundle(
         name="femnist", x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te, num_classes=62,
-        input_shape=(1, 28, 28), mean=(0.5,), std=(0.5,), augment="none", groups=groups,
+        input_shape=(1, 28, 28), mean=(0.5,), std=(0.5,), augment="none", groups=groups, test_groups=test_groups,
     )
 
 

@@ -36,7 +36,8 @@ from fedsuite.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, 
                                          check_confidence, claims, verdict, verdict_rule)
 from fedsuite.plots import has_server_momentum, plot_claims, plot_groups, plot_server_momentum
 from fedsuite.provenance import report_lines, run_summaries
-from fedsuite.results import best_accuracy, evaluations, momentum_loop_limit, run_value, write_atomically
+from fedsuite.results import (CLIENT_READINGS, best_accuracy, client_readings, evaluations, momentum_loop_limit,
+                              reading_columns, run_value, write_atomically)
 from fedsuite.rundir import read_metrics
 
 
@@ -115,7 +116,7 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str,
         cells, curves, by_seed, activity = {}, {}, {}, {}
         for m in methods:
             runs = [s for s in mine if s.method == m]
-            values, tails, bests, seed_rows = [], [], [], []
+            values, tails, bests, seed_rows, readings = [], [], [], [], []
             by_seed[m], activity[m] = {}, {}
             for s in runs:
                 if rundir.state(s.run_dir, s.rounds) != "completed":
@@ -129,6 +130,7 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str,
                 tails.append(tail)
                 bests.append(100 * best_accuracy(evals))
                 seed_rows.append(metrics)
+                readings.append(client_readings(metrics, target.last))
                 # a run that never reached a rounds target counts as reaching it one round after
                 # its end (a lower bound), so that the paired difference stays finite
                 by_seed[m][s.seed] = min(value, s.rounds + 1.0) if target.metric == "rounds" else value
@@ -141,7 +143,10 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str,
                     and math.isfinite(mean) and math.isfinite(pub[0]) else None)
             cells[m] = {"method": m, "label": target.methods[m][0], "published": pub, "mean": mean, "std": std,
                         "seeds": len(values), "planned": len(runs),
-                        "best": float(np.mean(bests)) if bests else None, "diff": diff}
+                        "best": float(np.mean(bests)) if bests else None, "diff": diff,
+                        # federated evaluation (results.client_readings): the mean over seeds, in %
+                        "clients": {c: float(np.mean([r[c] for r in readings if c in r]))
+                                    for c in reading_columns(readings)}}
             if seed_rows:
                 curves[f"{target.methods[m][0]}"] = seed_rows
         pairs = [(target.ours, m) for m in methods if m != target.ours] + \
@@ -165,7 +170,9 @@ def _signed(value: float, metric: str) -> str:
 
 def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: Path,
                  confidence: float = DEFAULT_CONFIDENCE) -> Path:
-    """Write ``report.md``, ``report.csv`` (one line per cell), ``claims.csv`` (one line per claimed
+    """Write ``report.md``, ``report.csv`` (one line per cell; with federated evaluation, its
+    readings ``fedsuite.results.CLIENT_READINGS`` as extra columns here and in each row's table),
+    ``claims.csv`` (one line per claimed
     ordering: its paired differences, their mean, standard error and t-interval at ``confidence``
     (``confidence``, ``interval_low``, ``interval_high``, ``half_width``: the smallest difference
     the seeds could detect), the paper's difference (with the nearest cell it comes from
@@ -203,6 +210,8 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
         md.append(f"| {d['row'].label} | " + " | ".join(
             str(sum(1 for c in d["claims"] if c.verdict == v)) for v in VERDICTS) + " |")
     csv_rows, claim_rows = [], []
+    # federated evaluation's readings: report.csv's extra columns, where any run has them
+    csv_extra = reading_columns([c["clients"] for d in data for c in d["cells"].values()])
     unit_short = "rounds" if target.metric == "rounds" else "points"
     orderings = [{"label": f"{target.methods[c.better][0]} > {target.methods[c.worse][0]}  [{d['row'].name}]",
                   "differences": [c.differences[s] for s in sorted(c.differences)], "mean": c.result.mean,
@@ -219,7 +228,9 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
         md += ["", f"## {row.label}" + (f" (target {d['target_accuracy']:g}%)" if d["target_accuracy"] else ""), ""]
         if row.note:
             md += [row.note, ""]
-        md += [f"| method | published | obtained ({unit}) | seeds | best acc (%) | difference |", "|---|---|---|---|---|---|"]
+        extra = reading_columns([c["clients"] for c in d["cells"].values()])  # federated evaluation's columns
+        md += [f"| method | published | obtained ({unit}) | seeds | best acc (%) | difference |"
+               + "".join(f" {CLIENT_READINGS[c]} |" for c in extra), "|---|---|---|---|---|---|" + "---|" * len(extra)]
         # no difference from the published number where the cell is not the paper's (cpu scale,
         # another model): the orderings are compared, not the numbers
         not_paper = "n/a (cpu scale)" if scale == "cpu" else "n/a (other model)" if row.model_deviation else ""
@@ -228,14 +239,14 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
             diff = not_paper or ("-" if c["diff"] is None else f"{c['diff']:+.2f}")
             md.append(f"| {c['label']} | {_fmt(*pub, target.metric) if pub else '-'} | "
                       f"{_fmt(c['mean'], c['std'], target.metric)} | {c['seeds']}/{c['planned']} | "
-                      f"{_fmt(c['best'])} | {diff} |")
+                      f"{_fmt(c['best'])} | {diff} |" + "".join(f" {_fmt(c['clients'].get(k))} |" for k in extra))
             csv_rows.append({
                 "target": target.name, "scale": scale, "row": row.name, "method": m,
                 "published_mean": pub[0] if pub else "", "published_std": pub[1] if pub and pub[1] is not None else "",
                 "obtained_mean": "" if c["mean"] is None else c["mean"], "obtained_sample_std": "" if c["std"] is None else c["std"],
                 "seeds_completed": c["seeds"], "seeds_planned": c["planned"], "best_mean": "" if c["best"] is None else c["best"],
                 "difference": "n/a" if not_paper else ("" if c["diff"] is None else c["diff"]),
-                "row_verdict": d["verdict"]})
+                "row_verdict": d["verdict"], **{k: c["clients"].get(k, "") for k in csv_extra}})
         if row.model_deviation and scale == "paper":
             md += ["", f"These runs train another model than the paper's numbers were measured with "
                    f"({row.model_deviation}): the published numbers are shown for reference, and only the "
@@ -309,7 +320,7 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
     write_atomically(folder / "report.md", lambda tmp: tmp.write_text("\n".join(md) + "\n"))
     _write_csv(folder / "report.csv", csv_rows, ["target", "scale", "row", "method", "published_mean", "published_std",
                                                  "obtained_mean", "obtained_sample_std", "seeds_completed", "seeds_planned",
-                                                 "best_mean", "difference", "row_verdict"])
+                                                 "best_mean", "difference", "row_verdict", *csv_extra])
     _write_csv(folder / "claims.csv", claim_rows, ["target", "scale", "row", "better", "worse", "seeds_paired", "seeds",
                                                    "differences", "mean_difference", "standard_error",
                                                    "confidence", "interval_low", "interval_high", "half_width",
