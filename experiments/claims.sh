@@ -164,12 +164,19 @@ write_report() {
     rm -rf "$dest" && mkdir -p "$dest/runs"
     cp "$runs/$target/"{report.md,report.csv,claims.csv} "$dest/"
     cp "$runs/$target/"*.png "$dest/" 2>/dev/null || true  # no figure before a run ends
-    # the records of the runs the report read (checkpoints stay out: the numbers need only these)
+    # the records of the runs the report read, and each finished run's last checkpoint (with its client
+    # state) where they take at most 20 MB together: the numbers need only the records, but a run can be
+    # extended to more rounds (reproduce's extend) only from its checkpoint, and a new machine has only
+    # what is committed (the FedMRUR cell's 500-round runs kept none, so its 1600 rounds start again)
     for run in "$runs"/*/*-s[0-9]*/; do
         [ -f "$run/summary.json" ] || continue
         rel="${run#"$runs/"}"
         mkdir -p "$dest/runs/$rel"
         cp "$run"/{config.json,metrics.jsonl,summary.json} "$dest/runs/$rel/"
+        if [ -f "$run/checkpoint.pt" ] && [ "$(du -smc "$run/checkpoint.pt" "$run/client-state" 2>/dev/null | tail -n 1 | cut -f1)" -le 20 ]; then
+            cp "$run/checkpoint.pt" "$dest/runs/$rel/"
+            [ ! -d "$run/client-state" ] || cp -r "$run/client-state" "$dest/runs/$rel/"
+        fi
     done
 }
 
