@@ -211,21 +211,32 @@ def simulate(
     for option, value in (("relaxed_init", relaxed_init), ("neuron_lr", neuron_lr)):
         if value is not None:
             values[CONFIG_KEYS[option]] = value
-    # a SIGTERM (e.g. from `timeout` or a job scheduler) must still stop the processes we start
-    # (the handler is put back afterwards for a caller that invokes the command in-process: tests)
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # a SIGTERM (e.g. from `timeout` or a job scheduler) stops the run as Ctrl-C does: every process
+    # we started is stopped, a run that had recorded itself completed ends "done" (exit 0), any other
+    # says how to continue it, exit 143 (the handler is put back afterwards for a caller that invokes
+    # the command in-process: tests)
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         run_simulation(config, set_, values, resume=resume, console=console, spelling=CLI)
     except (ConfigError, DataError, RunDirError) as exc:  # bad input: nothing was written
         fail(str(exc))
     except RunFailed as exc:
         fail(str(exc), code=1)
-    except RunInterrupted as exc:  # every process of the run has stopped: say how to continue it, exit 130
+    except RunInterrupted as exc:  # every process of the run has stopped: say how to continue it, exit 130 / 143
         err_console.print(str(exc), soft_wrap=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(143 if isinstance(exc.__context__, Terminated) else 130) from None
     finally:
         if previous is not None:  # None: a handler not set from Python, which cannot be put back
             signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during ``fedsuite simulate``: raised where Ctrl-C's KeyboardInterrupt would be, so that
+    both stop a run by the same path (every process stopped; a completed run is no interruption)."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
 
 
 #: the figure formats partition's ``--out`` file may have (matplotlib's raster and vector backends)

@@ -239,13 +239,15 @@ def test_ctrl_c_stops_every_process_and_raises_with_the_call_that_continues_the_
     assert partial.status == "partial" and partial.rounds_done == int(match[1]) and partial.summary == {}
 
 
-def test_ctrl_c_after_the_run_completed_is_no_interruption(setup):
-    """Ctrl-C while ``fedsuite simulate`` stops the run's processes after the last round (the
-    ServerApp has recorded the run completed) printed "interrupted ... continue the run with
-    --resume" for a complete run, exit 130: it is the run's ending, "done", exit 0."""
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_ctrl_c_after_the_run_completed_is_no_interruption(setup, stop):
+    """Ctrl-C (SIGINT) or SIGTERM while ``fedsuite simulate`` stops the run's processes after the
+    last round (the ServerApp has recorded the run completed) printed "interrupted ... continue the
+    run with --resume" for a complete run, exit 130 (SIGTERM: exit 143 and no "done" line): it is the
+    run's ending, "done", exit 0."""
     folder, toml = setup
-    run_dir = folder / "runs" / "ctrl-c-done"
-    err = folder / "ctrl-c-done.err"
+    run_dir = folder / "runs" / f"ctrl-c-done-{stop.name.lower()}"
+    err = folder / f"{run_dir.name}.err"
     with err.open("wb") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "fedsuite.cli", "simulate", "--config", str(toml),
                                  "--output-dir", str(run_dir.parent), "--run-name", run_dir.name], env=_env(),
@@ -256,7 +258,7 @@ def test_ctrl_c_after_the_run_completed_is_no_interruption(setup):
         while rundir.summary_status(run_dir) != ("finished:completed", "") and proc.poll() is None:
             assert time.monotonic() < deadline, "the run did not complete in time"
             time.sleep(0.01)
-        proc.send_signal(signal.SIGINT)  # the launcher polls summary.json every 0.25 s: it is still stopping the run
+        proc.send_signal(stop)  # the launcher polls summary.json every 0.25 s: it is still stopping the run
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
