@@ -44,7 +44,7 @@ from typing import Callable
 
 import torch
 
-from fedsuite import provenance, runtime
+from fedsuite import identity, provenance, rundir, runtime
 from fedsuite.models import initial_arrays, make_model
 from fedsuite.processes import available_cores
 from fedsuite.recording import RunRecorder, tensorboard_installed
@@ -72,8 +72,8 @@ def execute(cfg, run_dir: Path, transport: Transport, connect: Connect,
     """One run of ``cfg`` into ``run_dir`` through ``transport`` (see module); raises what failed
     the run after recording it (``summary.json`` status ``failed``, ``error.txt``). ``on_round`` is
     called after each line of ``metrics.jsonl`` (round 0's too)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "config.json", cfg.active_dump())
+    if not rundir.create_run_dir(run_dir, cfg.active_dump()):  # made with its config (a kill leaves no folder without)
+        write_json(run_dir / "config.json", cfg.active_dump())
     recorder = RunRecorder(run_dir, cfg.active_dump(),
                            tensorboard=tensorboard_installed() if cfg.tensorboard is None else cfg.tensorboard,
                            components=cfg.components)
@@ -82,8 +82,10 @@ def execute(cfg, run_dir: Path, transport: Transport, connect: Connect,
     extra["provenance"] = starts = [this_start(cfg)]
     log.info("%s on %s (%s), %d clients, K=%d, %d rounds -> %s", cfg.strategy, cfg.dataset, cfg.partitioner,
              cfg.num_clients, cfg.cohort_size, cfg.rounds, run_dir)
+    extra[identity.KEY] = identity.checkpoint_identity(cfg)  # the resumed checkpoint's digests are added to it
     try:
-        run_rounds(cfg, run_dir, transport, connect, recorder, extra["timing"], starts, on_round or (lambda: None))
+        run_rounds(cfg, run_dir, transport, connect, recorder, extra["timing"], starts, on_round or (lambda: None),
+                   extra[identity.KEY])
         status = "completed"
     except BaseException as exc:
         if stop_requested.is_set() or not isinstance(exc, Exception):
@@ -137,10 +139,13 @@ def this_start(cfg) -> dict:
 
 
 def run_rounds(cfg, run_dir: Path, transport: Transport, connect: Connect, recorder: RunRecorder,
-               timing: dict, starts: list[dict], on_round: Callable[[], None]) -> None:
+               timing: dict, starts: list[dict], on_round: Callable[[], None], ident: dict | None = None) -> None:
     """The rounds. ``starts``: the run's provenance (``fedsuite.provenance``), this start's entry
     last; a resume puts the checkpoint's earlier starts before it, and every checkpoint keeps them
-    all, this start's ``rounds`` up to date."""
+    all, this start's ``rounds`` up to date. ``ident``: the run's identity (``fedsuite.identity``),
+    saved in every checkpoint; a checkpoint of another run is refused (``RuntimeError``), and a
+    resume adds the checkpoint's digests to it."""
+    ident = identity.checkpoint_identity(cfg) if ident is None else ident
     t0 = time.perf_counter()
     strategy, initial, evaluate_arrays = build_strategy(cfg, run_dir, connect(), timing)
     done, arrays = 0, initial
@@ -148,7 +153,11 @@ def run_rounds(cfg, run_dir: Path, transport: Transport, connect: Connect, recor
     this = starts[-1]
     if ckpt_path.is_file():  # resume
         ckpt = torch.load(ckpt_path, weights_only=False)
+        problem = identity.problem(ckpt.get(identity.KEY), cfg, str(ckpt_path))
+        if problem is not None:  # --resume refuses it first (rundir.check_record): a ServerApp started otherwise
+            raise RuntimeError(f"{problem}; the run cannot continue from another run's checkpoint")
         done, arrays = ckpt["round"], ckpt["arrays"]
+        ident.update(identity.checkpoint_identity(cfg, ckpt.get(identity.KEY)))
         strategy.load_checkpoint_state(ckpt["strategy"])
         log.warning("resuming %s from round %d", run_dir, done)
         starts[:-1] = ckpt.get("provenance") or [provenance.unrecorded(done)]
@@ -179,7 +188,7 @@ def run_rounds(cfg, run_dir: Path, transport: Transport, connect: Connect, recor
         # one atomic step: the checkpoint carries its round's row; the row is appended after it,
         # and a resume rewrites metrics.jsonl to end with the checkpoint's row (RunRecorder.rewind)
         this["rounds"] = [this["rounds"][0] if this["rounds"] else server_round, server_round]
-        save_checkpoint(ckpt_path, server_round, arrays, strategy, row, starts)
+        save_checkpoint(ckpt_path, server_round, arrays, strategy, row, starts, ident)
         recorder.append(row)
         # round t is committed: each of its clients needs only its newest state version <= t
         prune_committed(run_dir / "client-state", info.cohort, server_round)
@@ -226,8 +235,11 @@ def evaluation_threads(cfg) -> int:
 
 
 def save_checkpoint(path: Path, server_round: int, arrays: NDArrays, strategy, row: dict | None = None,
-                    starts: list[dict] | None = None) -> None:
+                    starts: list[dict] | None = None, ident: dict | None = None) -> None:
+    """Write the checkpoint of ``server_round`` atomically: the global arrays, the strategy's state,
+    the round's metrics row, the run's provenance (``starts``) and its identity (``ident``:
+    ``fedsuite.identity.checkpoint_identity``)."""
     tmp = path.with_suffix(".tmp")
     torch.save({"round": server_round, "arrays": arrays, "strategy": strategy.checkpoint_state(),
-                "metrics_row": row, "provenance": starts}, tmp)
+                "metrics_row": row, "provenance": starts, identity.KEY: ident}, tmp)
     os.replace(tmp, path)
