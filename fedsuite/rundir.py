@@ -288,7 +288,10 @@ def read_checkpoint(run_dir: Path, who: str | None = "--resume") -> dict[str, An
     if not record_file(ckpt, who, RESUME_REMEDY):
         return None
     try:
-        held = torch.load(ckpt, weights_only=False, mmap=True)
+        try:
+            held = torch.load(ckpt, weights_only=False, mmap=True)
+        except Exception:  # noqa: BLE001 - not torch's zip format: read again without mmap, for the real reason
+            held = torch.load(ckpt, weights_only=False)
         done = held["round"]
         if isinstance(done, bool) or not hasattr(done, "__index__") or int(done) < 0:
             raise ValueError(f"its round is {done!r}, not a round")
@@ -439,6 +442,7 @@ def check_record(run_dir: Path, who: str | None = "--resume", finished: bool = F
     summary = recorded_summary(run_dir, who, RESUME_REMEDY)
     held = read_checkpoint(run_dir, who)
     done = 0 if held is None else int(held["round"])
+    legacy_results = finished and held is None and summary is not None and identity.KEY not in summary
     ckpt, metrics = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
     rows = recorded_rows(run_dir, who, RESUME_REMEDY, torn_tail=summary is None)
     last = rows[-1]["round"] if rows else -1
@@ -453,11 +457,15 @@ def check_record(run_dir: Path, who: str | None = "--resume", finished: bool = F
                        f"{last + 1} to {done - 1} are missing)")
         elif last > done + 1:
             problem = f"{metrics} has rows up to round {last}, but {ckpt} holds round {done}"
-    elif last > 1 and not (finished and summary is not None and identity.KEY not in summary):
+    elif legacy_results:  # results committed without their checkpoint: the summary is checked against the metrics
+        problem = summary_mismatch(run_dir, summary, last, metrics)
+    elif last > 1:
         problem = f"{ckpt} is missing, but {metrics} has rows up to round {last}"
-    if problem is None and summary is not None:  # a finished run's results without their checkpoint: its metrics
-        problem = summary_mismatch(run_dir, summary, done, ckpt) if held is not None or not finished else \
-            summary_mismatch(run_dir, summary, last, metrics)
+    elif summary is not None and summary["status"] == "completed" and summary.get("rounds_completed"):
+        problem = (f"{ckpt} is missing, but {run_dir / 'summary.json'} says the run completed "
+                   f"{summary['rounds_completed']} rounds")
+    if problem is None and summary is not None and not legacy_results:
+        problem = summary_mismatch(run_dir, summary, done, ckpt)
     if problem is None and held is not None:
         problem = identity.problem(held.get(identity.KEY), recorded, str(ckpt)) or \
             identity.row_problem(held.get("metrics_row"), rows or [], done, str(ckpt), str(metrics))
