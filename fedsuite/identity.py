@@ -13,7 +13,7 @@ identity, and a run of another learning rate, seed, partition, method, ... has a
   (:func:`checkpoint_identity`); ``digests`` are every identity the run's records have carried
   (the config's digest changes only when a fedsuite upgrade adds or renames a field; see below);
 * ``summary.json``: the same ``identity`` entry;
-* every client-state file (``fedsuite.state``): the digest under :data:`STATE_KEY`;
+* every client-state file (``fedsuite.state``): the digest under ``fedsuite.state.STATE_KEY``;
 * a partition cache (``fedsuite.data.partition``) carries the digest of its inputs and of its
   contents, and is recomputed when either does not match.
 
@@ -24,7 +24,7 @@ config's fields, when its recorded defining config equals the run's up to fields
 defaults (``fedsuite.config.config_differences``, the comparison ``--resume`` makes with
 ``config.json``). A client-state file matches when its digest is one of the checkpoint's.
 
-**Records written before identities existed** (no ``identity`` entry, no :data:`STATE_KEY`) are
+**Records written before identities existed** (no ``identity`` entry, no ``STATE_KEY``) are
 accepted where everything else of the record agrees: their folder's ``config.json`` is the run's
 (``--resume`` and the queues check it), and a legacy checkpoint's metrics row equals that round's
 row in ``metrics.jsonl`` (:func:`row_problem`: a checkpoint copied from another run carries that
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
 
 #: the entry of a checkpoint and of ``summary.json`` that holds the run's identity
 KEY = "identity"
-#: the entry of a client-state file (``.pt``: beside the arrays; ``.json``: beside the values)
-STATE_KEY = "__run__"
 
 
 def defining(config: BaseRunConfig | dict[str, Any]) -> dict[str, Any]:
@@ -119,16 +117,15 @@ def state_problem(stored: Any, digests: list[str] | None, what: str) -> str | No
 
 
 def row_problem(ckpt_row: Any, rows: list[dict[str, Any]], done: int, what: str, metrics: str) -> str | None:
-    """Why a checkpoint of round ``done`` whose metrics row is ``ckpt_row`` does not belong with the
+    """Why a checkpoint of round ``done`` whose metrics row is ``ckpt_row`` (as ``metrics.jsonl`` holds
+    rows: ``fedsuite.rundir.row_json``) does not belong with the
     run's ``metrics.jsonl`` ``rows`` (its row of that round differs: a checkpoint copied from
     another run), or None. A checkpoint without a row, or a round without a row (a kill between the
     checkpoint and its row), is no evidence either way."""
-    from fedsuite.recording import _clean
-
     row = next((r for r in rows if r.get("round") == done), None)
     if not isinstance(ckpt_row, dict) or row is None or done == 0:
         return None
-    mine = json.loads(json.dumps(_clean(ckpt_row), sort_keys=True))
+    mine = json.loads(json.dumps(ckpt_row, sort_keys=True))
     if mine == row:
         return None
     keys = sorted(k for k in set(mine) | set(row) if k != "wall_seconds" and mine.get(k) != row.get(k))

@@ -17,7 +17,7 @@ from fedsuite.activity import Component, summarize_activity
 from fedsuite.config import flat_config
 from fedsuite.plots import has_pool_diagnostics, plot_accuracy, plot_pool_diagnostics
 from fedsuite.results import write_json
-from fedsuite.rundir import read_metrics
+from fedsuite.rundir import read_metrics, row_json
 
 
 def tensorboard_installed() -> bool:
@@ -84,7 +84,7 @@ class RunRecorder:
         return self.board
 
     def append(self, row: dict[str, Any]) -> None:
-        row = _clean(row)
+        row = row_json(row)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
             f.flush()
@@ -110,7 +110,7 @@ class RunRecorder:
                 continue  # a line cut short by a kill
         keep = [r for r in rows if r["round"] < checkpoint_round]
         if checkpoint_row is not None:
-            keep.append(_clean(checkpoint_row))
+            keep.append(row_json(checkpoint_row))
         elif checkpoint_round > 0:
             keep += [r for r in rows if r["round"] == checkpoint_round][:1]
         tmp = self.metrics_path.with_suffix(".jsonl.tmp")
@@ -170,15 +170,3 @@ def summarize(rows: list[dict[str, Any]], components: Sequence[Component] = ()) 
     if activity:
         out["activity"] = activity
     return out
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, np.generic):
-        return _clean(value.item())
-    return value

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import shutil
 import stat
@@ -70,6 +71,22 @@ def read_metrics(run_dir: str | Path, tolerant: bool = False, torn_tail: bool = 
                                f"corrupt ({exc})") from None
         rows.append(row)
     return rows
+
+
+def row_json(value: Any) -> Any:
+    """``value`` (a metrics row, or anything in one) as ``metrics.jsonl`` holds it: a non-finite
+    float as None (JSON has no NaN), numpy scalars as Python's, tuples as lists."""
+    import numpy as np
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: row_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [row_json(v) for v in value]
+    if isinstance(value, np.generic):
+        return row_json(value.item())
+    return value
 
 
 def torn_row(tail: bytes) -> bool:
@@ -468,7 +485,7 @@ def check_record(run_dir: Path, who: str | None = "--resume", finished: bool = F
         problem = summary_mismatch(run_dir, summary, done, ckpt)
     if problem is None and held is not None:
         problem = identity.problem(held.get(identity.KEY), recorded, str(ckpt)) or \
-            identity.row_problem(held.get("metrics_row"), rows or [], done, str(ckpt), str(metrics))
+            identity.row_problem(row_json(held.get("metrics_row")), rows or [], done, str(ckpt), str(metrics))
     if problem is None and summary is not None:
         problem = identity.problem(summary.get(identity.KEY), recorded, str(run_dir / "summary.json"))
     if problem is not None:
@@ -584,6 +601,7 @@ def readable_state(path: Path, ext: str, who: str | None, digests: list[str] | N
     import torch
 
     from fedsuite import identity
+    from fedsuite.state import STATE_KEY
 
     try:
         if ext == "pt":
@@ -598,7 +616,7 @@ def readable_state(path: Path, ext: str, who: str | None, digests: list[str] | N
     except Exception as exc:  # OSError, ValueError, zipfile.BadZipFile, EOFError, torch's UnpicklingError
         reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
         raise damaged(who, f"{path} cannot be read ({exc.__class__.__name__}: {reason})", RESUME_REMEDY) from None
-    problem = identity.state_problem(held.get(identity.STATE_KEY), digests, str(path))
+    problem = identity.state_problem(held.get(STATE_KEY), digests, str(path))
     if problem is not None:
         raise damaged(who, problem, RESUME_REMEDY)
 

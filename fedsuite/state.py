@@ -23,7 +23,7 @@ with a killed round.
 unversioned ``<name>.pt``/``values.json`` per name instead.
 
 **Whose state it is.** With ``identity`` (the run's digest, ``fedsuite.identity.digest``: the
-ClientApp passes it), every file written carries it under ``fedsuite.identity.STATE_KEY``, beside
+ClientApp passes it), every file written carries it under :data:`STATE_KEY`, beside
 the arrays or the values (readers here never see that entry). ``--resume`` refuses a run whose
 client-state files of committed rounds carry another run's identity
 (``fedsuite.rundir.check_client_state``).
@@ -40,12 +40,13 @@ from typing import Any, Iterable
 import torch
 from flwr.app import Context
 
-from fedsuite.identity import STATE_KEY
-
 #: a versioned state file's name: ``<name>.r<round>.<pt|json>`` (``fedsuite.rundir.check_client_state``
 #: reads a run's client state by it too)
 VERSIONED = _VERSION = re.compile(r"^(?P<name>.+)\.r(?P<round>\d+)\.(?P<ext>pt|json)$")
 _VALUES = "values"
+#: the entry of a client-state file that holds the run's identity (``.pt``: beside the arrays;
+#: ``.json``: beside the values); ``fedsuite.identity`` says what it is
+STATE_KEY = "__run__"
 
 
 class ArrayStore:

@@ -32,6 +32,7 @@ from typer.testing import CliRunner
 from fedsuite import cli, identity, rundir
 from fedsuite.data.partition import partition_indices
 from fedsuite.rundir import read_metrics
+from fedsuite.state import STATE_KEY
 from tests.conftest import fedsuite_run, tree_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,7 +113,7 @@ def test_a_checkpoint_written_before_identities_of_the_run_itself_is_continued(s
     (run_dir / "summary.json").write_text(json.dumps(summary))
     for path in (run_dir / "client-state").rglob("*.pt"):
         held = torch.load(path, weights_only=True)
-        del held[identity.STATE_KEY]
+        del held[STATE_KEY]
         torch.save(held, path)
     assert rundir.state(run_dir, ROUNDS) == "completed"
     res = _resume(run_dir, "--rounds", str(ROUNDS + 1))
