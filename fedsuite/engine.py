@@ -6,13 +6,15 @@ Deployment Engine) and ``--engine inprocess`` (:func:`run_inprocess`: the Client
 called in this process, for tests, benchmarks, a debugger and quick runs). The same config and seed
 give the same ``metrics.jsonl`` (wall time aside), checkpoint and client state through both.
 
-1. record ``config.json``; collect what runs this start (``fedsuite.provenance``);
+1. record ``config.json`` (a folder not made yet is made with it in one step:
+   ``rundir.create_run_dir``); collect what runs this start (``fedsuite.provenance``);
 2. ``connect()`` starts learning which node holds which partition (the ServerApp's handshake:
    ``fedsuite.nodes.Handshake``, answered while this process loads the data); meanwhile load the
    dataset (test split for central evaluation), build w^0 from the seed and the central evaluator;
 3. build the method's strategy (``ServerSetup.evaluate`` is the central evaluation,
    ``fedsuite.training.arrays_evaluator``); log the method's warnings for this config
-   (``MethodSpec.risks``); resume from ``checkpoint.pt`` if present;
+   (``MethodSpec.risks``); resume from ``checkpoint.pt`` if present (refused if it is another run's:
+   ``fedsuite.identity``; every checkpoint and ``summary.json`` record the run's identity);
 4. the rounds: ``strategy.train_round`` (cohort, payloads, replies, server rule) once a round, the
    global round counted here; after each round the global model is evaluated centrally
    (``cfg.evaluates``: every ``eval_every`` rounds and at the last); the checkpoint is rewritten

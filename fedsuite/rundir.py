@@ -113,7 +113,7 @@ def state(run_dir: Path, rounds: int | None = None) -> str:
     Whether the run is the one asked for is :func:`config_mismatch`, which every queue checks
     before it starts anything; whether its records are whole and its own, :func:`record_problem`."""
     recorded = summary_status(run_dir)
-    if (recorded is not None or os.path.lexists(run_dir / "config.json")) and record_problem(run_dir) is not None:
+    if os.path.lexists(run_dir / "config.json") and record_problem(run_dir) is not None:
         return "damaged"
     if recorded is not None:
         if recorded[0] != "finished:completed":
