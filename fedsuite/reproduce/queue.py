@@ -236,10 +236,10 @@ def pending(specs: Sequence[Any], retry_failed: bool = False, remedy: str = othe
 
 
 def name_failed(specs: Sequence[Any], retry_failed: bool, console) -> None:
-    """One line per run that ended ``failed`` or is ``damaged`` (never run: why its record is refused): the
-    round it stopped after and why (its
+    """One line per run that ended ``failed``: the round it stopped after and why (its
     ``summary.json``, as the report says it: ``rundir.why_incomplete``), and whether this queue runs
-    it again (``retry_failed``) or how to."""
+    it again (``retry_failed``) or how to; and one per run that is ``damaged`` (never run): why its
+    record is refused, and what to do."""
     for spec in specs:
         now = rundir.state(spec.run_dir, spec.rounds)
         if now == "damaged":
