@@ -25,7 +25,7 @@ import torch
 from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedsuite import runtime
+from fedsuite import identity, runtime
 from fedsuite.client_eval import evaluate_locally
 from fedsuite.data import DatasetError
 from fedsuite.faults import FaultDraw
@@ -86,7 +86,8 @@ def train_content(content: RecordDict, context: Context) -> RecordDict:
     state_dir = context.node_config.get("state-dir") or str(run_dir / "client-state")
     task = LocalTask(
         model=model, received=received, extras=extras, config=dict(content[CONFIG]), cfg=cfg,
-        data=data, state=ClientState(context, Path(state_dir).expanduser(), pid, server_round), partition_id=pid,
+        data=data, state=ClientState(context, Path(state_dir).expanduser(), pid, server_round, identity.digest(cfg)),
+        partition_id=pid,
         server_round=server_round, lr=float(content[CONFIG][LR]), device=device, generator=generator,
     )
     rule = cfg.method.client(plugins=active_plugins(cfg))

@@ -6,13 +6,15 @@ Deployment Engine) and ``--engine inprocess`` (:func:`run_inprocess`: the Client
 called in this process, for tests, benchmarks, a debugger and quick runs). The same config and seed
 give the same ``metrics.jsonl`` (wall time aside), checkpoint and client state through both.
 
-1. record ``config.json``; collect what runs this start (``fedsuite.provenance``);
+1. record ``config.json`` (a folder not made yet is made with it in one step:
+   ``rundir.create_run_dir``); collect what runs this start (``fedsuite.provenance``);
 2. ``connect()`` starts learning which node holds which partition (the ServerApp's handshake:
    ``fedsuite.nodes.Handshake``, answered while this process loads the data); meanwhile load the
    dataset (test split for central evaluation), build w^0 from the seed and the central evaluator;
 3. build the method's strategy (``ServerSetup.evaluate`` is the central evaluation,
    ``fedsuite.training.arrays_evaluator``); log the method's warnings for this config
-   (``MethodSpec.risks``); resume from ``checkpoint.pt`` if present;
+   (``MethodSpec.risks``); resume from ``checkpoint.pt`` if present (refused if it is another run's:
+   ``fedsuite.identity``; every checkpoint and ``summary.json`` record the run's identity);
 4. the rounds: ``strategy.train_round`` (cohort, payloads, replies, server rule) once a round, the
    global round counted here; after each round the global model is evaluated centrally
    (``cfg.evaluates``: every ``eval_every`` rounds and at the last), and with ``federated_eval`` on
@@ -46,7 +48,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from fedsuite import provenance, runtime
+from fedsuite import identity, provenance, rundir, runtime
 from fedsuite.client_eval import evaluate_clients
 from fedsuite.models import initial_arrays, make_model
 from fedsuite.processes import available_cores
@@ -78,20 +80,21 @@ def execute(cfg, run_dir: Path, transport: Transport, connect: Connect,
     torch.set_num_threads(max(1, cfg.num_cpus))
     with recorded(cfg, run_dir) as (recorder, extra):
         run_rounds(cfg, run_dir, transport, connect, recorder, extra["timing"], extra["provenance"],
-                   on_round or (lambda: None))
+                   on_round or (lambda: None), extra[identity.KEY])
 
 
 @contextmanager
 def recorded(cfg, run_dir: Path) -> Iterator[tuple[RunRecorder, dict]]:
     """A run's record around its rounds, whoever drives them (:func:`execute`, or Flower's own loop:
-    ``fedsuite.flower_loop``): ``config.json`` first, then the :class:`RunRecorder` and the
-    summary's extras (``timing``, ``provenance``: this start) for the rounds to fill; at the end
-    ``summary.json`` with status ``completed``, or ``failed`` (``error.txt``, and a
+    ``fedsuite.flower_loop``): ``config.json`` first (the folder made with it in one step:
+    ``rundir.create_run_dir``), then the :class:`RunRecorder` and the summary's extras (``timing``,
+    ``provenance``: this start; the run's identity, ``fedsuite.identity``) for the rounds to fill; at
+    the end ``summary.json`` with status ``completed``, or ``failed`` (``error.txt``, and a
     :class:`RoundFailure`'s record) when the block raised an ``Exception``, which propagates. A stop
     from outside (:data:`stop_requested`, or SystemExit/KeyboardInterrupt) records no outcome: the
     run stays partial."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "config.json", cfg.active_dump())
+    if not rundir.create_run_dir(run_dir, cfg.active_dump()):  # made with its config (a kill leaves no folder without)
+        write_json(run_dir / "config.json", cfg.active_dump())
     recorder = RunRecorder(run_dir, cfg.active_dump(),
                            tensorboard=tensorboard_installed() if cfg.tensorboard is None else cfg.tensorboard,
                            components=cfg.components)
@@ -99,6 +102,7 @@ def recorded(cfg, run_dir: Path) -> Iterator[tuple[RunRecorder, dict]]:
     extra["provenance"] = [this_start(cfg)]
     log.info("%s on %s (%s), %d clients, K=%d, %d rounds -> %s", cfg.strategy, cfg.dataset, cfg.partitioner,
              cfg.num_clients, cfg.cohort_size, cfg.rounds, run_dir)
+    extra[identity.KEY] = identity.checkpoint_identity(cfg)  # the resumed checkpoint's digests are added to it
     try:
         yield recorder, extra
         status = "completed"
@@ -164,10 +168,13 @@ def this_start(cfg) -> dict:
 
 
 def run_rounds(cfg, run_dir: Path, transport: Transport, connect: Connect, recorder: RunRecorder,
-               timing: dict, starts: list[dict], on_round: Callable[[], None]) -> None:
+               timing: dict, starts: list[dict], on_round: Callable[[], None], ident: dict | None = None) -> None:
     """The rounds. ``starts``: the run's provenance (``fedsuite.provenance``), this start's entry
     last; a resume puts the checkpoint's earlier starts before it, and every checkpoint keeps them
-    all, this start's ``rounds`` up to date."""
+    all, this start's ``rounds`` up to date. ``ident``: the run's identity (``fedsuite.identity``),
+    saved in every checkpoint; a checkpoint of another run is refused (``RuntimeError``), and a
+    resume adds the checkpoint's digests to it."""
+    ident = identity.checkpoint_identity(cfg) if ident is None else ident
     t0 = time.perf_counter()
     strategy, initial, evaluate_arrays = build_strategy(cfg, run_dir, connect(), timing)
     done, arrays = 0, initial
@@ -175,7 +182,11 @@ def run_rounds(cfg, run_dir: Path, transport: Transport, connect: Connect, recor
     this = starts[-1]
     if ckpt_path.is_file():  # resume
         ckpt = torch.load(ckpt_path, weights_only=False)
+        problem = identity.problem(ckpt.get(identity.KEY), cfg, str(ckpt_path))
+        if problem is not None:  # --resume refuses it first (rundir.check_record): a ServerApp started otherwise
+            raise RuntimeError(f"{problem}; the run cannot continue from another run's checkpoint")
         done, arrays = ckpt["round"], ckpt["arrays"]
+        ident.update(identity.checkpoint_identity(cfg, ckpt.get(identity.KEY)))
         strategy.load_checkpoint_state(ckpt["strategy"])
         log.warning("resuming %s from round %d", run_dir, done)
         starts[:-1] = ckpt.get("provenance") or [provenance.unrecorded(done)]
@@ -204,7 +215,7 @@ def run_rounds(cfg, run_dir: Path, transport: Transport, connect: Connect, recor
         # and a resume rewrites metrics.jsonl to end with the checkpoint's row (RunRecorder.rewind)
         this["rounds"] = [this["rounds"][0] if this["rounds"] else server_round, server_round]
         clients = info.client_rows()
-        save_checkpoint(ckpt_path, server_round, arrays, strategy, row, starts, clients)
+        save_checkpoint(ckpt_path, server_round, arrays, strategy, row, starts, clients, ident)
         recorder.append(row, clients)
         # round t is committed: each of its clients needs only its newest state version <= t
         prune_committed(run_dir / "client-state", info.cohort, server_round)
@@ -251,10 +262,13 @@ def evaluation_threads(cfg) -> int:
 
 
 def save_checkpoint(path: Path, server_round: int, arrays: NDArrays, strategy, row: dict | None = None,
-                    starts: list[dict] | None = None, client_rows: list[dict] | None = None) -> None:
-    """The checkpoint of round ``server_round``, with that round's ``metrics.jsonl`` row and
-    ``clients.jsonl`` rows (``RunRecorder.rewind`` makes the files end with them on a resume)."""
+                    starts: list[dict] | None = None, client_rows: list[dict] | None = None,
+                    ident: dict | None = None) -> None:
+    """Write the checkpoint of ``server_round`` atomically: the global arrays, the strategy's state,
+    the round's ``metrics.jsonl`` row and ``clients.jsonl`` rows (``RunRecorder.rewind`` makes the
+    files end with them on a resume), the run's provenance (``starts``) and its identity (``ident``:
+    ``fedsuite.identity.checkpoint_identity``)."""
     tmp = path.with_suffix(".tmp")
     torch.save({"round": server_round, "arrays": arrays, "strategy": strategy.checkpoint_state(),
-                "metrics_row": row, "provenance": starts, "client_rows": client_rows}, tmp)
+                "metrics_row": row, "provenance": starts, "client_rows": client_rows, identity.KEY: ident}, tmp)
     os.replace(tmp, path)

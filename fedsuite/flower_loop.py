@@ -21,7 +21,7 @@ from typing import Callable
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp.strategy import Result
 
-from fedsuite import engine, rundir
+from fedsuite import engine, identity, rundir
 from fedsuite.errors import RunDirError
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
@@ -49,7 +49,10 @@ class LoopRecords:
     def run(self, loop: Callable[[EvaluateFn], Result], evaluate_fn: EvaluateFn) -> Result:
         """``loop(fn)`` (Flower's ``Strategy.start`` with ``fn`` as its ``evaluate_fn``) inside the run's
         record, ``fn`` being ``evaluate_fn`` followed by the round's line."""
-        with engine.recorded(self.strategy.cfg, self.run_dir) as (recorder, _):
+        with engine.recorded(self.strategy.cfg, self.run_dir) as (recorder, extra):
+            # Flower's loop keeps no checkpoint, so its summary records no identity: one with an identity
+            # and no checkpoint reads "damaged" (``rundir.state``); such a run is not resumed in any case
+            extra.pop(identity.KEY, None)
             self.recorder = recorder
             self.last = time.perf_counter()
             return loop(self.recording(evaluate_fn))

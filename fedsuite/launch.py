@@ -176,7 +176,7 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     and its Ray are stopped, the folders this call created are removed, and the exception
     propagates: nothing is left behind."""
     run_dir = run_dir.resolve()
-    created = _make_run_dir(run_dir)
+    created = _make_run_dir(run_dir, cfg)
     # this process's run until it returns: a second one is refused
     with rundir.claimed(run_dir, exclude=(process.pid,) if process is not None else ()):
         if cfg.engine == "inprocess":
@@ -184,15 +184,25 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
         return _simulate(cfg, run_dir, created, on_progress, before_start, process)
 
 
-def _make_run_dir(run_dir: Path) -> Path | None:
-    """Make ``run_dir`` (and its missing parents); return the outermost folder this made, which is
-    removed if the run is called off before it starts (None: ``run_dir`` existed)."""
+def _make_run_dir(run_dir: Path, cfg: BaseRunConfig) -> Path | None:
+    """Make ``run_dir`` with its ``config.json`` in one step (``rundir.create_run_dir``: no kill leaves
+    a run folder without its config), and its missing parents; return the outermost folder this
+    made, which is removed if the run is called off before it starts (None: ``run_dir`` existed)."""
     outermost = run_dir
     while not outermost.parent.exists():
         outermost = outermost.parent
     made = None if outermost.exists() else outermost
-    run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.create_run_dir(run_dir, cfg.active_dump())
     return made
+
+
+def _take_debris(cfg: BaseRunConfig, run_dir: Path) -> None:
+    """In a folder this process holds: a start-up's debris (``rundir.start_debris``: left by a fedsuite
+    that made the folder before its config) is cleared and the run's ``config.json`` recorded before
+    anything else is written."""
+    if rundir.start_debris(run_dir):
+        rundir.clear_start_debris(run_dir)
+        rundir.record_config(run_dir, cfg.active_dump())
 
 
 def _simulate_inprocess(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
@@ -206,8 +216,7 @@ def _simulate_inprocess(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
     from fedsuite import engine
     from fedsuite.rundir import read_metrics
 
-    if rundir.start_debris(run_dir):
-        rundir.clear_start_debris(run_dir)
+    _take_debris(cfg, run_dir)
     done = rundir.check_resumable(cfg, run_dir)
     if done == cfg.rounds and rundir.summary_status(run_dir) == ("finished:completed", ""):
         return RunOutcome(run_dir, "finished:completed", f"already complete after {done} rounds", ran=False)
@@ -274,7 +283,7 @@ def simulate_batch(runs: list[tuple[BaseRunConfig, Path]],
     resolved = [(cfg, run_dir.resolve()) for cfg, run_dir in runs]
     if len({run_dir for _, run_dir in resolved}) < len(resolved):
         raise LaunchError("a batch names one run folder twice")
-    created = [folder for _, run_dir in resolved if (folder := _make_run_dir(run_dir)) is not None]
+    created = [folder for cfg, run_dir in resolved if (folder := _make_run_dir(run_dir, cfg)) is not None]
     with ExitStack() as held:
         for _, run_dir in resolved:
             held.enter_context(rundir.claimed(run_dir))
@@ -294,8 +303,7 @@ def _simulate_runs(runs: list[tuple[BaseRunConfig, Path]], created: list[Path],
     outcomes: dict[Path, RunOutcome] = {}
     todo: list[tuple[BaseRunConfig, Path]] = []
     for cfg, run_dir in runs:
-        if rundir.start_debris(run_dir):  # a run killed before it recorded anything: nothing to keep
-            rundir.clear_start_debris(run_dir)
+        _take_debris(cfg, run_dir)  # a run killed before it recorded anything: nothing to keep
         done = rundir.check_resumable(cfg, run_dir)  # before anything in an existing run directory is touched
         if done == cfg.rounds and rundir.summary_status(run_dir) == ("finished:completed", ""):
             # a finished run asked for the rounds it has: it stays as it was, byte for byte

@@ -21,7 +21,7 @@ from fedsuite.client_records import FEDERATED_COLUMNS
 from fedsuite.plots import (has_client_evaluations, has_pool_diagnostics, plot_accuracy, plot_clients,
                             plot_pool_diagnostics)
 from fedsuite.results import write_json
-from fedsuite.rundir import read_clients, read_metrics
+from fedsuite.rundir import read_clients, read_metrics, row_json
 
 
 def tensorboard_installed() -> bool:
@@ -90,10 +90,10 @@ class RunRecorder:
 
     def append(self, row: dict[str, Any], clients: list[dict[str, Any]] = ()) -> None:
         """Append a round's ``metrics.jsonl`` row, then its ``clients.jsonl`` rows (one per client)."""
-        row = _clean(row)
+        row = row_json(row)
         _append_lines(self.metrics_path, [row])
         if clients:
-            _append_lines(self.clients_path, [_clean(r) for r in clients])
+            _append_lines(self.clients_path, [row_json(r) for r in clients])
         if self._board() is not None:
             self.board.add(row)
 
@@ -198,7 +198,7 @@ def _rewound(path: Path, checkpoint_round: int, own: list[dict[str, Any]] | None
             continue  # a line cut short by a kill
     keep = [r for r in rows if r["round"] < checkpoint_round]
     if own is not None:
-        keep += [_clean(r) for r in own]
+        keep += [row_json(r) for r in own]
     elif checkpoint_round > 0:
         same = [r for r in rows if r["round"] == checkpoint_round]
         keep += same[:1] if first_only else same
@@ -207,14 +207,3 @@ def _rewound(path: Path, checkpoint_round: int, own: list[dict[str, Any]] | None
     os.replace(tmp, path)
     return keep
 
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, np.generic):
-        return _clean(value.item())
-    return value

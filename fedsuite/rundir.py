@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import shutil
 import stat
@@ -83,6 +84,22 @@ def read_rows(path: Path, kind: str, tolerant: bool = False, torn_tail: bool = F
     return rows
 
 
+def row_json(value: Any) -> Any:
+    """``value`` (a metrics row, or anything in one) as ``metrics.jsonl`` holds it: a non-finite
+    float as None (JSON has no NaN), numpy scalars as Python's, tuples as lists."""
+    import numpy as np
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: row_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [row_json(v) for v in value]
+    if isinstance(value, np.generic):
+        return row_json(value.item())
+    return value
+
+
 def torn_row(tail: bytes) -> bool:
     """Whether ``tail``, a last line without its newline, can be the start of a row that a kill cut
     short: the recorder writes each row as ASCII JSON (``json.dumps``: every other character is
@@ -92,7 +109,8 @@ def torn_row(tail: bytes) -> bool:
 
 def state(run_dir: Path, rounds: int | None = None) -> str:
     """``completed`` or ``failed`` (:func:`summary_status`), ``partial`` (a run to ``--resume``:
-    config.json, no summary), ``debris`` (a directory without config.json: killed before the
+    config.json, no summary), ``damaged`` (a record that ``--resume`` would refuse:
+    :func:`record_problem`; a queue never counts it done nor continues it), ``debris`` (a directory without config.json: killed before the
     ServerApp started; ``fedsuite simulate`` starts the run anew in it when it holds only what a
     start-up writes, :func:`start_debris`) or ``new``.
 
@@ -103,9 +121,11 @@ def state(run_dir: Path, rounds: int | None = None) -> str:
     calibration, both of the evaluated model only). A run that completed more is ``longer``: it is
     not what was asked, and a run is never cut short.
 
-    The state reads the rounds only: whether the run is otherwise the one asked for is
-    :func:`config_mismatch`, which every queue checks before it starts anything."""
+    Whether the run is the one asked for is :func:`config_mismatch`, which every queue checks
+    before it starts anything; whether its records are whole and its own, :func:`record_problem`."""
     recorded = summary_status(run_dir)
+    if os.path.lexists(run_dir / "config.json") and record_problem(run_dir) is not None:
+        return "damaged"
     if recorded is not None:
         if recorded[0] != "finished:completed":
             return "failed"
@@ -157,6 +177,8 @@ def why_incomplete(run_dir: Path, who: str, rounds: int | None = None) -> str:
     if now == "longer":
         return (f"{who}: has {rounds_completed(run_dir)} rounds, more than the {rounds} asked "
                 "(a run is not cut short: ask for its rounds, or use another output folder)")
+    if now == "damaged":
+        return f"{who}: damaged, not continued: {record_problem(run_dir)}"
     if now == "partial" and summary_status(run_dir) is not None:
         return f"{who}: partial, completed {rounds_completed(run_dir)} of {rounds} rounds (the queue continues it)"
     recorded = summary_status(run_dir)
@@ -211,8 +233,9 @@ def resume_config(given: BaseRunConfig, config: Path | None, set_: list[str], va
     with the command line's options (``config``, ``set_``, ``values``: as ``build_config`` takes
     them) on top, refused (``ConfigError``, exit 2, nothing written) if they change a field outside
     ``fedsuite.config.RESUME_MUTABLE`` or ask for fewer rounds than the run has done
-    (:func:`check_resumable`). A run killed before it recorded its config (:func:`start_debris`)
-    starts anew from ``given``, the command line's."""
+    (:func:`check_resumable`). A folder without ``config.json`` (empty, or a start-up's debris left
+    by a fedsuite that made the folder before its config) holds no run to continue: refused, with
+    what to do (a fresh start of the same name runs the command line's config in it)."""
     from fedsuite.config import ConfigError, build_config
     from fedsuite.runtime import default_run_dir
 
@@ -220,9 +243,11 @@ def resume_config(given: BaseRunConfig, config: Path | None, set_: list[str], va
         raise ConfigError("--resume needs the run's --run-name (and --output-dir, if not the default)")
     run_dir = default_run_dir(given)
     if not os.path.lexists(run_dir / "config.json"):  # a config.json that is a folder or a link is damage
-        if start_debris(run_dir):  # killed before it recorded its config: start it anew
-            return given
-        raise ConfigError(f"--resume: {run_dir} holds no run to continue (no config.json)")
+        if start_debris(run_dir):
+            raise ConfigError(f"--resume: {run_dir} holds no run to continue (no config.json: nothing of a run was "
+                              "recorded there); start the run without --resume, with its config, to run it in it")
+        raise ConfigError(f"--resume: {run_dir} holds no run to continue (no config.json); check --output-dir and "
+                          "--run-name, or start the run without --resume")
     cfg = build_config(config, set_, values, base=recorded_config(run_dir))
     cfg.output_dir, cfg.run_name = given.output_dir, given.run_name  # where the run was found
     check_resumable(cfg, run_dir)
@@ -278,16 +303,27 @@ def checkpointed_round(run_dir: Path, who: str = "--resume") -> int:
     """The last round ``<run>/checkpoint.pt`` holds (0 without one); a checkpoint that is a link, a
     folder or cannot be read (truncated, empty, not torch's format) is a
     :class:`~fedsuite.errors.RecordError` naming it, in one line."""
+    ckpt = read_checkpoint(run_dir, who)
+    return 0 if ckpt is None else int(ckpt["round"])
+
+
+def read_checkpoint(run_dir: Path, who: str | None = "--resume") -> dict[str, Any] | None:
+    """``<run>/checkpoint.pt`` (None without one), read memory-mapped (its arrays are not read
+    from disk) and checked as :func:`checkpointed_round` says."""
     import torch
 
     ckpt = run_dir / "checkpoint.pt"
     if not record_file(ckpt, who, RESUME_REMEDY):
-        return 0
+        return None
     try:
-        done = torch.load(ckpt, weights_only=False)["round"]
+        try:
+            held = torch.load(ckpt, weights_only=False, mmap=True)
+        except Exception:  # noqa: BLE001 - not torch's zip format: read again without mmap, for the real reason
+            held = torch.load(ckpt, weights_only=False)
+        done = held["round"]
         if isinstance(done, bool) or not hasattr(done, "__index__") or int(done) < 0:
             raise ValueError(f"its round is {done!r}, not a round")
-        return int(done)
+        return held
     except Exception as exc:  # EOFError, UnpicklingError, RuntimeError (zip), KeyError, ...
         reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
         raise damaged(who, f"{ckpt} cannot be read ({reason})", RESUME_REMEDY) from None
@@ -403,7 +439,7 @@ def summary_mismatch(run_dir: Path, summary: dict[str, Any], last: int, against:
     return f"{run_dir / 'summary.json'} says the run {verb} {done} rounds, but {holds}"
 
 
-def check_record(run_dir: Path, who: str = "--resume") -> tuple[dict[str, Any], int]:
+def check_record(run_dir: Path, who: str | None = "--resume", finished: bool = False) -> tuple[dict[str, Any], int]:
     """What ``--resume`` checks before anything starts or is written: the run's record is whole.
     Returns its ``config.json`` (:func:`recorded_config`) and the round its checkpoint holds (0
     without one); raises a :class:`~fedsuite.errors.RecordError`, one line naming the file, if any
@@ -419,11 +455,22 @@ def check_record(run_dir: Path, who: str = "--resume") -> tuple[dict[str, Any], 
       row leaves that row out), and at most one after it (a row whose checkpoint never came);
       without a checkpoint, none after round 1; ``summary.json``'s rounds are the checkpoint's;
     * ``client-state/`` (:func:`check_client_state`): every file readable, and each client that
-      trained in a committed round (the metrics' cohorts) holds each piece of state the run keeps.
+      trained in a committed round (the metrics' cohorts) holds each piece of state the run keeps;
+    * every record is the run's own (``fedsuite.identity``): the checkpoint's, the summary's and
+      each client-state file's identity are those of ``config.json``'s run, and the checkpoint's
+      metrics row is ``metrics.jsonl``'s row of its round.
+
+    ``finished``: the run's results are judged (a queue's "done"), not a resume: a run whose
+    ``summary.json`` carries no identity (written before identities, as committed records are) may
+    lack its checkpoint.
     """
+    from fedsuite import identity
+
     recorded = recorded_config(run_dir, who)
     summary = recorded_summary(run_dir, who, RESUME_REMEDY)
-    done = checkpointed_round(run_dir, who)
+    held = read_checkpoint(run_dir, who)
+    done = 0 if held is None else int(held["round"])
+    legacy_results = finished and held is None and summary is not None and identity.KEY not in summary
     ckpt, metrics = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
     rows = recorded_rows(run_dir, who, RESUME_REMEDY, torn_tail=summary is None)
     last = rows[-1]["round"] if rows else -1
@@ -438,17 +485,72 @@ def check_record(run_dir: Path, who: str = "--resume") -> tuple[dict[str, Any], 
                        f"{last + 1} to {done - 1} are missing)")
         elif last > done + 1:
             problem = f"{metrics} has rows up to round {last}, but {ckpt} holds round {done}"
+    elif legacy_results:  # results committed without their checkpoint: the summary is checked against the metrics
+        problem = summary_mismatch(run_dir, summary, last, metrics)
     elif last > 1:
         problem = f"{ckpt} is missing, but {metrics} has rows up to round {last}"
-    if problem is None and summary is not None:
+    elif summary is not None and summary["status"] == "completed" and summary.get("rounds_completed"):
+        problem = (f"{ckpt} is missing, but {run_dir / 'summary.json'} says the run completed "
+                   f"{summary['rounds_completed']} rounds")
+    if problem is None and summary is not None and not legacy_results:
         problem = summary_mismatch(run_dir, summary, done, ckpt)
+    if problem is None and held is not None:
+        problem = identity.problem(held.get(identity.KEY), recorded, str(ckpt)) or \
+            identity.row_problem(row_json(held.get("metrics_row")), rows or [], done, str(ckpt), str(metrics))
+    if problem is None and summary is not None:
+        problem = identity.problem(summary.get(identity.KEY), recorded, str(run_dir / "summary.json"))
     if problem is not None:
         raise damaged(who, problem, RESUME_REMEDY)
-    check_client_state(run_dir, rows or [], done, who)
+    digests = [identity.digest(recorded)] if held is None else (held.get(identity.KEY) or {}).get("digests")
+    check_client_state(run_dir, rows or [], done, who, digests)
     return recorded, done
 
 
-def check_client_state(run_dir: Path, rows: list[dict[str, Any]], done: int, who: str = "--resume") -> None:
+def record_problem(run_dir: Path) -> str | None:
+    """Why the run in ``run_dir`` would be refused by ``--resume`` (:func:`check_record`, its
+    results judged as a queue judges them: ``finished``), or None if its record is whole and its
+    own. Remembered while none of the run's files changes."""
+    from fedsuite.config import ConfigError
+
+    key = (str(run_dir), _record_signature(run_dir))
+    if key not in _PROBLEMS:
+        try:
+            check_record(run_dir, None, finished=True)
+            _PROBLEMS[key] = None
+        except ConfigError as exc:  # a RecordError too
+            _PROBLEMS[key] = str(exc)
+        if len(_PROBLEMS) > 4096:
+            _PROBLEMS.pop(next(iter(_PROBLEMS)))
+    return _PROBLEMS[key]
+
+
+_PROBLEMS: dict[tuple[str, tuple], str | None] = {}
+
+
+def _record_signature(run_dir: Path) -> tuple:
+    """What changes when any record file of ``run_dir`` changes: each one's (name, inode, size,
+    modification time), client-state files included."""
+    out = []
+    for path in (run_dir / name for name in ("config.json", "summary.json", "metrics.jsonl", "checkpoint.pt")):
+        try:
+            info = os.lstat(path)
+            out.append((path.name, info.st_ino, info.st_size, info.st_mtime_ns))
+        except OSError:
+            out.append((path.name,))
+    root = run_dir / "client-state"
+    if root.is_dir():
+        for folder, _, files in os.walk(root):
+            for name in sorted(files):
+                try:
+                    info = os.lstat(os.path.join(folder, name))
+                except OSError:
+                    continue
+                out.append((folder, name, info.st_ino, info.st_size, info.st_mtime_ns))
+    return tuple(out)
+
+
+def check_client_state(run_dir: Path, rows: list[dict[str, Any]], done: int, who: str | None = "--resume",
+                       digests: list[str] | None = None) -> None:
     """``<run>/client-state`` (``fedsuite.state``: ``client-<id>/<name>.r<round>.<pt|json>``) is
     whole for a resume from round ``done`` (``rows``: the run's metrics): a real folder of real
     folders and files, each file readable (a ``.pt`` torch's zip, a ``.json`` JSON), and each
@@ -457,7 +559,9 @@ def check_client_state(run_dir: Path, rows: list[dict[str, Any]], done: int, who
     checkpointed a client keeps its newest such version: ``fedsuite.state.prune_committed``). A
     client without one would start afresh, and the resumed run would differ from the run never
     interrupted. A run whose clients keep no state has no such folder, and a SuperNode's state
-    lives on the SuperNode (its ``state-dir``), not here."""
+    lives on the SuperNode (its ``state-dir``), not here. Each file of a round up to ``done`` is
+    the run's own: its identity is one of ``digests`` (the checkpoint's; None: a legacy checkpoint,
+    ``fedsuite.identity``)."""
     from fedsuite.state import VERSIONED
 
     root = run_dir / "client-state"
@@ -478,7 +582,7 @@ def check_client_state(run_dir: Path, rows: list[dict[str, Any]], done: int, who
                 continue
             path = folder / item.name
             record_file(path, who, RESUME_REMEDY)
-            readable_state(path, version["ext"], who)
+            readable_state(path, version["ext"], who, digests if int(version["round"]) <= done else None)
             if int(version["round"]) <= done:
                 mine.add((version["name"], version["ext"]))
                 names.add((version["name"], version["ext"]))
@@ -500,25 +604,73 @@ def check_client_state(run_dir: Path, rows: list[dict[str, Any]], done: int, who
                               "the run never interrupted)", RESUME_REMEDY)
 
 
-def readable_state(path: Path, ext: str, who: str) -> None:
-    """A client-state file is what ``fedsuite.state`` writes: a ``.pt`` torch's zip format (its
-    directory read, not its arrays: a resume of a large run must not load every client's state),
-    a ``.json`` a JSON object."""
+def readable_state(path: Path, ext: str, who: str | None, digests: list[str] | None = None) -> None:
+    """A client-state file is what ``fedsuite.state`` writes: a ``.pt`` torch's zip format (read
+    memory-mapped: its arrays are not read from disk, a resume of a large run must not load every
+    client's state), a ``.json`` a JSON object; and, with ``digests``, the run's own
+    (``fedsuite.identity.state_problem``)."""
+    import torch
+
+    from fedsuite import identity
+    from fedsuite.state import STATE_KEY
+
     try:
         if ext == "pt":
             with zipfile.ZipFile(path) as archive:
                 if not archive.namelist():
                     raise ValueError("an empty archive")
+            held = torch.load(path, weights_only=True, mmap=True) if digests is not None else {}
         else:
-            if not isinstance(json.loads(path.read_text(encoding="utf-8")), dict):
-                raise ValueError("not a JSON object")
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+            held = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(held, dict):
+            raise ValueError("not a JSON object" if ext == "json" else "not a dict of arrays")
+    except Exception as exc:  # OSError, ValueError, zipfile.BadZipFile, EOFError, torch's UnpicklingError
         reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
         raise damaged(who, f"{path} cannot be read ({exc.__class__.__name__}: {reason})", RESUME_REMEDY) from None
+    problem = identity.state_problem(held.get(STATE_KEY), digests, str(path))
+    if problem is not None:
+        raise damaged(who, problem, RESUME_REMEDY)
 
 
-#: what ``fedsuite.launch.simulate`` writes into a run directory before the ServerApp records the run's
-#: ``config.json`` (the start-up window: about 2-3.5 s on 2 cores)
+def create_run_dir(run_dir: Path, config: dict[str, Any]) -> bool:
+    """Create the folder ``run_dir`` holding its ``config.json`` (``config``) in one step, so that
+    no kill can leave a run folder without its config: the folder is made beside it under a hidden
+    name (``.fedsuite-new-<random>``), the config written into it, and the folder renamed into
+    place (a kill before the rename leaves only that hidden folder, which no reader takes for a
+    run). Returns False, having written nothing, if ``run_dir`` exists already (its missing
+    parents are made)."""
+    if os.path.lexists(run_dir):
+        return False
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir.parent / f".fedsuite-new-{os.urandom(6).hex()}"
+    tmp.mkdir()
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if os.path.lexists(run_dir):
+            raise FileExistsError(run_dir)
+        os.rename(tmp, run_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.lexists(run_dir):
+            return False
+        raise
+    return True
+
+
+def record_config(run_dir: Path, config: dict[str, Any]) -> None:
+    """Put ``config.json`` into the existing ``run_dir`` if it has none: a folder a start-up left
+    before its config existed (:func:`start_debris`, cleared first by the caller), or one made
+    by hand; written atomically (whole, or not at all)."""
+    if os.path.lexists(run_dir / "config.json"):
+        return
+    tmp = run_dir / f".config.json.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, run_dir / "config.json")
+
+
+#: what a fedsuite before run identities wrote into a run directory before the ServerApp recorded the
+#: run's ``config.json`` (a start-up window of about 2-3.5 s on 2 cores); the folder is now created
+#: with its config (:func:`create_run_dir`), and such debris is cleared by a fresh start
 START_FILES = frozenset({"app", ".flwr", "flower.log", "reaper.log", "ray-logs", "error.txt"})
 
 

@@ -573,9 +573,9 @@ def trial_outcome(run_dir: Path, rounds: int, error: str | None, stopped_by_asha
     run is partial; r = R when the stop landed after the run's last round but before its summary,
     since a run trains on while Tune decides); ``interrupted at round r of R`` (a partial run that
     ASHA did not stop: the search, or the run, was interrupted; ``--resume`` continues it);
-    ``failed: why``."""
+    ``failed: why`` (a run whose record is damaged too: ``rundir.state``)."""
     now = rundir.state(run_dir)
-    if error is not None or now in ("failed", "new", "debris"):
+    if error is not None or now in ("failed", "new", "debris", "damaged"):
         return "failed: " + (error or rundir.why_incomplete(run_dir, "its run"))
     if now == "completed":
         return "completed"

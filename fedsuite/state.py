@@ -21,6 +21,12 @@ with a killed round.
 
 ``ClientState(..., server_round=None)`` (tools and benchmarks outside a federated round) keeps one
 unversioned ``<name>.pt``/``values.json`` per name instead.
+
+**Whose state it is.** With ``identity`` (the run's digest, ``fedsuite.identity.digest``: the
+ClientApp passes it), every file written carries it under :data:`STATE_KEY`, beside
+the arrays or the values (readers here never see that entry). ``--resume`` refuses a run whose
+client-state files of committed rounds carry another run's identity
+(``fedsuite.rundir.check_client_state``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ from flwr.app import Context
 #: reads a run's client state by it too)
 VERSIONED = _VERSION = re.compile(r"^(?P<name>.+)\.r(?P<round>\d+)\.(?P<ext>pt|json)$")
 _VALUES = "values"
+#: the entry of a client-state file that holds the run's identity (``.pt``: beside the arrays;
+#: ``.json``: beside the values); ``fedsuite.identity`` says what it is
+STATE_KEY = "__run__"
 
 
 class ArrayStore:
@@ -93,14 +102,16 @@ class ClientState:
     (see module docstring). Within one instance a client reads what it wrote itself."""
 
     def __init__(self, context: Context | None, state_dir: str | Path, partition_id: int,
-                 server_round: int | None = None) -> None:
+                 server_round: int | None = None, identity: str | None = None) -> None:
         self.context = context  # kept for callers; state does not live in context.state (see module)
+        self.identity = identity  # the run's, written into every file (see module)
         self.folder = Path(state_dir) / f"client-{partition_id}"
         self.round = server_round
         self._written: set[tuple[str, str]] = set()
         self._seen = _versions(self.folder) if server_round is not None else {}
         raw = self._read(_VALUES, "json")
         self._values: dict[str, Any] = json.loads(raw.read_text()) if raw is not None else {}
+        self._values.pop(STATE_KEY, None)
 
     # which file holds a name ---------------------------------------------------------------------
     def _committed_round(self, name: str, ext: str) -> int | None:
@@ -133,7 +144,8 @@ class ClientState:
     def set(self, key: str, value: Any) -> None:
         self._values[key] = value
         path = _file(self.folder, _VALUES, "json", self.round)
-        _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(self._values, sort_keys=True)))
+        held = self._values if self.identity is None else {**self._values, STATE_KEY: self.identity}
+        _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(held, sort_keys=True)))
         self._wrote(_VALUES, "json")
 
     # large arrays ------------------------------------------------------------------------------
@@ -142,10 +154,16 @@ class ClientState:
 
     def load_arrays(self, name: str, device: torch.device | str = "cpu") -> dict[str, torch.Tensor] | None:
         path = self._read(name, "pt")
-        return None if path is None else torch.load(path, map_location=device, weights_only=True)
+        if path is None:
+            return None
+        held = torch.load(path, map_location=device, weights_only=True)
+        held.pop(STATE_KEY, None)
+        return held
 
     def save_arrays(self, name: str, arrays: dict[str, torch.Tensor]) -> None:
-        data = {k: v.detach().cpu() for k, v in arrays.items()}
+        data: dict[str, Any] = {k: v.detach().cpu() for k, v in arrays.items()}
+        if self.identity is not None:
+            data[STATE_KEY] = self.identity
         _atomic_write(_file(self.folder, name, "pt", self.round), lambda tmp: torch.save(data, tmp))
         self._wrote(name, "pt")
 

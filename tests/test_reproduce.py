@@ -1432,6 +1432,8 @@ def test_the_queue_stops_in_one_line_on_runs_of_another_config(tmp_path):
     assert [s.label for s in specs] == ["dir0.5 fedavg s0", "dir0.5 fedprox s0", "dir0.5 fedavg s1", "dir0.5 fedprox s1"]
     _record(specs[0].run_dir, specs[0].cfg)
     (specs[0].run_dir / "summary.json").write_text(json.dumps({"status": "failed", "rounds_completed": 1}))
+    # the rows of the rounds it completed (a record without them is damaged: rundir.record_problem)
+    (specs[0].run_dir / "metrics.jsonl").write_text("".join(json.dumps({"round": r}) + "\n" for r in range(2)))
     specs[1].run_dir.mkdir(parents=True)
     (specs[1].run_dir / "flower.log").write_text("starting\n")
     check_recorded(specs, "REMEDY")  # the runs asked for: nothing to say

@@ -51,7 +51,7 @@ from fedsuite.processes import process_tree
 from fedsuite.rundir import read_metrics
 from fedsuite.state import ClientState, prune_committed
 from tests.conftest import FAST as SMALL_FAST
-from tests.conftest import assert_same_arrays, fedsuite_run, fedsuite_start
+from tests.conftest import assert_same_arrays, assert_same_state, fedsuite_run, fedsuite_start
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the generated benchmark at its full 100 devices (conftest's FAST takes 30): rounds long enough for
@@ -194,10 +194,8 @@ def _assert_same_run(resumed_dir: Path, reference, method: str) -> None:
     assert_same_arrays(reference.arrays, ckpt["arrays"], exact=True)
     want_state, got_state = _newest_state(reference.run_dir), _newest_state(resumed_dir)
     assert list(got_state) == list(want_state), f"{method}: client-state entries differ"
-    for key in want_state:
-        assert list(got_state[key]) == list(want_state[key])
-        for name in want_state[key]:
-            assert torch.equal(got_state[key][name], want_state[key][name]), f"{method}: client state {key}[{name}]"
+    for key in want_state:  # the arrays bit for bit, and the run's identity each file carries (fedsuite.identity)
+        assert_same_state(got_state[key], want_state[key], f"{method}: client state {key}")
     summary = json.loads((resumed_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds_completed"] == ROUNDS
 
@@ -549,55 +547,93 @@ def test_client_state_is_versioned_by_round(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 29 item 1: a kill in the start-up window (the run folder exists, config.json does not yet)
+# a run keeps its identity: its folder is made with its config.json; --resume needs one
 # ------------------------------------------------------------------------------------------------
 
 
-def _kill_in_start_window(proc: subprocess.Popen, run_dir: Path, delay: float, log: Path) -> list[str]:
-    """SIGKILL the run ``delay`` seconds after its folder appears, provided config.json is still
-    absent then (else at once: the window is what is tested). Returns what the folder held."""
+def _kill_in_start_up(proc: subprocess.Popen, run_dir: Path, delay: float, log: Path) -> list[str]:
+    """SIGKILL the run ``delay`` seconds after its folder appears (its start-up: Ray, the data, the
+    ServerApp's first records), asserting that the folder held its config.json from the first
+    moment it was seen. Returns what the folder held."""
     deadline = time.monotonic() + 120
     while not run_dir.exists():
         assert proc.poll() is None, f"the run ended before its folder appeared: {log.read_text()[-3000:]}"
         assert time.monotonic() < deadline, "the run folder never appeared"
         time.sleep(0.005)
-    until = time.monotonic() + delay
-    while time.monotonic() < until and not (run_dir / "config.json").exists():
-        time.sleep(0.005)
+    assert (run_dir / "config.json").is_file(), "the run folder appeared without its config.json"
+    time.sleep(delay)
     _kill_9(proc, run_dir)
-    assert not (run_dir / "config.json").exists(), "config.json was written before the kill: outside the window"
     return sorted(p.name for p in run_dir.iterdir())
 
 
-def test_a_run_killed_in_its_start_up_window_resumes_or_restarts(simulate, data_root, tmp_path):
-    """Killed after the run folder exists but before config.json (seeded moments inside that
-    window): ``--resume`` starts it anew and ends equal to the uninterrupted run, bit for bit; a
-    fresh start of the same name works too. Before, the first said "no run to continue" and the
-    second "run directory exists"."""
-    reference = simulate(rounds=2, strategy="fedavg")
+def test_a_run_killed_in_its_start_up_is_continued_as_itself(simulate, data_root, tmp_path):
+    """Killed at seeded moments of its first seconds (before, the folder existed there without
+    config.json, and ``--resume`` naming only the folder ran the default configuration, rc 0): the
+    folder holds the run's config.json from its first moment, and ``--resume`` naming only
+    ``--output-dir`` and ``--run-name`` continues the recorded run, equal to the uninterrupted run
+    bit for bit."""
+    reference = simulate(rounds=2, strategy="fedavg", seed=5)
     out = tmp_path / "runs"
-    toml = _write_toml(tmp_path / "run.toml", {**FAST, "rounds": 2, "strategy": "fedavg", "data_root": str(data_root),
-                                                "output_dir": str(out), "run_name": "r"})
+    toml = _write_toml(tmp_path / "run.toml", {**FAST, "rounds": 2, "strategy": "fedavg", "seed": 5,
+                                                "data_root": str(data_root), "output_dir": str(out), "run_name": "r"})
     rng = random.Random("start-window")
     run_dir = out / "r"
-    for attempt, again in enumerate((["--resume"], [])):
+    for attempt in range(2):
         log = tmp_path / f"killed-{attempt}.log"
         proc = _start_cold(toml, log)
         try:
-            left = _kill_in_start_window(proc, run_dir, rng.uniform(0.0, 1.0), log)
+            left = _kill_in_start_up(proc, run_dir, rng.uniform(0.0, 1.5), log)
         finally:
             if proc.poll() is None:
                 _kill_9(proc, run_dir)
-        assert set(left) <= rundir.START_FILES, left
-        # continued on the in-process engine (a resume may change the engine: RESUME_MUTABLE): what
-        # the kill left is the subject, and the reference is the in-process engine's
-        res = fedsuite_run(["simulate", "-c", str(toml), "--engine", "inprocess", *again], env=_env(), cwd=tmp_path,
-                           timeout=600)
-        assert res.returncode == 0, f"{again} after a kill in the window ({left}): {res.stdout[-2000:]} {res.stderr[-2000:]}"
+        assert "config.json" in left, left
+        # the command line names the folder only: the run is what its config.json records (and is
+        # continued on the in-process engine, whose numbers the reference has: RESUME_MUTABLE)
+        res = fedsuite_run(["simulate", "--resume", "--output-dir", str(out), "--run-name", "r", "--engine",
+                            "inprocess"], env=_env(), cwd=tmp_path, timeout=600)
+        assert res.returncode == 0, f"--resume after a kill in the start-up ({left}): {res.stdout[-2000:]} {res.stderr[-2000:]}"
+        assert json.loads((run_dir / "config.json").read_text())["seed"] == 5
         rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
         assert rows == reference.metrics_without_time()
         assert_same_arrays(reference.arrays, torch.load(run_dir / "checkpoint.pt", weights_only=False)["arrays"])
         shutil.rmtree(run_dir)
+
+
+@pytest.mark.parametrize("held", [[], ["app", "flower.log"]], ids=["empty", "start-up-debris"])
+def test_resume_of_a_folder_without_config_is_refused_and_a_fresh_start_runs_in_it(held, simulate, data_root,
+                                                                                    tmp_path):
+    """An empty folder, or the debris a start-up of an earlier fedsuite left before its config.json,
+    is refused by ``--resume`` in one line saying what to do, exit code 2, nothing written (before,
+    it ran the command line's config, the defaults where it gave none: another run under the same
+    name); a fresh start of the same name runs in it."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    for name in held:
+        (run_dir / name).mkdir() if name == "app" else (run_dir / name).write_text("a start-up's log\n")
+    res = CliRunner().invoke(cli.app, ["simulate", "--output-dir", str(tmp_path), "--run-name", "r", "--resume"])
+    assert res.exit_code == 2, res.output
+    line = " ".join(res.output.split())
+    assert "holds no run to continue (no config.json" in line and "without --resume" in line, res.output
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(held)
+    reference = simulate(rounds=2, strategy="fedavg")
+    values = {**FAST, "rounds": 2, "strategy": "fedavg", "data_root": str(data_root)}
+    res = fedsuite_run(["simulate", "-c", str(_write_toml(tmp_path / "run.toml", values)), "--engine", "inprocess",
+                        "--output-dir", str(tmp_path), "--run-name", "r"], env=_env(), cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(run_dir)]
+    assert rows == reference.metrics_without_time()
+
+
+def test_a_run_folder_is_created_with_its_config_in_one_step(tmp_path):
+    """``rundir.create_run_dir`` makes the folder with config.json inside and renames it into place:
+    there is no moment at which the folder exists without its config; an existing folder is left
+    as it is."""
+    run_dir = tmp_path / "out" / "r"
+    assert rundir.create_run_dir(run_dir, {"seed": 3})
+    assert json.loads((run_dir / "config.json").read_text()) == {"seed": 3}
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["r"]  # no hidden folder left
+    assert not rundir.create_run_dir(run_dir, {"seed": 4})
+    assert json.loads((run_dir / "config.json").read_text()) == {"seed": 3}
 
 
 def test_a_folder_that_is_not_a_start_up_is_never_removed(tmp_path):

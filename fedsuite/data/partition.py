@@ -5,6 +5,9 @@ the labels (and natural-partition groups) are put into an in-memory ``datasets.D
 ``idx`` column, shuffled with ``seed``, and handed to the matching Flower Datasets partitioner,
 which is also given ``seed``. :func:`partition_indices` validates the parameters, dispatches and
 caches the result on disk (``.npz`` keyed by a hash of all inputs, including the label contents).
+A cache carries its identity: that hash in full and a SHA-256 of its contents (indices and offsets);
+one whose inputs or contents do not match (another partition's file, reordered or altered indices)
+or that is malformed is recomputed and overwritten, never used.
 
 Schemes (``PARTITIONERS``):
 
@@ -427,14 +430,19 @@ def partition_indices(
             h.update(b"groups")
             h.update(g.tobytes())
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
-        cache_file = Path(cache_dir) / f"{safe}-{scheme}-{num_clients}c-seed{seed}-{h.hexdigest()[:16]}.npz"
+        inputs = h.hexdigest()
+        cache_file = Path(cache_dir) / f"{safe}-{scheme}-{num_clients}c-seed{seed}-{inputs[:16]}.npz"
         if cache_file.is_file():
             try:
                 with np.load(cache_file) as z:
                     flat, offsets = z["indices"], z["offsets"]
-                return [flat[offsets[i]: offsets[i + 1]].copy() for i in range(len(offsets) - 1)]
-            except (OSError, ValueError, KeyError):
-                pass  # unreadable cache: recompute and overwrite
+                    # its identity: the inputs it was computed from, and a digest of its contents
+                    stored_inputs, stored_digest = str(z["inputs"]), str(z["digest"])
+                if stored_inputs == inputs and stored_digest == _contents_digest(flat, offsets) and \
+                        _well_formed(flat, offsets, n, num_clients):
+                    return [flat[offsets[i]: offsets[i + 1]].copy() for i in range(len(offsets) - 1)]
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # unreadable cache, or one of other inputs or altered contents: recompute and overwrite
 
     parts = PARTITIONERS[scheme](labels, int(num_clients), int(seed), groups=g, num_classes=num_classes, **used)
     parts = [np.asarray(p, dtype=np.int64) for p in parts]
@@ -445,11 +453,29 @@ def partition_indices(
             offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
             flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
             tmp = cache_file.with_name(cache_file.name + f".tmp{os.getpid()}.npz")
-            np.savez(tmp, indices=flat, offsets=offsets)
+            np.savez(tmp, indices=flat, offsets=offsets, inputs=np.array(inputs),
+                     digest=np.array(_contents_digest(flat, offsets)))
             os.replace(tmp, cache_file)
         except OSError:
             pass  # caching is an optimisation only
     return parts
+
+
+def _contents_digest(flat: np.ndarray, offsets: np.ndarray) -> str:
+    """SHA-256 of a cached partition's contents (its indices and offsets, as int64, in order)."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(flat, dtype=np.int64).tobytes())
+    h.update(b"offsets")
+    h.update(np.ascontiguousarray(offsets, dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def _well_formed(flat: np.ndarray, offsets: np.ndarray, n: int, num_clients: int) -> bool:
+    """A cached partition's shape: one slice per client, non-decreasing offsets from 0 to the
+    indices' length, every index a training sample's."""
+    return (offsets.ndim == 1 and len(offsets) == num_clients + 1 and int(offsets[0]) == 0
+            and int(offsets[-1]) == len(flat) and bool(np.all(np.diff(offsets) >= 0))
+            and (len(flat) == 0 or (int(flat.min()) >= 0 and int(flat.max()) < n)))
 
 
 def label_histogram(labels: Any, parts: Sequence[np.ndarray], num_classes: int) -> np.ndarray:

@@ -16,6 +16,10 @@ target's :class:`fedsuite.reproduce.tables.RunSpec`, a sweep's ``SweepRun``):
   checked as its ``fedsuite simulate`` would check it before its run folder exists (:func:`check_runs`:
   the hardware it asks for, and a partition and model its data can take), so that a run that would
   fail at once stops the queue in one line before anything starts;
+* a run is judged only from a record that passes the check ``--resume`` makes (``rundir.state``:
+  ``damaged`` otherwise, ``rundir.record_problem``: a checkpoint deleted, unreadable or another
+  run's, a summary or client state of another run): a damaged run is never counted done, never
+  started, and named at the start of every queue and in the report, with why;
 * a run whose ``summary.json`` says ``completed`` with the rounds asked is skipped; a run directory
   that holds a ``config.json`` but no finished summary is continued with ``fedsuite simulate
   --resume`` (the run restarts from its last per-round checkpoint, so a killed queue loses at most
@@ -234,9 +238,14 @@ def pending(specs: Sequence[Any], retry_failed: bool = False, remedy: str = othe
 def name_failed(specs: Sequence[Any], retry_failed: bool, console) -> None:
     """One line per run that ended ``failed``: the round it stopped after and why (its
     ``summary.json``, as the report says it: ``rundir.why_incomplete``), and whether this queue runs
-    it again (``retry_failed``) or how to."""
+    it again (``retry_failed``) or how to; and one per run that is ``damaged`` (never run): why its
+    record is refused, and what to do."""
     for spec in specs:
-        if rundir.state(spec.run_dir, spec.rounds) != "failed":
+        now = rundir.state(spec.run_dir, spec.rounds)
+        if now == "damaged":
+            console.print(f"{rundir.why_incomplete(spec.run_dir, spec.label, spec.rounds)}; not run: put the run's "
+                          "own files back, or remove its folder to run it anew", highlight=False, soft_wrap=True)
+        if now != "failed":
             continue
         then = ("run again (--retry-failed), from its last checkpoint" if retry_failed else
                 "not run again; --retry-failed runs it again from its last checkpoint")
@@ -290,7 +299,7 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
     total_rounds = sum(s.rounds for s in specs)
 
     def display() -> Table:
-        finished = sum(1 for s in specs if states[s.run_dir] in ("completed", "failed", "longer"))
+        finished = sum(1 for s in specs if states[s.run_dir] in ("completed", "failed", "longer", "damaged"))
         gained = sum(progress.values()) - sum(done_at_start.values())
         left = total_rounds - sum(progress.values())
         elapsed = time.monotonic() - started
@@ -338,7 +347,8 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
                     state = rundir.state(spec.run_dir, spec.rounds)
                     if proc.returncode == 2 and rundir.held_elsewhere(spec.run_dir):  # taken while it started
                         state = IN_USE
-                    states[spec.run_dir] = state if proc.returncode == 0 or state in ("failed", IN_USE) else "failed"
+                    states[spec.run_dir] = state if proc.returncode == 0 or state in ("failed", "damaged", IN_USE) \
+                        else "failed"
                     if states[spec.run_dir] == "completed":
                         progress[spec.run_dir] = spec.rounds
                     console.print(f"{states[spec.run_dir]:9s} {spec.label} (exit {proc.returncode}"
