@@ -194,7 +194,8 @@ def test_the_install_says_how_to_get_pytorchs_cpu_build():
     the README's set-up names PyTorch's CPU-only wheel index and the option that adds it, by name
     (no package index's host is written into the project)."""
     readme = (ROOT / "README.md").read_text()
-    setup = readme[readme.index("## Set up"):readme.index("## Quickstart 1")]
+    start = readme.index("## Set up")
+    setup = readme[start:readme.index("\n## ", start)]  # to the next section
     assert "CPU-only wheel index" in setup and "--extra-index-url" in setup
     assert not re.search(r"https?://|download\.pytorch|whl/cpu", setup)
 
