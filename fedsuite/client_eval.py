@@ -24,12 +24,18 @@ and the same with ``personal_`` for the personalised models, ``clients_evaluated
 (``fedsuite.rounds.CLIENT_FIELDS``). Failed evaluation replies count as failed training replies do:
 more than ``max_failed_fraction`` of the clients asked, or none answering, fails the run
 (``RoundFailure``) before the round is checkpointed.
+
+The server's half is two halves, :func:`request_evaluation` (the messages' contents) and
+:func:`collect_evaluation` (the replies' validation and the columns): the engine runs both around one
+exchange (:func:`evaluate_clients`); in Flower's own loop (a ServerApp of one's own that ``start``\ s a
+method) the strategy's ``configure_evaluate`` and ``aggregate_evaluate`` run them around Flower's.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,6 +53,7 @@ from fedsuite.wire import (
 )
 
 if TYPE_CHECKING:
+    from fedsuite.replies import Reply
     from fedsuite.strategy import FedSuiteStrategy
     from fedsuite.transport import Transport
 
@@ -108,29 +115,61 @@ def evaluation_content(strategy: FedSuiteStrategy, server_round: int, arrays: ND
     return RecordDict({ARRAYS: to_record(arrays), CONFIG: conf})
 
 
+@dataclass
+class EvaluationRequest:
+    """One round's federated evaluation as sent: the clients asked (``pids``), the content each
+    connected one is sent (``asked``, by partition id) and the failures known before sending
+    (``problems``: a client whose node is not connected)."""
+
+    server_round: int
+    pids: list[int]
+    asked: dict[int, RecordDict] = field(default_factory=dict)
+    problems: dict[int, str] = field(default_factory=dict)
+
+
 def evaluate_clients(strategy: FedSuiteStrategy, server_round: int, arrays: NDArrays,
                      transport: Transport) -> dict[str, Any]:
     """Round ``server_round``'s federated evaluation of ``arrays`` (see module) through
-    ``transport``: each client's numbers or failure go into its row of the round's log
-    (``RoundLog.note``), and the round's columns are returned. Raises :class:`RoundFailure` past
-    ``max_failed_fraction`` of the clients asked, or when none answered."""
-    from fedsuite.strategy import DROP_NOT_CONNECTED, DROP_TIMEOUT
+    ``transport``: :func:`request_evaluation`, the exchange, :func:`collect_evaluation`."""
+    request = request_evaluation(strategy, server_round, arrays)
+    replies = (transport.exchange(MessageType.EVALUATE, request.asked, strategy.nodes, strategy.cfg.round_timeout_s)
+               if request.asked else {})
+    return collect_evaluation(strategy, request, replies)
+
+
+def request_evaluation(strategy: FedSuiteStrategy, server_round: int, arrays: NDArrays) -> EvaluationRequest:
+    """The first half of a federated evaluation: the clients to ask (the round's cohort, or every
+    client, per ``federated_eval``), each connected one's content (:func:`evaluation_content`, its
+    bytes counted into the round's log); a client whose node is not connected is a failure."""
+    from fedsuite.strategy import DROP_NOT_CONNECTED
 
     cfg, round_log = strategy.cfg, strategy.round_log
     pids = sorted(round_log.cohort) if cfg.federated_eval == "cohort" else list(range(cfg.num_clients))
     content = evaluation_content(strategy, server_round, arrays)
-    asked: dict[int, RecordDict] = {}
-    problems: dict[int, str] = {}
+    request = EvaluationRequest(server_round, pids)
     for pid in pids:
         if strategy.nodes.node_of(pid) is None:
-            problems[pid] = DROP_NOT_CONNECTED
+            request.problems[pid] = DROP_NOT_CONNECTED
             continue
         round_log.count_bytes(pid, sent=record_nbytes(content))
-        asked[pid] = content
-    replies = transport.exchange(MessageType.EVALUATE, asked, strategy.nodes, cfg.round_timeout_s) if asked else {}
+        request.asked[pid] = content
+    return request
+
+
+def collect_evaluation(strategy: FedSuiteStrategy, request: EvaluationRequest,
+                       replies: dict[int, Reply]) -> dict[str, Any]:
+    """The second half: the replies to ``request`` by partition id (an asked client that is absent
+    did not answer in time). Each reply is validated (``check_reply`` with
+    ``fedsuite.wire.evaluation_keys``); each client's numbers or failure go into its row of the
+    round's log (``RoundLog.note``), and the round's columns are returned. Raises
+    :class:`RoundFailure` past ``max_failed_fraction`` of the clients asked, or when none answered."""
+    from fedsuite.strategy import DROP_TIMEOUT
+
+    cfg, round_log, server_round = strategy.cfg, strategy.round_log, request.server_round
+    problems = dict(request.problems)
     keys = evaluation_keys(cfg.finetune_steps)
     answers: dict[int, dict[str, float]] = {}
-    for pid in sorted(asked):
+    for pid in sorted(request.asked):
         if pid not in replies:
             problems[pid] = f"{DROP_TIMEOUT} ({cfg.round_timeout_s:g} s)"
             continue
@@ -148,9 +187,9 @@ def evaluate_clients(strategy: FedSuiteStrategy, server_round: int, arrays: NDAr
         round_log.note(pid, eval_failure=problems[pid])
     failed = sorted(problems)
     limit = cfg.resolved_max_failed_fraction
-    if not answers or len(failed) > limit * len(pids) + 1e-9:
+    if not answers or len(failed) > limit * len(request.pids) + 1e-9:
         first = problems[failed[0]] if failed else "no client to evaluate"
-        raise RoundFailure(server_round, failed, len(pids), f"federated evaluation: {first}", limit)
+        raise RoundFailure(server_round, failed, len(request.pids), f"federated evaluation: {first}", limit)
     columns: dict[str, Any] = {"clients_evaluated": len(answers), "client_eval_failed": len(failed)}
     sizes = [answers[pid][NUM_EXAMPLES] for pid in sorted(answers)]
     columns.update(accuracy_columns("client", sizes, [answers[p][EVAL_ACCURACY] for p in sorted(answers)],

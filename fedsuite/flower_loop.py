@@ -6,7 +6,8 @@ federated evaluation (``configure_evaluate``/``aggregate_evaluate``), then ``eva
 round's global model (and once before round 1 with w^0). :class:`LoopRecords` wraps that
 ``evaluate_fn``: after each call it writes the round's ``metrics.jsonl`` line (``engine.round_row``:
 the evaluation's ``accuracy``/``loss``, and for a training round its ``RoundLog``: cohort, bytes,
-dropped clients, train loss, the columns a method, a plug-in or ``aggregate_evaluate`` added) and
+dropped clients, train loss, the columns a method, a plug-in or ``aggregate_evaluate`` added: the
+federated evaluation's), the round's ``clients.jsonl`` rows (``RoundLog.client_rows``), and
 the loop runs inside ``engine.recorded``, the same ``config.json`` ... ``summary.json`` life a
 ``fedsuite simulate`` run's record has (TensorBoard and ``accuracy.png`` included). A run in Flower's
 loop keeps no checkpoint: it cannot be resumed.
@@ -63,7 +64,8 @@ class LoopRecords:
             test = {k: float(v) for k, v in (result or {}).items() if isinstance(v, (int, float))}
             now = time.perf_counter()
             info = self.strategy.round_log if server_round > 0 else None
-            self.recorder.append(engine.round_row(server_round, test, info, now - self.last))
+            self.recorder.append(engine.round_row(server_round, test, info, now - self.last),
+                                 info.client_rows() if info is not None else ())
             self.last = now
             return result
 

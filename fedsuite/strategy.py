@@ -4,8 +4,9 @@ cohort to the aggregated model and the round's log, apart from how the messages 
 The round engine (``fedsuite.engine``) owns the loop and calls :meth:`FedSuiteStrategy.train_round`
 once a round with a transport (``fedsuite.transport``: Flower's grid, or the ClientApp's handlers in
 this process). The class is also an honest Flower ``Strategy``: ``configure_train`` and
-``aggregate_train`` run the same protocol inside Flower's own loop, so a Flower user's ServerApp can
-``start`` any fedsuite method. What the protocol does, and why:
+``aggregate_train`` run the same protocol inside Flower's own loop, and ``configure_evaluate`` and
+``aggregate_evaluate`` the engine's federated evaluation (``federated_eval``, ``fedsuite.client_eval``),
+so a Flower user's ServerApp can ``start`` any fedsuite method. What the protocol does, and why:
 
 * the cohort is sampled by *partition id* with a generator seeded from (seed, round), so the same
   seed gives the same clients, in simulation and deployment alike;
@@ -80,7 +81,8 @@ BOOKKEEPING_METRICS = frozenset({NUM_EXAMPLES, PARTITION_ID, RECEIVED_CHECKSUM, 
 
 class FedSuiteStrategy(Strategy):
     """A method's server half (see module): the round's protocol between the engine and a transport,
-    and an honest Flower ``Strategy`` (``configure_train``/``aggregate_train`` over the same protocol)."""
+    and an honest Flower ``Strategy`` (``configure_train``/``aggregate_train`` over the same protocol,
+    ``configure_evaluate``/``aggregate_evaluate`` over the same federated evaluation)."""
 
     def __init__(self, setup: ServerSetup) -> None:
         cfg = setup.cfg
@@ -107,6 +109,8 @@ class FedSuiteStrategy(Strategy):
         #: app's run config asks for them (``fedsuite.flower_loop.LoopRecords``, set by
         #: ``fedsuite.server_app.method_strategy``); None: :meth:`start` writes no records
         self.loop_records: Any = None
+        #: the federated evaluation in flight in Flower's loop: (request, messages) of ``configure_evaluate``
+        self.evaluation: tuple[Any, Exchange] | None = None
 
     @property
     def pid_to_node(self) -> dict[int, int]:
@@ -219,25 +223,47 @@ class FedSuiteStrategy(Strategy):
 
         return loop(evaluate_fn) if self.loop_records is None else self.loop_records.run(loop, evaluate_fn)
 
+    def evaluates(self, server_round: int) -> bool:
+        """``cfg.evaluates`` in Flower's loop: every ``eval_every`` rounds and the last of :attr:`num_rounds`."""
+        return server_round % self.cfg.eval_every == 0 or server_round == self.num_rounds
+
     def central_evaluation(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         """Flower's ``evaluate_fn``: fedsuite's central evaluation (``ServerSetup.evaluate``, on the
         run's test set) of round ``server_round``'s global model ``arrays`` as this method evaluates
-        it (:meth:`evaluation_arrays`; round 0: w^0 itself): ``{"accuracy", "loss"}``, in the rounds
-        the engine evaluates too (round 0, every ``eval_every``, the last of :attr:`num_rounds`);
-        None in the others, and where the setup has no evaluator."""
-        evaluated = server_round == 0 or server_round % self.cfg.eval_every == 0 or server_round == self.num_rounds
-        if self.setup.evaluate is None or not evaluated:
+        it (:meth:`evaluation_arrays`; round 0: w^0 itself): ``{"accuracy", "loss"}``, in round 0
+        and the rounds of :meth:`evaluates`; None in the others, and where the setup has no evaluator."""
+        if self.setup.evaluate is None or not (server_round == 0 or self.evaluates(server_round)):
             return None
         model = to_ndarrays(arrays)
         test = self.setup.evaluate(model if server_round == 0 else self.evaluation_arrays(model))
         return MetricRecord({key: float(value) for key, value in test.items()})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """No federated evaluation: fedsuite evaluates the global model centrally."""
-        return []
+        """Flower's ``configure_evaluate``: with ``federated_eval`` on, in the rounds of :meth:`evaluates`,
+        ``fedsuite.client_eval.request_evaluation`` of :meth:`evaluation_arrays` (``arrays``) as
+        ``EVALUATE`` messages over ``grid`` (``config`` unused: fedsuite's own is sent); else none."""
+        from fedsuite.client_eval import request_evaluation
+
+        self.evaluation = None
+        if self.cfg.federated_eval == "off" or not self.evaluates(server_round):
+            return []
+        request = request_evaluation(self, server_round, self.evaluation_arrays(to_ndarrays(arrays)))
+        exchange = FlowerTransport(grid).messages(MessageType.EVALUATE, request.asked, self.nodes)
+        self.evaluation = (request, exchange)
+        return exchange.messages()
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return None
+        """Flower's ``aggregate_evaluate``: ``fedsuite.client_eval.collect_evaluation`` of the replies
+        (may raise ``RoundFailure``); its columns go into the round's :class:`RoundLog` and, those
+        not None, are returned (Flower's ClientApp-side metrics); None in a round without."""
+        from fedsuite.client_eval import collect_evaluation
+
+        if self.evaluation is None:
+            return None
+        (request, exchange), self.evaluation = self.evaluation, None
+        columns = collect_evaluation(self, request, FlowerTransport.replies(exchange, replies))
+        self.round_log.add(columns)
+        return MetricRecord({key: value for key, value in columns.items() if value is not None})
 
     def summary(self) -> None:
         log.info("%s: %s, %d clients, %d a round", type(self).__name__, self.cfg.strategy, self.cfg.num_clients,
