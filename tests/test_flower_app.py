@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from fedsuite import processes, superlink
-from fedsuite.rundir import read_metrics
+from fedsuite.rundir import read_clients, read_metrics
 from tests.test_deployment import start_supernode
 
 pytestmark = pytest.mark.long
@@ -81,17 +81,28 @@ def assert_accuracy_every_round(run_dir: Path, log: str, rounds: int) -> None:
 
 
 def test_the_example_app_runs_on_the_local_simulation_federation(local_federation, data_root, tmp_path):
-    """``flwr run examples/flower-app`` (FedMR, 2 clients, 3 rounds) on Flower's own simulation
-    federation completes with the test accuracy of every round in Flower's log and in its
-    ``Result`` (before: "ServerApp-side Evaluate Metrics: {}"), and fedsuite's records in ``run_dir``."""
+    """``flwr run examples/flower-app`` (FedMR, 2 clients, 3 rounds) with ``federated_eval='cohort'``
+    on Flower's own simulation federation completes with the test accuracy of every round in Flower's
+    log and in its ``Result`` (before: "ServerApp-side Evaluate Metrics: {}"), the federated
+    evaluation's columns of every round in Flower's log (``aggregate_evaluate``: "Aggregated
+    ClientApp-side Evaluate Metrics") and in the records, and fedsuite's records in ``run_dir``."""
     run_dir = tmp_path / "records"
-    out = flwr_run(local_federation, f"data_root='{data_root}' records=true run_dir='{run_dir}'", tmp_path)
+    out = flwr_run(local_federation, f"data_root='{data_root}' records=true run_dir='{run_dir}' "
+                   "federated_eval='cohort'", tmp_path)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-3000:]
     status, details = superlink.wait_finished(run_id_of(log), local_federation, LOCAL, tmp_path)
     assert status == "finished:completed", (details, log[-3000:])
     assert "Exit Code: 608" not in log  # the runtime dependency installation is off
     assert_accuracy_every_round(run_dir, log, rounds=3)
+    logged = [float(a) for a in re.findall(r"'client_accuracy_weighted': ([0-9.e-]+)", log.split("Final results")[0])]
+    assert "Aggregated ClientApp-side Evaluate Metrics" in log
+    rows = read_metrics(run_dir)[1:]
+    assert logged == [r["client_accuracy_weighted"] for r in rows] and len(logged) == 3, log[-3000:]
+    assert all(r["clients_evaluated"] == 2 and r["client_eval_failed"] == 0 for r in rows), rows
+    clients = read_clients(run_dir)
+    assert [(c["round"], c["partition_id"]) for c in clients] == [(r, p) for r in (1, 2, 3) for p in (0, 1)]
+    assert all(0 <= c["eval_accuracy"] <= 1 and c["eval_examples"] > 0 for c in clients), clients
 
 
 def test_fewer_simulated_supernodes_than_clients_fail_in_one_line(local_federation, data_root, tmp_path):
