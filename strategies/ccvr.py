@@ -35,7 +35,7 @@ from fedsuite.arrays import NDArrays
 from fedsuite.params import Params
 from fedsuite.registry import register_method
 from fedsuite.seeding import round_rng
-from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.strategy import FedSuiteStrategy, ServerSetup
 from fedsuite.training import SGD
 from fedsuite.wire import to_record
 
@@ -108,8 +108,8 @@ def calibrate_head(weight: np.ndarray, bias: np.ndarray, feats: np.ndarray, labe
 class CCVRStrategy(FedSuiteStrategy):
     """FedAvg training; the evaluated model's head is calibrated on virtual features (see module)."""
 
-    def __init__(self, setup, **kwargs: Any) -> None:
-        super().__init__(setup, **kwargs)
+    def __init__(self, setup: ServerSetup) -> None:
+        super().__init__(setup)
         self.calibrated_head: NDArrays | None = None  # {"head.weight", "head.bias"}
         self._base: NDArrays | None = None  # the uncalibrated model the head belongs to (memory only)
 

@@ -143,8 +143,8 @@ def sampling_distributions(clusters: list[list[int]], weights: np.ndarray, m: in
 class CluSampStrategy(FedSuiteStrategy):
     """Clustered sampling (Algorithm 2) over FedAvg training (see module)."""
 
-    def __init__(self, setup: ServerSetup, **kwargs: Any) -> None:
-        super().__init__(setup, **kwargs)
+    def __init__(self, setup: ServerSetup) -> None:
+        super().__init__(setup)
         self.pids = sorted(self.pid_to_node)
         self.index = {pid: k for k, pid in enumerate(self.pids)}
         names = [k for k, _ in setup.build_model().named_parameters()] if setup.build_model else None

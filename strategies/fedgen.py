@@ -82,8 +82,8 @@ def label_weights(counts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
 class FedGenStrategy(FedSuiteStrategy):
     """Weighted averaging + server-side generator training (see module)."""
 
-    def __init__(self, setup: ServerSetup, **kwargs: Any) -> None:
-        super().__init__(setup, **kwargs)
+    def __init__(self, setup: ServerSetup) -> None:
+        super().__init__(setup)
         p = self.params
         num_classes, dim = self.template["head.weight"].shape
         with torch.random.fork_rng():

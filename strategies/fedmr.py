@@ -45,6 +45,7 @@ from clients.fedavg import FedAvgClient
 from fedsuite.arrays import NDArrays, uniform_mean, weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.seeding import round_rng
+from fedsuite.strategy import ServerSetup
 from fedsuite.wire import ClientReply
 from strategies.pool import PERM_TAG, PoolParams, PoolStrategy
 
@@ -133,8 +134,8 @@ class FedMRParams(PoolParams):
 class FedMRStrategy(PoolStrategy):
     """FedMR: per-client pool models; aggregate for R1 rounds, then recombine (see module)."""
 
-    def __init__(self, setup, **flower_kwargs) -> None:
-        super().__init__(setup, **flower_kwargs)
+    def __init__(self, setup: ServerSetup) -> None:
+        super().__init__(setup)
         self.units = make_units(list(self.template), self.params.granularity)
         self.segments = segment_ids(len(self.units), self.params.segment_fraction)
 

@@ -35,6 +35,7 @@ from clients.fedavg import FedAvgClient
 from fedsuite.arrays import NDArrays
 from fedsuite.registry import register_method
 from fedsuite.seeding import round_rng
+from fedsuite.strategy import ServerSetup
 from fedsuite.wire import ClientReply
 from strategies.pool import MUT_TAG, PoolParams, PoolStrategy
 
@@ -89,8 +90,8 @@ class FedMutParams(PoolParams):
 class FedMutStrategy(PoolStrategy):
     """FedMut: per-client models mutated around the uniform mean along the last global step."""
 
-    def __init__(self, setup, **flower_kwargs) -> None:
-        super().__init__(setup, **flower_kwargs)
+    def __init__(self, setup: ServerSetup) -> None:
+        super().__init__(setup)
         self.w_old: NDArrays = dict(setup.initial)
         self._beta = 0.0
 

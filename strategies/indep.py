@@ -23,6 +23,7 @@ from pydantic import Field
 from clients.fedavg import FedAvgClient
 from fedsuite.arrays import NDArrays
 from fedsuite.registry import register_method
+from fedsuite.strategy import ServerSetup
 from fedsuite.wire import ClientReply
 from strategies.pool import PoolParams, PoolStrategy
 
@@ -36,8 +37,8 @@ class IndepParams(PoolParams):
 class IndepStrategy(PoolStrategy):
     """Indep: K independent models, each trained by a random client per round; reports one of them."""
 
-    def __init__(self, setup, **flower_kwargs) -> None:
-        super().__init__(setup, **flower_kwargs)
+    def __init__(self, setup: ServerSetup) -> None:
+        super().__init__(setup)
         slot = self.params.eval_slot
         if slot >= self.pool_size:
             raise ValueError(f"indep.eval_slot={slot} but the pool has {self.pool_size} slots (clients_per_round)")

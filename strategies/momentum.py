@@ -65,8 +65,8 @@ class MomentumStrategy(FedSuiteStrategy):
     #: client metrics (example-weighted means) copied into the round's metrics.jsonl line
     logged_client_metrics: tuple[str, ...] = ()
 
-    def __init__(self, setup: ServerSetup, **flower_kwargs: Any) -> None:
-        super().__init__(setup, **flower_kwargs)
+    def __init__(self, setup: ServerSetup) -> None:
+        super().__init__(setup)
         self.momentum: NDArrays | None = None  # m^t, gradient units (the FedCM/MoFedSAM convention)
         self._momentum_record: ArrayRecord | None = None
         self.trainable = setup.trainable_keys()

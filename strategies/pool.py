@@ -102,8 +102,8 @@ def model_distance(a: NDArrays, b: NDArrays, keys: list[str]) -> float:
 class PoolStrategy(FedSuiteStrategy):
     """A pool of K models, one per slot; client i of the cohort trains slot i's model (see module)."""
 
-    def __init__(self, setup: ServerSetup, **flower_kwargs: Any) -> None:
-        super().__init__(setup, **flower_kwargs)
+    def __init__(self, setup: ServerSetup) -> None:
+        super().__init__(setup)
         self.pool_size = self.cfg.cohort_size
         self.pool: list[NDArrays] = [dict(setup.initial) for _ in range(self.pool_size)]
         self.slot_of_pid: dict[int, int] = {}
