@@ -25,11 +25,11 @@ import time
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedsuite.config import build_config
 from fedsuite.models import MODELS, build_model, count_parameters
 from fedsuite.strategy import ServerSetup
+from fedsuite.upstream import TaskIdentity
 from fedsuite.wire import to_record
 from strategies.fedavg import FedAvgStrategy
 

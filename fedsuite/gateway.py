@@ -94,7 +94,7 @@ def default_max_body() -> int:
     """The largest request body a SuperNode sends, in bytes: one of Flower's array chunks
     (``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE``, 5 MiB unless that variable is set) plus
     :data:`BODY_MARGIN`."""
-    from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
+    from fedsuite.upstream import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 
     return FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE + BODY_MARGIN
 

@@ -24,9 +24,9 @@ import time
 
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
-from flwr.superlink.grid import InMemoryGrid
 
 from fedsuite.replies import failure_reason
+from fedsuite.upstream import InMemoryGrid
 from fedsuite.wire import INFO, PARTITION_ID
 
 log = logging.getLogger("fedsuite")

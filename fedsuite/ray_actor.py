@@ -11,7 +11,10 @@ of every run's start (the handshake waits for the actors' imports; 2 actors on 2
 ClientApp's own classes; ``fedsuite.simulation.use_light_actor`` makes the backend create it. Its
 ``run`` is Flower's ``VirtualClientEngineActor.run`` line for line (load the app, pass it the
 message and context, wrap what it raises in ``ClientAppException``), so the engine sees no
-difference; ``tests/test_core.py`` checks both that and what a worker imports.
+difference: ``tests/test_upstream.py`` fails when Flower's ``run`` is no longer this one (a Flower
+upgrade that changed it), ``tests/test_core.py`` checks that both answer alike and what a worker
+imports. Flower's ``ClientAppActor``, the two exceptions and the backend's module are
+non-public names, listed in ``fedsuite.upstream``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import Callable
 
 import ray
 from flwr.app import Context, Message
-from flwr.clientapp.client_app import ClientApp, ClientAppException, LoadClientAppError
+from flwr.clientapp import ClientApp
+
+from fedsuite.upstream import ClientAppException, LoadClientAppError
 
 
 @ray.remote
@@ -35,10 +40,10 @@ class ClientAppActor:
             context: Context) -> tuple[str, Message, Context]:
         """The reply of ``client_app_fn()`` to ``message``, with ``cid`` and the updated ``context``."""
         try:
-            app = client_app_fn()
+            app: ClientApp = client_app_fn()
             out_message = app(message=message, context=context)
-        except LoadClientAppError:
-            raise
+        except LoadClientAppError as load_ex:
+            raise load_ex
         except Exception as ex:
             raise ClientAppException(str(ex)) from ex
         return cid, out_message, context

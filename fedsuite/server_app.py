@@ -19,13 +19,13 @@ from pathlib import Path
 
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from flwr.superlink.grid import InMemoryGrid
 
 from fedsuite import engine, reaper, runtime
 from fedsuite.flower_loop import LoopRecords
 from fedsuite.nodes import Handshake
 from fedsuite.strategy import FedSuiteStrategy
 from fedsuite.transport import FlowerTransport
+from fedsuite.upstream import InMemoryGrid
 from fedsuite.wire import to_record
 
 app = ServerApp()

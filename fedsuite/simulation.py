@@ -111,14 +111,13 @@ def lean_private_ray() -> None:
     and it never is at the first ask (it waits for its agents' ports), so every start lost 0-1 s
     (:func:`get_node_once_registered`). A cluster joined with ``RAY_ADDRESS`` is left as it was
     started."""
-    from ray._private import services
-    from ray._private.node import Node
+    from fedsuite.upstream import RayNode, ray_services
 
-    Node.start_api_server = skip_api_server
-    Node.start_monitor = skip_daemon
-    Node.start_log_monitor = skip_daemon
-    if not hasattr(services.get_node, "__wrapped__"):
-        services.get_node = get_node_once_registered(services.get_node)
+    RayNode.start_api_server = skip_api_server
+    RayNode.start_monitor = skip_daemon
+    RayNode.start_log_monitor = skip_daemon
+    if not hasattr(ray_services.get_node, "__wrapped__"):
+        ray_services.get_node = get_node_once_registered(ray_services.get_node)
 
 
 def skip_api_server(node, *, include_dashboard, raise_on_failure) -> None:
@@ -138,7 +137,7 @@ def get_node_once_registered(get_node: Callable[[str, str], dict]) -> Callable[[
 
     @functools.wraps(get_node)
     def once_registered(gcs_address: str, node_id: str) -> dict:
-        from ray._raylet import GcsClient
+        from fedsuite.upstream import GcsClient
 
         gcs = GcsClient(address=gcs_address)
         deadline = time.monotonic() + 30  # Ray's own limit for a raylet to register (raylet_start_wait_time_s)
@@ -154,18 +153,17 @@ def use_light_actor() -> None:
     """Make Flower's Ray backend host the ClientApps in ``fedsuite.ray_actor.ClientAppActor``, the same
     actor as Flower's without the import of ``flwr.simulation`` in every worker (about 1 CPU-s per
     actor, see that module). The backend looks the class up in its module when it builds the pool."""
-    from flwr.server.superlink.fleet.vce.backend import raybackend
-
     from fedsuite.ray_actor import ClientAppActor
+    from fedsuite.upstream import flower_ray_backend
 
-    raybackend.ClientAppActor = ClientAppActor
+    flower_ray_backend.ClientAppActor = ClientAppActor
 
 
 def import_apps() -> None:
     """Import what the run needs (Flower's engine, the ServerApp, the ClientApp): in a thread, while
     the main thread starts Ray. An import that fails here fails again, loudly, where it is used."""
     try:
-        import flwr.simulation.run_simulation  # noqa: F401
+        from fedsuite.upstream import run_simulation_engine  # noqa: F401
 
         import fedsuite.client_app  # noqa: F401
         import fedsuite.server_app  # noqa: F401
@@ -196,28 +194,30 @@ def run(app_dir: Path | None) -> None:
         raise CalledOff("the launcher called the run off before it began")
 
     from flwr.app import Context, RecordDict
-    from flwr.common.config import get_fused_config_from_dir
-    from flwr.common.constant import SUPERLINK_NODE_ID
-    from flwr.simulation.run_simulation import _run_simulation
-    from flwr.supercore.constant import NOOP_FEDERATION_ID
-    from flwr.supercore.run import Run
-    from flwr.supercore.task_identity import TaskIdentity
-    from flwr.supercore.telemetry import EventType
+    from flwr.common import EventType
 
     from fedsuite.runtime import app_runs, split_run_config
+    from fedsuite.upstream import (
+        NOOP_FEDERATION_ID,
+        SUPERLINK_NODE_ID,
+        FlowerRun,
+        TaskIdentity,
+        get_fused_config_from_dir,
+        run_simulation_engine,
+    )
 
     use_light_actor()
     run_config = get_fused_config_from_dir(app_dir, {})
     server_app, client_app = app_components(app_dir)
     cfg, _ = split_run_config(app_runs(run_config)[0])  # a batch's runs share what the engine is built from
-    flower_run = Run.create_empty(run_id=RUN_ID)
+    flower_run = FlowerRun.create_empty(run_id=RUN_ID)
     flower_run.primary_task_id = 1
     flower_run.federation_id = NOOP_FEDERATION_ID
     # the identity the ServerApp's messages are sent under: the SuperLink's node, as in flwr-simulation
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, RUN_ID, SUPERLINK_NODE_ID
     context = Context(run_id=RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
                       run_config=run_config)
-    _run_simulation(
+    run_simulation_engine(
         num_supernodes=cfg.num_clients, exit_event=EventType.FLWR_SIMULATION_RUN_LEAVE,
         server_app_attr=server_app, client_app_attr=client_app,
         backend_config=backend_config(cfg), app_dir=str(app_dir), run=flower_run,
@@ -289,7 +289,7 @@ def app_components(app_dir: Path) -> tuple[str, str]:
     """The app's ServerApp and ClientApp (``[tool.flwr.app.components]`` of its ``pyproject.toml``,
     as ``flwr run`` reads them): fedsuite's own in a run's app folder (``launch.write_app``), or a
     user's ServerApp beside fedsuite's ClientApp (``fedsuite.server_app.method_strategy``)."""
-    from flwr.common.config import get_project_config
+    from fedsuite.upstream import get_project_config
 
     components = get_project_config(app_dir)["tool"]["flwr"]["app"]["components"]
     return components["serverapp"], components["clientapp"]

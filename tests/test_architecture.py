@@ -7,12 +7,15 @@ Every import statement counts, wherever it stands (module level, inside a functi
   the registry's discovery, which imports the ``strategies`` package to list its modules;
 * client rules never import server rules;
 * ``strategies/`` and ``clients/`` import only the engine's contract modules (:data:`CONTRACT`);
-* there is no import cycle among the modules of the three packages.
+* there is no import cycle among the modules of the three packages;
+* only ``fedsuite.upstream`` takes names from Flower or Ray outside their public APIs (:data:`PUBLIC`);
+* a method's ``__init__`` passes its base no ``**kwargs`` (the bases take none).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -30,6 +33,15 @@ DISCOVERY = {("fedsuite.registry", "strategies")}
 CONTRACT = {"fedsuite.strategy", "fedsuite.rounds", "fedsuite.training", "fedsuite.wire", "fedsuite.arrays",
             "fedsuite.server_opt", "fedsuite.seeding", "fedsuite.data", "fedsuite.params", "fedsuite.registry",
             "fedsuite.activity"}
+
+
+#: Flower's and Ray's public modules: every other module of theirs, and any name of theirs that begins
+#: with "_", is an internal, which only fedsuite.upstream takes (docs/DESIGN.md, "Flower's and Ray's
+#: internals")
+PUBLIC = {"flwr", "flwr.app", "flwr.serverapp", "flwr.serverapp.strategy", "flwr.clientapp", "flwr.common",
+          "ray", "ray.actor", "ray.util", "ray.tune", "ray.tune.schedulers", "ray.tune.search"}
+#: the folders whose code must take internals from fedsuite.upstream
+UPSTREAM_USERS = (*PACKAGES, "benchmarks", "examples")
 
 
 def module_name(path: Path) -> str:
@@ -134,6 +146,92 @@ def test_the_checker_sees_function_local_imports(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("def f():\n    from strategies.base import X\n")
     assert imports_of("fedsuite.m", path, {"fedsuite.m", "strategies", "strategies.base"}) == {"strategies.base"}
+
+
+def is_module(dotted: str) -> bool:
+    """Whether ``dotted`` (``flwr.common.config``) is a module or package of an installed
+    distribution, found on disk without importing anything."""
+    top, *rest = dotted.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin is None:
+        return False
+    base = Path(spec.origin).parent.joinpath(*rest)
+    return (base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+            or any(base.parent.glob(f"{base.name}.*.so")))
+
+
+def dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for an attribute chain of names, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def upstream_internals(path: Path) -> list[str]:
+    """The non-public Flower and Ray names ``path`` uses: imports (anywhere, with ``importlib``'s
+    ``import_module("...")`` too) of a module outside :data:`PUBLIC`, of a name that begins with "_",
+    and attributes that begin with "_" of such a module (``ray._private.worker``)."""
+    def internal(module: str) -> bool:
+        return module.split(".")[0] in ("flwr", "ray") and (
+            module not in PUBLIC or any(part.startswith("_") for part in module.split(".")))
+
+    found = []
+    label = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        where = f"{label}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Import):
+            found += [f"{where} {alias.name}" for alias in node.names if internal(alias.name)]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if internal(node.module):
+                found.append(f"{where} {node.module}")
+            elif node.module.split(".")[0] in ("flwr", "ray"):
+                found += [f"{where} {node.module}.{alias.name}" for alias in node.names
+                          if alias.name.startswith("_") or (is_module(f"{node.module}.{alias.name}")
+                                                            and internal(f"{node.module}.{alias.name}"))]
+        elif (isinstance(node, ast.Call) and dotted(node.func) in ("importlib.import_module", "import_module", "__import__")
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+              and internal(node.args[0].value)):
+            found.append(f"{where} {node.args[0].value}")
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.endswith("__"):
+            name = dotted(node)
+            if name and name.split(".")[0] in ("flwr", "ray"):
+                found.append(f"{where} {name}")
+    return found
+
+
+def test_only_fedsuite_upstream_takes_flower_or_ray_internals():
+    """Every non-public Flower or Ray name comes from ``fedsuite.upstream``, where each is listed with
+    its reason (tests/test_upstream.py imports each by name)."""
+    bad = [hit for folder in UPSTREAM_USERS for path in sorted((ROOT / folder).rglob("*.py"))
+           if path != ROOT / "fedsuite" / "upstream.py" for hit in upstream_internals(path)]
+    assert not bad, f"Flower or Ray internals imported outside fedsuite/upstream.py: {bad}"
+
+
+def test_the_internals_checker_sees_each_kind_of_use(tmp_path):
+    """A function-local import of an internal module, a private name from a public module, a
+    submodule of a public module that is not public itself, importlib's import, a private attribute;
+    and not the public API."""
+    path = tmp_path / "m.py"
+    path.write_text("import ray\nfrom flwr.app import Context\nfrom ray import tune\nfrom flwr.common import EventType\n"
+                    "def f():\n    from flwr.superlink.grid import InMemoryGrid\n    from ray import _raylet\n"
+                    "    from flwr.common import config\n    importlib.import_module('flwr.supercore.run')\n"
+                    "    return ray._private.worker\n")
+    assert [hit.split(" ", 1)[1] for hit in upstream_internals(path)] == [
+        "flwr.superlink.grid", "ray._raylet", "flwr.common.config", "flwr.supercore.run", "ray._private"]
+
+
+def test_a_methods_init_passes_its_base_no_keyword_arguments():
+    """``FedSuiteStrategy.__init__`` takes the ServerSetup alone, and so does every strategy's: a
+    ``**kwargs`` passed on to a base that takes none reads as an option that does not exist."""
+    bad = []
+    for folder in ("strategies", "clients"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.FunctionDef) and node.name == "__init__" and node.args.kwarg:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} **{node.args.kwarg.arg}")
+    assert not bad, f"__init__ taking **kwargs its base does not take: {bad}"
 
 
 def test_a_test_files_tests_share_one_xdist_worker(request):
