@@ -27,7 +27,7 @@ more than ``max_failed_fraction`` of the clients asked, or none answering, fails
 
 The server's half is two halves, :func:`request_evaluation` (the messages' contents) and
 :func:`collect_evaluation` (the replies' validation and the columns): the engine runs both around one
-exchange (:func:`evaluate_clients`); in Flower's own loop (a ServerApp of one's own that ``start``\ s a
+exchange (:func:`evaluate_clients`); in Flower's own loop (a ServerApp of one's own that calls ``start`` on a
 method) the strategy's ``configure_evaluate`` and ``aggregate_evaluate`` run them around Flower's.
 """
 
@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from flwr.app import ConfigRecord, MessageType, RecordDict
 
 from fedsuite.client_records import STATISTICS
-from fedsuite.rounds import RoundFailure
+from fedsuite.rounds import DROP_NOT_CONNECTED, DROP_TIMEOUT, RoundFailure
 from fedsuite.seeding import seed_for
 from fedsuite.training import SGD, LocalData, clip_grad, evaluate
 from fedsuite.wire import (
@@ -54,8 +54,21 @@ from fedsuite.wire import (
 
 if TYPE_CHECKING:
     from fedsuite.replies import Reply
-    from fedsuite.strategy import FedSuiteStrategy
+    from fedsuite.rounds import RoundLog
     from fedsuite.transport import Transport
+
+
+class EvaluatedStrategy(Protocol):
+    """What federated evaluation reads of the method's strategy (``fedsuite.strategy.FedSuiteStrategy``,
+    which imports this module: named here by its shape, so that the import runs one way)."""
+
+    cfg: Any
+    round_log: RoundLog
+    nodes: Any
+
+    def local_lr(self, server_round: int) -> float: ...
+
+    def receive(self, *args: Any, **kwargs: Any) -> Any: ...
 
 log = logging.getLogger("fedsuite")
 
@@ -108,7 +121,7 @@ def finetune(model: torch.nn.Module, data: LocalData, cfg: Any, generator: torch
 
 
 # --- the server's half ------------------------------------------------------------------------------
-def evaluation_content(strategy: FedSuiteStrategy, server_round: int, arrays: NDArrays) -> RecordDict:
+def evaluation_content(strategy: EvaluatedStrategy, server_round: int, arrays: NDArrays) -> RecordDict:
     """An evaluation message's content: the model and the config (``server-round``, ``lr``: the
     round's local learning rate, which a personalised evaluation's steps use)."""
     conf = ConfigRecord({SERVER_ROUND: server_round, LR: strategy.local_lr(server_round)})
@@ -127,7 +140,7 @@ class EvaluationRequest:
     problems: dict[int, str] = field(default_factory=dict)
 
 
-def evaluate_clients(strategy: FedSuiteStrategy, server_round: int, arrays: NDArrays,
+def evaluate_clients(strategy: EvaluatedStrategy, server_round: int, arrays: NDArrays,
                      transport: Transport) -> dict[str, Any]:
     """Round ``server_round``'s federated evaluation of ``arrays`` (see module) through
     ``transport``: :func:`request_evaluation`, the exchange, :func:`collect_evaluation`."""
@@ -137,11 +150,10 @@ def evaluate_clients(strategy: FedSuiteStrategy, server_round: int, arrays: NDAr
     return collect_evaluation(strategy, request, replies)
 
 
-def request_evaluation(strategy: FedSuiteStrategy, server_round: int, arrays: NDArrays) -> EvaluationRequest:
+def request_evaluation(strategy: EvaluatedStrategy, server_round: int, arrays: NDArrays) -> EvaluationRequest:
     """The first half of a federated evaluation: the clients to ask (the round's cohort, or every
     client, per ``federated_eval``), each connected one's content (:func:`evaluation_content`, its
     bytes counted into the round's log); a client whose node is not connected is a failure."""
-    from fedsuite.strategy import DROP_NOT_CONNECTED
 
     cfg, round_log = strategy.cfg, strategy.round_log
     pids = sorted(round_log.cohort) if cfg.federated_eval == "cohort" else list(range(cfg.num_clients))
@@ -156,14 +168,13 @@ def request_evaluation(strategy: FedSuiteStrategy, server_round: int, arrays: ND
     return request
 
 
-def collect_evaluation(strategy: FedSuiteStrategy, request: EvaluationRequest,
+def collect_evaluation(strategy: EvaluatedStrategy, request: EvaluationRequest,
                        replies: dict[int, Reply]) -> dict[str, Any]:
     """The second half: the replies to ``request`` by partition id (an asked client that is absent
     did not answer in time). Each reply is validated (``check_reply`` with
     ``fedsuite.wire.evaluation_keys``); each client's numbers or failure go into its row of the
     round's log (``RoundLog.note``), and the round's columns are returned. Raises
     :class:`RoundFailure` past ``max_failed_fraction`` of the clients asked, or when none answered."""
-    from fedsuite.strategy import DROP_TIMEOUT
 
     cfg, round_log, server_round = strategy.cfg, strategy.round_log, request.server_round
     problems = dict(request.problems)

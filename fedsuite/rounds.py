@@ -17,6 +17,12 @@ from fedsuite.arrays import NDArrays, trainable_keys
 from fedsuite.client_records import CLIENT_FIELDS
 
 
+
+#: ``RoundLog.drop_reasons`` for a sampled client whose SuperNode is not connected
+DROP_NOT_CONNECTED = "node not connected"
+#: ... and for one that was sent work but did not answer before the round timed out
+DROP_TIMEOUT = "no reply within round_timeout_s"
+
 @dataclass
 class ServerSetup:
     """What a server rule is built from."""

@@ -57,7 +57,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from fedsuite.arrays import weighted_mean
 from fedsuite.nodes import Exchange, NodeMap
 from fedsuite.plugins import ServerHooks, active_plugins
-from fedsuite.rounds import RoundFailure, RoundLog, ServerSetup
+from fedsuite.rounds import DROP_NOT_CONNECTED, DROP_TIMEOUT, RoundFailure, RoundLog, ServerSetup
 from fedsuite.seeding import COHORT_TAG, round_rng
 from fedsuite.replies import Reply, check_reply, metric_means
 from fedsuite.transport import FlowerTransport, Transport
@@ -71,10 +71,6 @@ __all__ = ["DROP_NOT_CONNECTED", "DROP_TIMEOUT", "FedSuiteStrategy", "RoundFailu
 
 log = logging.getLogger("fedsuite")
 
-#: ``RoundLog.drop_reasons`` for a sampled client whose SuperNode is not connected
-DROP_NOT_CONNECTED = "node not connected"
-#: ... and for one that was sent work but did not answer before the round timed out
-DROP_TIMEOUT = "no reply within round_timeout_s"
 #: the clients' bookkeeping metrics, not averaged into the round's training metrics
 BOOKKEEPING_METRICS = frozenset({NUM_EXAMPLES, PARTITION_ID, RECEIVED_CHECKSUM, TRAIN_SECONDS})
 
