@@ -19,6 +19,12 @@ import torch
 
 from fedsuite.data import to_float
 from fedsuite.training import ClientRule, LocalData
+from fedsuite.wire import ARRAYS_KIND, STATISTICS, Record, Records
+
+#: the entries of a statistics reply's record: N_{i,c} [C], μ_{i,c} [C, D], Σ_{i,c} [C, D, D]
+COUNTS, MEANS, COVS = "counts", "means", "covs"
+#: CCVR's records (``fedsuite.wire.Records``): every statistics reply holds the three entries
+RECORDS = Records(statistics=(Record(STATISTICS, ARRAYS_KIND, entries=(COUNTS, MEANS, COVS)),))
 
 
 @torch.no_grad()
@@ -41,7 +47,7 @@ def feature_statistics(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     means = s1 / n.clamp_min(1)[:, None]
     covs = (s2 - n[:, None, None] * means[:, :, None] * means[:, None, :]) / (n - 1).clamp_min(1)[:, None, None]
     covs[n < 2] = 0.0
-    return {"counts": counts.to(torch.int64), "means": means.to(torch.float32), "covs": covs.to(torch.float32)}
+    return {COUNTS: counts.to(torch.int64), MEANS: means.to(torch.float32), COVS: covs.to(torch.float32)}
 
 
 class CCVRClient(ClientRule):

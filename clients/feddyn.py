@@ -20,8 +20,14 @@ from __future__ import annotations
 import torch
 
 from fedsuite.training import SGD, ClientRule, LocalResult, LocalTask
+from fedsuite.wire import ARRAYS_KIND, TRAINABLE_LAYOUT, Record, Records
 
 STATE_NAME = "feddyn-h"
+#: the extra ArrayRecord of a reply whose start point w_{i,0} differs from w^t: r_i = w_{i,0} − w^t
+START_OFFSET = "start-offset"
+#: FedDyn's records (``fedsuite.wire.Records``): r_i over the trainable parameters, present exactly
+#: when the start point moved (relaxed initialisation with a non-zero offset), checked when present
+RECORDS = Records(reply=(Record(START_OFFSET, ARRAYS_KIND, TRAINABLE_LAYOUT, optional=True),))
 
 
 class FedDynClient(ClientRule):
@@ -51,5 +57,5 @@ class FedDynClient(ClientRule):
         params = task.named_params
         task.state.save_arrays(STATE_NAME, {n: self.h[n] + (p.detach() - task.start_point[n]) for n, p in params.items()})
         if any(not torch.equal(task.start_point[n], task.received[n]) for n in params):
-            result.extras["start-offset"] = {n: task.start_point[n] - task.received[n] for n in params}
+            result.extras[START_OFFSET] = {n: task.start_point[n] - task.received[n] for n in params}
         return result

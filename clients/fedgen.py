@@ -24,9 +24,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedsuite.training import ClientRule, LocalResult, LocalTask
+from fedsuite.wire import ARRAYS_KIND, CONFIG_KIND, Record, Records
 
 #: the extra ArrayRecord the server sends: the generator's weights
 GENERATOR = "generator"
+#: the config keys of every training message: α_t, β_t and B_g (module docstring)
+ALPHA = "fedgen-alpha"
+BETA = "fedgen-beta"
+GEN_BATCH = "fedgen-gen-batch"
+#: the extra ArrayRecord of every reply: the client's label counts n_{i,c}, as its entry :data:`COUNTS` [C]
+LABEL_COUNTS = "label-counts"
+COUNTS = "counts"
+#: FedGen's records (``fedsuite.wire.Records``): the generator (from round 2 on, when the server has
+#: trained one: optional) and the three config keys in every message; the label counts in every reply
+RECORDS = Records(
+    message=(Record(GENERATOR, ARRAYS_KIND, optional=True), Record(ALPHA, CONFIG_KIND), Record(BETA, CONFIG_KIND),
+             Record(GEN_BATCH, CONFIG_KIND)),
+    reply=(Record(LABEL_COUNTS, ARRAYS_KIND, entries=(COUNTS,)),),
+)
 
 
 class Generator(nn.Module):
@@ -92,16 +107,16 @@ class FedGenClient(ClientRule):
         gen = self.feature_generator
         if gen is None:
             return ce
-        available, b_g = self.labels, int(task.config["fedgen-gen-batch"])
+        available, b_g = self.labels, int(task.config[GEN_BATCH])
         with torch.no_grad():
             gen_y, _ = gen(y, generator=task.generator)
             y_s = available[torch.randint(len(available), (b_g,), generator=task.generator, device=available.device)]
             gen_s, _ = gen(y_s, generator=task.generator)
-        reg = fedgen_regularizer(task.model.head, z, gen_y, gen_s, y_s, float(task.config["fedgen-alpha"]),
-                                 float(task.config["fedgen-beta"]), b_g / task.cfg.batch_size)
+        reg = fedgen_regularizer(task.model.head, z, gen_y, gen_s, y_s, float(task.config[ALPHA]),
+                                 float(task.config[BETA]), b_g / task.cfg.batch_size)
         return ce + reg
 
     def finish(self, task: LocalTask) -> LocalResult:
         result = super().finish(task)
-        result.extras["label-counts"] = {"counts": self.counts}
+        result.extras[LABEL_COUNTS] = {COUNTS: self.counts}
         return result

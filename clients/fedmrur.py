@@ -45,11 +45,19 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from clients.sam import SamMomentumClient
+from clients.sam import MOMENTUM_RECORDS, SamMomentumClient
 from fedsuite.activity import Component, joint_norm, ratio
 from fedsuite.training import LocalResult, LocalTask
+from fedsuite.wire import METRICS_KIND, Record, Records
 
 EXP_CLAMP = 50.0
+
+#: the regulariser's diagnostics in every reply with the regulariser on (FedMRURClient's docstring)
+D2_MEAN, D2_MAX, R_MEAN = "fedmrur-d2-mean", "fedmrur-d2-max", "fedmrur-R-mean"
+#: FedMRUR's records (``fedsuite.wire.Records``): the family's momentum records, plus the three
+#: diagnostics, required where ``[fedmrur] hyperbolic`` is on
+RECORDS = MOMENTUM_RECORDS + Records(reply=tuple(
+    Record(key, METRICS_KIND, when=lambda cfg: cfg.method_params.hyperbolic) for key in (D2_MEAN, D2_MAX, R_MEAN)))
 
 #: FedMRUR's hyperbolic regulariser as a distinguishing component (``fedsuite.activity``): its share
 #: of the step, measured on each round's last local step (module docstring). Inert below 1e-3: the
@@ -182,9 +190,9 @@ class FedMRURClient(SamMomentumClient):
         result = super().finish(task)
         if self.d2_seen:
             d2 = torch.cat(self.d2_seen)
-            result.metrics["fedmrur-d2-mean"] = float(d2.mean())
-            result.metrics["fedmrur-d2-max"] = float(d2.max())
-            result.metrics["fedmrur-R-mean"] = float(torch.stack(self.r_seen).mean())
+            result.metrics[D2_MEAN] = float(d2.mean())
+            result.metrics[D2_MAX] = float(d2.max())
+            result.metrics[R_MEAN] = float(torch.stack(self.r_seen).mean())
         if self.hyperbolic_share is not None:
             result.metrics[HYPERBOLIC.measure] = self.hyperbolic_share
         self.global_model = self.z_global = None  # the frozen copy is not kept past the round

@@ -25,7 +25,13 @@ import torch
 
 from fedsuite.arrays import tensor_norm
 from fedsuite.training import SGD, ClientRule, LocalTask, clip_grad
-from fedsuite.wire import MOMENTUM
+from fedsuite.wire import ARRAYS_KIND, MOMENTUM, NUM_STEPS_RECORD, TRAINABLE_LAYOUT, Record, Records
+
+#: the records of the family's methods with client momentum (FedCM, MoFedSAM, FedMRUR; ``fedsuite.wire.Records``):
+#: m^t over the trainable parameters from round 2 on (m^0 = 0 is not sent: optional), and in every
+#: reply the local steps K_i, from which the server builds m^{t+1} (strategies/momentum.py)
+MOMENTUM_RECORDS = Records(message=(Record(MOMENTUM, ARRAYS_KIND, TRAINABLE_LAYOUT, optional=True),),
+                           reply=(NUM_STEPS_RECORD,))
 
 
 
@@ -100,7 +106,7 @@ class SamMomentumClient(ClientRule):
     def start(self, task: LocalTask) -> None:
         named = list(task.named_params.items())
         self.param_names = [n for n, _ in named]
-        momentum = task.extras.get(MOMENTUM) if self.uses_momentum else None
+        momentum = task.extras[MOMENTUM] if self.uses_momentum and MOMENTUM in task.extras else None
         self.momentum = None if momentum is None else [
             momentum[n].to(device=p.device, dtype=p.dtype) if n in momentum else None for n, p in named
         ]

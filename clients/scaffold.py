@@ -19,11 +19,16 @@ from __future__ import annotations
 import torch
 
 from fedsuite.training import ClientRule, LocalResult, LocalTask
+from fedsuite.wire import ARRAYS_KIND, TRAINABLE_LAYOUT, Record, Records
 
 #: the extra ArrayRecord the server sends: c, the server control variate
 SERVER_CV = "server-cv"
 #: the extra ArrayRecord the client replies: Δc_i = c_i⁺ − c_i
 DELTA_CV = "delta-cv"
+#: SCAFFOLD's records (``fedsuite.wire.Records``): c in every training message, Δc_i in every reply,
+#: both over the trainable parameters
+RECORDS = Records(message=(Record(SERVER_CV, ARRAYS_KIND, TRAINABLE_LAYOUT),),
+                  reply=(Record(DELTA_CV, ARRAYS_KIND, TRAINABLE_LAYOUT),))
 
 STATE_NAME = "scaffold-ci"
 
@@ -49,7 +54,7 @@ class ScaffoldClient(ClientRule):
     def start(self, task: LocalTask) -> None:
         params = task.named_params
         zeros = {n: torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for n, p in params.items()}
-        c = task.extras.get(SERVER_CV) or zeros
+        c = task.extras[SERVER_CV]  # declared: the ClientApp refuses a message without it
         c_i = task.state.load_arrays(STATE_NAME, task.device) or zeros
         c = {n: c[n].to(task.device, p.dtype) for n, p in params.items()}
         c_i = {n: c_i[n].to(task.device, p.dtype) for n, p in params.items()}

@@ -37,7 +37,8 @@ from fedsuite.state import ClientState
 from fedsuite.training import LocalData, LocalTask, run_local_training
 from fedsuite.wire import (
     ARRAYS, CHECKSUM_REQUEST, CONFIG, INFO, LR, METRICS, NUM_EXAMPLES, PARTITION_ID, RECEIVED_CHECKSUM,
-    SERVER_ROUND, STATISTICS, STATISTICS_QUERY, TRAIN_SECONDS, record_checksum, to_record,
+    SERVER_ROUND, STATISTICS, STATISTICS_QUERY, TRAIN_MESSAGE, TRAIN_SECONDS, message_problem, record_checksum,
+    to_record,
 )
 
 app = ClientApp()
@@ -69,6 +70,9 @@ def train_content(content: RecordDict, context: Context) -> RecordDict:
     """A training message's reply: the arrays to aggregate (and the rule's extra records) plus metrics."""
     cfg, run_dir = runtime.split_run_config(dict(context.run_config))
     pid = int(context.node_config["partition-id"])
+    problem = message_problem(content, TRAIN_MESSAGE + cfg.method.records.message, cfg)
+    if problem:  # the reply fails with the reason: the rule would otherwise read a fallback
+        raise ValueError(f"{cfg.strategy}: {problem}")
     server_round = int(content[CONFIG][SERVER_ROUND])
     faults = FaultDraw.for_task(cfg.faults, cfg.seed, pid, server_round)
     faults.before_training(pid, server_round)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from fedsuite.activity import Component
+from fedsuite.messages import Records
 from fedsuite.params import Params
 
 
@@ -41,6 +42,10 @@ class MethodSpec:
 
     ``components``: the method's own distinguishing components (``fedsuite.activity.Component``:
     FedMRUR's hyperbolic regulariser), whose activity measure its client rule reports every round.
+
+    ``records``: the records the method's halves exchange beyond the engine's own
+    (``fedsuite.wire.Records``, declared once in its client module): the server checks every reply
+    against them, the ClientApp every message.
     """
 
     name: str
@@ -55,6 +60,7 @@ class MethodSpec:
     #: risk and a setting that works; printed by ``fedsuite simulate`` and logged by the ServerApp
     warnings: Callable[[Any], list[str]] | None = None
     components: tuple[Component, ...] = ()
+    records: Records = Records()
 
     def risks(self, cfg: Any) -> list[str]:
         """The method's warnings for this run's config (none if it declares no ``warnings``)."""
@@ -86,6 +92,7 @@ def register_method(
     refuses: dict[str, str] | None = None,
     warnings: Callable[[Any], list[str]] | None = None,
     components: tuple[Component, ...] = (),
+    records: Records = Records(),
 ) -> MethodSpec:
     """Register a method under ``name`` (called at import time of ``strategies/<name>.py``)."""
     if name in _METHODS and _METHODS[name].strategy is not strategy:
@@ -96,7 +103,8 @@ def register_method(
         raise ValueError(f"method {name!r} names unknown plug-ins {unknown}; known: {sorted(_plugins())}")
     if set(enables) & set(refuses) or any(not str(why).strip() for why in refuses.values()):
         raise ValueError(f"method {name!r}: a plug-in is both enabled and refused, or refused without a reason")
-    spec = MethodSpec(name, strategy, client, params, summary, paper, enables, refuses, warnings, tuple(components))
+    spec = MethodSpec(name, strategy, client, params, summary, paper, enables, refuses, warnings, tuple(components),
+                      records)
     _METHODS[name] = spec
     return spec
 

@@ -11,12 +11,15 @@ strategy logs and records in the round's ``drop_reasons``) or the decoded ArrayR
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Collection, Iterable
 
 from flwr.app import ArrayRecord, RecordDict
 
 from fedsuite.arrays import NDArrays
-from fedsuite.wire import NUM_EXAMPLES, ClientReply, decode_records, nonfinite_values
+from fedsuite.wire import (
+    ARRAYS_KIND, METRICS_KIND, MODEL_LAYOUT, NUM_EXAMPLES, TRAINABLE_LAYOUT, ClientReply, Record, decode_records,
+    nonfinite_values,
+)
 
 
 @dataclass(frozen=True)
@@ -46,13 +49,18 @@ def failure_reason(reason: str) -> str:
 
 
 def check_reply(reply: Reply, arrays: str | None, metrics: str | None = None,
-                template: NDArrays | None = None, keys: Iterable[str] = ()) -> tuple[str | None, dict[str, NDArrays]]:
+                template: NDArrays | None = None, keys: Iterable[str] = (), records: Iterable[Record] = (),
+                trainable: Collection[str] | None = None) -> tuple[str | None, dict[str, NDArrays]]:
     """Validate a reply that must hold the ArrayRecord ``arrays`` (when given: an evaluation reply
     has none) and the MetricRecord ``metrics`` with :data:`~fedsuite.wire.NUM_EXAMPLES` and every one
     of ``keys`` (when given), each a number (a loss may be NaN: a diverged model's). With a
-    ``template``, ``arrays`` must have its names and shapes. Returns ``(problem, {})`` for an error
-    reply, a missing record or metric, a layout that differs from the template or non-finite array
-    values; else ``(None, every ArrayRecord decoded)``."""
+    ``template``, ``arrays`` must have its names and shapes. Every declared record of ``records``
+    (``fedsuite.wire.Record``: the engine's and the method's) must be there unless it is optional: a
+    metric in ``metrics``, a number; an ArrayRecord with the model's layout (``template``), the
+    trainable parameters' (``trainable``, shapes from ``template``) or its declared ``entries``.
+    Returns ``(problem, {})`` for an error reply, a missing record or metric, a misshapen record, a
+    layout that differs from the template or non-finite array values; else ``(None, every
+    ArrayRecord decoded)``."""
     if reply.has_error():
         return f"client error: {reply.error}", {}
     content = reply.content
@@ -71,15 +79,46 @@ def check_reply(reply: Reply, arrays: str | None, metrics: str | None = None,
         problem = layout_problem(content[arrays], template)
         if problem:
             return problem, {}
+    for record in records:
+        problem = record_problem(content, record, metrics, template, trainable)
+        if problem:
+            return problem, {}
     records = decode_records(content)
     problem = nonfinite_values(records)
     return (problem, {}) if problem else (None, records)
 
 
-def layout_problem(record: ArrayRecord, template: NDArrays) -> str | None:
+def record_problem(content: RecordDict, record: Record, metrics: str | None, template: NDArrays | None,
+                   trainable: Collection[str] | None) -> str | None:
+    """What is wrong with declared ``record`` in a reply's ``content`` (read before decoding), or None:
+    a missing required record, a metric that is not a number, an arrays record whose names or shapes
+    are not its declared layout's or that lacks one of its declared entries."""
+    if record.kind == METRICS_KIND and metrics is not None:
+        if record.name not in content[metrics]:
+            return None if record.optional else f"{metrics} lack {record.name!r}"
+        value = content[metrics][record.name]
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return f"{metrics}[{record.name!r}] is {value!r}, not a number"
+    elif record.kind == ARRAYS_KIND:
+        if record.name not in content.array_records:
+            return None if record.optional else f"reply lacks record {record.name!r}"
+        arrays = content[record.name]
+        if record.layout == MODEL_LAYOUT and template is not None:
+            problem = layout_problem(arrays, template)
+        elif record.layout == TRAINABLE_LAYOUT and template is not None and trainable is not None:
+            problem = layout_problem(arrays, {k: template[k] for k in trainable}, "the trainable parameters'")
+        else:
+            missing = [e for e in record.entries if e not in arrays]
+            problem = f"lacks {missing[0]!r}" if missing else None
+        if problem:
+            return f"record {record.name!r}: {problem}"
+    return None
+
+
+def layout_problem(record: ArrayRecord, template: NDArrays, whose: str = "the model's") -> str | None:
     """How an ArrayRecord's names or shapes differ from ``template``'s (read before decoding); None if not."""
     if set(record.keys()) != set(template):
-        return "array names differ from the model's"
+        return f"array names differ from {whose}"
     for key, arr in record.items():
         if tuple(arr.shape) != tuple(template[key].shape):
             return f"array {key!r} has shape {tuple(arr.shape)}, expected {tuple(template[key].shape)}"

@@ -63,7 +63,8 @@ from fedsuite.replies import Reply, check_reply, metric_means
 from fedsuite.transport import FlowerTransport, Transport
 from fedsuite.wire import (
     ARRAYS, CONFIG, LR, METRICS, NUM_EXAMPLES, NUM_STEPS, PARTITION_ID, RECEIVED_CHECKSUM, SERVER_ROUND, STATISTICS,
-    STATISTICS_QUERY, TRAIN_LOSS, TRAIN_SECONDS, ClientReply, NDArrays, record_nbytes, to_ndarrays, to_record,
+    STATISTICS_QUERY, TRAIN_LOSS, TRAIN_SECONDS, TRAINABLE_LAYOUT, ClientReply, NDArrays, Record, record_nbytes,
+    reply_records, to_ndarrays, to_record,
 )
 
 #: ``ServerSetup``, ``RoundLog`` and ``RoundFailure`` live in ``fedsuite.rounds``; a method imports them from here
@@ -85,6 +86,14 @@ class FedSuiteStrategy(Strategy):
         self.setup = setup
         self.cfg = cfg
         self.params = cfg.method_params
+        #: the records the method's halves exchange (``fedsuite.wire.Records``, its registration's) and
+        #: those every training reply of this run is checked for: the engine's, then the method's
+        self.records = cfg.method.records
+        self.reply_records: tuple[Record, ...] = reply_records(self.records, cfg)
+        declared = self.reply_records + self.records.statistics
+        #: the trainable parameters' names, where a declared record has their layout
+        self.record_trainable = (setup.trainable_keys() if any(r.layout == TRAINABLE_LAYOUT for r in declared)
+                                 else None)
         self.nodes = NodeMap(setup.node_to_pid)  # Flower node id <-> partition id, refreshed every round
         self.template = setup.initial
         self.global_arrays: NDArrays = dict(setup.initial)  # w^t as last sent
@@ -280,7 +289,8 @@ class FedSuiteStrategy(Strategy):
             if pid not in replies:
                 self.record_drop(pid, f"statistics query: {DROP_TIMEOUT} ({self.cfg.round_timeout_s:g} s)")
                 continue
-            problem, records = self.receive(replies[pid], STATISTICS, pid=pid)
+            problem, records = self.receive(replies[pid], STATISTICS, pid=pid, records=self.records.statistics,
+                                            template=self.template, trainable=self.record_trainable)
             if problem:
                 self.record_drop(pid, f"statistics query: {problem}")
             else:
@@ -289,20 +299,23 @@ class FedSuiteStrategy(Strategy):
 
     # --- replies --------------------------------------------------------------------------------
     def receive(self, reply: Reply, arrays: str | None, metrics: str | None = None,
-                template: NDArrays | None = None, *, pid: int,
-                keys: Iterable[str] = ()) -> tuple[str | None, dict[str, NDArrays]]:
+                template: NDArrays | None = None, *, pid: int, keys: Iterable[str] = (),
+                records: Iterable[Record] = (), trainable: Iterable[str] | None = None,
+                ) -> tuple[str | None, dict[str, NDArrays]]:
         """Count the bytes of client ``pid``'s reply into the round's log (unless it is an error) and
-        validate it (``fedsuite.replies.check_reply``, which ``keys`` is passed to): (problem, {}) or
-        (None, its decoded ArrayRecords)."""
+        validate it (``fedsuite.replies.check_reply``, which ``keys``, the declared ``records`` and
+        the ``trainable`` names are passed to): (problem, {}) or (None, its decoded ArrayRecords)."""
         if not reply.has_error():
             self.round_log.count_bytes(pid, received=record_nbytes(reply.content))
-        return check_reply(reply, arrays, metrics, template, keys)
+        return check_reply(reply, arrays, metrics, template, keys, records, trainable)
 
     def parse_replies(self, replies: dict[int, Reply]) -> list[ClientReply]:
-        """Drop and log bad training replies; return the good ones, by partition id."""
+        """Drop and log bad training replies (among them a reply that lacks a declared record or holds
+        a misshapen one: :attr:`reply_records`); return the good ones, by partition id."""
         good: list[ClientReply] = []
         for pid in sorted(replies):
-            problem, records = self.receive(replies[pid], ARRAYS, METRICS, self.template, pid=pid)
+            problem, records = self.receive(replies[pid], ARRAYS, METRICS, self.template, pid=pid,
+                                            records=self.reply_records, trainable=self.record_trainable)
             if problem:
                 log.warning("round %s: dropped reply of client %s: %s", self.round_log.round, pid, problem)
                 self.round_log.drop(pid, problem)
@@ -312,7 +325,7 @@ class FedSuiteStrategy(Strategy):
             good.append(ClientReply(pid, arrays, int(metrics[NUM_EXAMPLES]), metrics, records))
             steps = int(metrics[NUM_STEPS]) if NUM_STEPS in metrics else None
             self.round_log.note(pid, num_examples=int(metrics[NUM_EXAMPLES]), num_steps=steps,
-                                train_loss=metrics.get(TRAIN_LOSS), train_seconds=metrics.get(TRAIN_SECONDS))
+                                train_loss=metrics[TRAIN_LOSS], train_seconds=metrics.get(TRAIN_SECONDS))
         return good
 
     def aggregate_round(self, server_round: int, replies: dict[int, Reply]) -> tuple[NDArrays, dict[str, float]]:
@@ -336,7 +349,7 @@ class FedSuiteStrategy(Strategy):
         new_arrays = self.aggregate(server_round, good)
         self.global_arrays = new_arrays
         metrics = self.aggregate_metrics(good)
-        self.round_log.train_loss = metrics.get(TRAIN_LOSS)
+        self.round_log.train_loss = metrics[TRAIN_LOSS]
         # the cohort's example-weighted mean of each component's activity measure (fedsuite.activity)
         self.round_log.add({m: metrics[m] for m in self.activity_measures if m in metrics})
         self.after_aggregate(server_round)

@@ -22,19 +22,34 @@ A statistics query (message type :data:`STATISTICS_QUERY`, server → client) ho
 model w to describe) and ``"config"`` (``server-round``); the client trains nothing and replies with
 the ArrayRecord :data:`STATISTICS` (whatever its rule's ``statistics`` computes, e.g. CCVR's per-class
 feature moments) and ``"metrics"`` (``partition-id``, ``num-examples``).
+
+**Declared records.** Every record a method's two halves exchange is a :class:`Record` (its name,
+its kind: ``arrays`` (an ArrayRecord of its own), ``metrics`` (a key of the reply's ``"metrics"``)
+or ``config`` (a key of the message's ``"config"``), and for arrays whether they follow the model's
+layout), declared once in the method's client module, which its strategy imports; a method's
+:class:`Records` list what its server sends (``message``), what each training reply holds
+(``reply``) and what a statistics reply holds (``statistics``), and its registration carries them
+(``register_method(..., records=...)``). The engine's own are :data:`TRAIN_MESSAGE` and
+:data:`TRAIN_REPLY`. The server validates every reply against them (``fedsuite.replies.check_reply``:
+a missing or misshapen record is a failed reply with its reason, as a NaN is), the ClientApp every
+message (:func:`message_problem`: a message without a declared config key or record fails the reply
+with the reason); both halves then read a declared record by indexing, never with a fallback.
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from fedsuite.arrays import NDArrays
+from fedsuite.messages import (  # noqa: F401  (the declaration types, re-exported: a method imports them from here)
+    ARRAYS_KIND, CONFIG_KIND, METRICS_KIND, MODEL_LAYOUT, TRAINABLE_LAYOUT, Record, Records,
+)
 
 #: record names used by more than one side or method
 ARRAYS = "arrays"
@@ -79,6 +94,51 @@ EVAL_LOSS = "eval-loss"
 #: ``finetune_steps`` local SGD steps on the client's training data)
 PERSONAL_ACCURACY = "personal-accuracy"
 PERSONAL_LOSS = "personal-loss"
+
+
+#: the engine's own records of a training message: the round and the local learning rate η_l^t
+TRAIN_MESSAGE = (Record(SERVER_ROUND, CONFIG_KIND), Record(LR, CONFIG_KIND))
+#: the engine's own metrics of a training reply: n_i (the aggregation weight) and the mean local loss;
+#: the local steps, the training seconds and the partition id describe the reply (``clients.jsonl``)
+#: and may be absent from another ClientApp's reply; a method that needs the steps declares them
+#: required (:data:`NUM_STEPS_RECORD`)
+TRAIN_REPLY = (
+    Record(NUM_EXAMPLES, METRICS_KIND), Record(TRAIN_LOSS, METRICS_KIND), Record(NUM_STEPS, METRICS_KIND, optional=True),
+    Record(TRAIN_SECONDS, METRICS_KIND, optional=True), Record(PARTITION_ID, METRICS_KIND, optional=True),
+)
+#: the local steps K_i as a required metric (FedNova, the FedCM family's momentum)
+NUM_STEPS_RECORD = Record(NUM_STEPS, METRICS_KIND)
+#: the checksum of what the client received, required where the server asked (strategies/pool.py)
+RECEIVED_CHECKSUM_RECORD = Record(RECEIVED_CHECKSUM, METRICS_KIND)
+
+
+def reply_records(records: Records, cfg: Any) -> tuple[Record, ...]:
+    """The records a training reply of the run with config ``cfg`` is checked for: the engine's
+    (:data:`TRAIN_REPLY`), where the method declares one again its declaration, then the method's."""
+    own = {r.name for r in records.reply}
+    return tuple(r for r in TRAIN_REPLY if r.name not in own) + tuple(r for r in records.reply if r.applies(cfg))
+
+
+def message_problem(content: Any, records: Iterable[Record], cfg: Any) -> str | None:
+    """What a training message (a RecordDict) lacks of the declared ``records`` (the engine's
+    :data:`TRAIN_MESSAGE` and the method's ``message``), or None: every required config key in
+    ``"config"``, every required arrays record present with its ``entries``."""
+    config = content[CONFIG] if CONFIG in content.config_records else {}
+    for record in records:
+        if not record.applies(cfg):
+            continue
+        if record.kind == CONFIG_KIND:
+            if record.name not in config and not record.optional:
+                return f"message config lacks {record.name!r}"
+        elif record.kind == ARRAYS_KIND:
+            if record.name not in content.array_records:
+                if not record.optional:
+                    return f"message lacks record {record.name!r}"
+                continue
+            missing = [e for e in record.entries if e not in content[record.name]]
+            if missing:
+                return f"message record {record.name!r} lacks {missing[0]!r}"
+    return None
 
 
 def evaluation_keys(finetune_steps: int) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord
 from pydantic import Field
 
-from clients.ccvr import CCVRClient
+from clients.ccvr import COUNTS, COVS, MEANS, RECORDS, CCVRClient
 from fedsuite.arrays import NDArrays
 from fedsuite.params import Params
 from fedsuite.registry import register_method
@@ -55,9 +55,9 @@ class CCVRParams(Params):
 
 def merge_statistics(stats: list[NDArrays]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Global (N_c, μ_c, Σ_c) from the clients' per-class statistics (module docstring), float64."""
-    counts = np.stack([s["counts"] for s in stats]).astype(np.float64)  # [K, C]
-    means = np.stack([s["means"] for s in stats]).astype(np.float64)  # [K, C, D]
-    covs = np.stack([s["covs"] for s in stats]).astype(np.float64)  # [K, C, D, D]
+    counts = np.stack([s[COUNTS] for s in stats]).astype(np.float64)  # [K, C]
+    means = np.stack([s[MEANS] for s in stats]).astype(np.float64)  # [K, C, D]
+    covs = np.stack([s[COVS] for s in stats]).astype(np.float64)  # [K, C, D, D]
     n = counts.sum(0)
     mu = np.einsum("kc,kcd->cd", counts, means) / np.maximum(n, 1)[:, None]
     denom = np.maximum(n - 1, 1)[:, None, None]
@@ -165,4 +165,5 @@ register_method(
     params=CCVRParams,
     summary="FedAvg + post-hoc head calibration on virtual features from clients' class statistics",
     paper="Luo et al., NeurIPS 2021",
+    records=RECORDS,
 )

@@ -8,6 +8,7 @@ Sends w^t and, from round 2 on, m^t as the ArrayRecord "momentum" (2× FedAvg's 
 """
 
 from clients.fedcm import FedCMClient
+from clients.sam import MOMENTUM_RECORDS
 from fedsuite.registry import register_method
 from strategies.momentum import MomentumParams, MomentumStrategy
 
@@ -29,4 +30,5 @@ register_method(
     params=FedCMParams,
     summary="Client-level momentum: local steps on α·g + (1−α)·(last global direction)",
     paper="Xu et al., arXiv 2106.10874 (2021)",
+    records=MOMENTUM_RECORDS,
 )

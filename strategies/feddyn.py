@@ -21,7 +21,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from clients.feddyn import FedDynClient
+from clients.feddyn import RECORDS, START_OFFSET, FedDynClient
 from fedsuite.params import Params
 from fedsuite.arrays import NDArrays, copy_arrays, weighted_mean
 from fedsuite.registry import register_method
@@ -47,11 +47,12 @@ class FedDynStrategy(FedSuiteStrategy):
         self.h: NDArrays = {k: np.zeros(self.template[k].shape, np.float64) for k in self.keys}
 
     def _model_and_delta(self, r: ClientReply) -> tuple[NDArrays, NDArrays]:
-        """(w_{i,K}, Δ_i) of one reply (see module docstring)."""
-        offset = r.extras.get("start-offset")
+        """(w_{i,K}, Δ_i) of one reply (see module docstring). The offset r_i is a declared optional
+        record (``RECORDS``): its absence means the client started from w^t."""
         up = r.arrays
-        if offset is None:
+        if START_OFFSET not in r.extras:
             return up, {k: up[k].astype(np.float64) - self.global_arrays[k] for k in self.keys}
+        offset = r.extras[START_OFFSET]
         ri = getattr(self.cfg, "relaxed_init", None)
         if getattr(ri, "aggregation", "delta") == "delta":
             model = dict(up)
@@ -85,4 +86,5 @@ register_method(
     params=FedDynParams,
     summary="Dynamic regularisation: linear + proximal local terms, model mean plus mean client drift",
     paper="Acar et al., ICLR 2021",
+    records=RECORDS,
 )

@@ -30,7 +30,9 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from pydantic import Field
 
-from clients.fedgen import GENERATOR, FedGenClient, Generator
+from clients.fedgen import (
+    ALPHA, BETA, COUNTS, GEN_BATCH, GENERATOR, LABEL_COUNTS, RECORDS, FedGenClient, Generator,
+)
 from fedsuite.arrays import NDArrays
 from fedsuite.params import Params
 from fedsuite.registry import register_method
@@ -96,8 +98,8 @@ class FedGenStrategy(FedSuiteStrategy):
     def train_config(self, server_round: int) -> dict[str, Any]:
         conf = super().train_config(server_round)
         decay = self.params.decay ** (server_round - 1)
-        conf.update({"fedgen-alpha": self.params.alpha * decay, "fedgen-beta": self.params.beta * decay,
-                     "fedgen-gen-batch": self.params.gen_batch_size})
+        conf.update({ALPHA: self.params.alpha * decay, BETA: self.params.beta * decay,
+                     GEN_BATCH: self.params.gen_batch_size})
         return conf
 
     def generator_arrays(self) -> NDArrays:
@@ -111,9 +113,8 @@ class FedGenStrategy(FedSuiteStrategy):
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
         new = super().aggregate(server_round, replies)
-        teachers = [r for r in replies if "label-counts" in r.extras]
-        if teachers:
-            losses = self.train_generator(teachers, server_round)
+        if replies:  # every reply holds its label counts (RECORDS, checked on receipt): all are teachers
+            losses = self.train_generator(replies, server_round)
             self.trained_rounds += 1
             self.round_log.add({"fedgen_teacher_loss_first": losses[0], "fedgen_teacher_loss_last": losses[-1]})
         return new
@@ -123,7 +124,7 @@ class FedGenStrategy(FedSuiteStrategy):
         p = self.params
         heads = [(torch.from_numpy(r.arrays["head.weight"]).float(), torch.from_numpy(r.arrays["head.bias"]).float())
                  for r in teachers]
-        weights, qualified = label_weights(np.stack([r.extras["label-counts"]["counts"] for r in teachers]))
+        weights, qualified = label_weights(np.stack([r.extras[LABEL_COUNTS][COUNTS] for r in teachers]))
         if len(qualified) == 0:
             return [float("nan")]
         gen = torch.Generator().manual_seed(seed_for(self.cfg.seed, server_round, 0xFED6E))
@@ -164,4 +165,5 @@ register_method(
     params=FedGenParams,
     summary="Data-free KD: server-trained conditional feature generator regularises local training",
     paper="Zhu et al., ICML 2021",
+    records=RECORDS,
 )

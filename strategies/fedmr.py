@@ -47,7 +47,7 @@ from fedsuite.registry import register_method
 from fedsuite.seeding import round_rng
 from fedsuite.strategy import ServerSetup
 from fedsuite.wire import ClientReply
-from strategies.pool import PERM_TAG, PoolParams, PoolStrategy
+from strategies.pool import POOL_RECORDS, PERM_TAG, PoolParams, PoolStrategy
 
 # ------------------------------------------------------------------------------------------------
 # recombination: pure functions on dicts of numpy arrays
@@ -185,5 +185,6 @@ register_method(
     summary="Layer-wise model recombination: each client trains a different recombined pool model",
     paper="Hu et al., KDD 2024 (arXiv 2305.10730)",
     warnings=fedmr_warnings,
+    records=POOL_RECORDS,
 )
 

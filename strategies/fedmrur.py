@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from clients.fedmrur import EXP_CLAMP, HYPERBOLIC, FedMRURClient
+from clients.fedmrur import D2_MAX, D2_MEAN, EXP_CLAMP, HYPERBOLIC, R_MEAN, RECORDS, FedMRURClient
 from fedsuite.registry import register_method
 from strategies.mofedsam import MoFedSAMParams
 from strategies.momentum import MomentumStrategy
@@ -41,7 +41,7 @@ class FedMRURStrategy(MomentumStrategy):
     """Normalised reaggregation, global lr, momentum broadcast; logs d_t and the clients' distances."""
 
     sends_momentum = True
-    logged_client_metrics = ("fedmrur-d2-mean", "fedmrur-d2-max", "fedmrur-R-mean")
+    logged_client_metrics = (D2_MEAN, D2_MAX, R_MEAN)
 
 
 register_method(
@@ -52,4 +52,5 @@ register_method(
     summary="MoFedSAM + hyperbolic (Lorentz) feature regulariser + normalised update reaggregation",
     paper="An et al., NeurIPS 2023",
     components=(HYPERBOLIC,),
+    records=RECORDS,
 )

@@ -37,7 +37,7 @@ from fedsuite.registry import register_method
 from fedsuite.seeding import round_rng
 from fedsuite.strategy import ServerSetup
 from fedsuite.wire import ClientReply
-from strategies.pool import MUT_TAG, PoolParams, PoolStrategy
+from strategies.pool import POOL_RECORDS, MUT_TAG, PoolParams, PoolStrategy
 
 
 def mutation_beta(server_round: int, beta0: float, bound: int) -> float:
@@ -122,4 +122,5 @@ register_method(
     params=FedMutParams,
     summary="Model mutation: each client trains the global model moved ±α·Δ along the last global step",
     paper="Hu et al., AAAI 2024 (as in the FedMR authors' code)",
+    records=POOL_RECORDS,
 )

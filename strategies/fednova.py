@@ -20,7 +20,7 @@ from clients.fedavg import FedAvgClient
 from fedsuite.arrays import NDArrays, server_step, weighted_mean
 from fedsuite.registry import register_method
 from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import NUM_STEPS, ClientReply
+from fedsuite.wire import NUM_STEPS, NUM_STEPS_RECORD, ClientReply, Records
 
 
 def nova_norm(steps: float, momentum: float) -> float:
@@ -39,7 +39,7 @@ class FedNovaStrategy(FedSuiteStrategy):
         self.keys = setup.trainable_keys()
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
-        a = [max(nova_norm(r.metrics.get(NUM_STEPS, 0.0), self.cfg.momentum), 1e-12) for r in replies]
+        a = [max(nova_norm(r.metrics[NUM_STEPS], self.cfg.momentum), 1e-12) for r in replies]  # K_i: declared
         n = [float(r.num_examples) for r in replies]
         total = sum(n)
         ratio = [a[0] / ai for ai in a]  # exactly 1.0 when the step counts are equal
@@ -60,4 +60,5 @@ register_method(
     client=FedAvgClient,
     summary="Normalised averaging: updates divided by local step counts, rescaled by tau_eff",
     paper="Wang et al., NeurIPS 2020",
+    records=Records(reply=(NUM_STEPS_RECORD,)),
 )

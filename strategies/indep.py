@@ -25,7 +25,7 @@ from fedsuite.arrays import NDArrays
 from fedsuite.registry import register_method
 from fedsuite.strategy import ServerSetup
 from fedsuite.wire import ClientReply
-from strategies.pool import PoolParams, PoolStrategy
+from strategies.pool import POOL_RECORDS, PoolParams, PoolStrategy
 
 
 class IndepParams(PoolParams):
@@ -58,6 +58,7 @@ register_method(
     params=IndepParams,
     summary="FedMR Fig. 5: K models trained independently by random clients; reports one model",
     paper="Hu et al., KDD 2024, §3.1",
+    records=POOL_RECORDS,
 )
 register_method(
     "indep-aggr",
@@ -66,4 +67,5 @@ register_method(
     params=PoolParams,
     summary="FedMR Fig. 5: Indep's pool, reporting the uniform mean of its K models",
     paper="Hu et al., KDD 2024, §3.1",
+    records=POOL_RECORDS,
 )

@@ -7,6 +7,7 @@
 from pydantic import Field
 
 from clients.mofedsam import MoFedSAMClient
+from clients.sam import MOMENTUM_RECORDS
 from fedsuite.registry import register_method
 from strategies.momentum import MomentumParams, MomentumStrategy
 
@@ -30,4 +31,5 @@ register_method(
     params=MoFedSAMParams,
     summary="FedCM's client momentum on local SAM gradients",
     paper="Qu et al., ICML 2022",
+    records=MOMENTUM_RECORDS,
 )

@@ -117,7 +117,8 @@ class MomentumStrategy(FedSuiteStrategy):
             "global_update_norm": d_t * norm_bar,
         }
         if self.sends_momentum:
-            k_bar = float(np.mean([r.metrics.get(NUM_STEPS, 0.0) for r in replies]))
+            # K_i: a declared record of the methods that send momentum (clients/sam.py, MOMENTUM_RECORDS)
+            k_bar = float(np.mean([r.metrics[NUM_STEPS] for r in replies]))
             lr = self.local_lr(server_round)
             factor = d_t if p.momentum_source == "normalized" else 1.0
             if k_bar > 0 and lr > 0:

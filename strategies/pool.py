@@ -56,7 +56,10 @@ from fedsuite.params import Params
 from fedsuite.arrays import NDArrays, uniform_mean
 from fedsuite.seeding import round_rng
 from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.wire import ARRAYS, CHECKSUM_REQUEST, CONFIG, ClientReply, record_checksum, to_record
+from fedsuite.wire import (
+    ARRAYS, CHECKSUM_REQUEST, CONFIG, RECEIVED_CHECKSUM, RECEIVED_CHECKSUM_RECORD, ClientReply, Records, record_checksum,
+    to_record,
+)
 
 log = logging.getLogger("fedsuite")
 
@@ -64,6 +67,10 @@ log = logging.getLogger("fedsuite")
 SLOT_TAG = 0x51_07
 PERM_TAG = 0x9E_C0
 MUT_TAG = 0x4D_07
+
+#: the records of every pool method (``fedsuite.wire.Records``; FedMR, FedMut, Indep, IndepAggr register
+#: with them): every payload asks for the checksum of what the client received, so every reply holds it
+POOL_RECORDS = Records(reply=(RECEIVED_CHECKSUM_RECORD,))
 
 
 class PoolParams(Params):
@@ -160,8 +167,8 @@ class PoolStrategy(FedSuiteStrategy):
             if slot is None:
                 log.warning("round %s: reply of client %s, which was not sent a model, ignored", server_round, reply.partition_id)
                 continue
-            received = reply.metrics.get("received-checksum")  # asked for with every payload (CHECKSUM_REQUEST)
-            if reply.partition_id in self._sent and (received is None or int(received) != self._sent[reply.partition_id]):
+            received = reply.metrics[RECEIVED_CHECKSUM]  # declared (POOL_RECORDS): a reply without it failed
+            if reply.partition_id in self._sent and int(received) != self._sent[reply.partition_id]:
                 mismatches += 1
                 log.warning("round %s: client %s trained from a model other than slot %s's (checksum %s != %d)",
                             server_round, reply.partition_id, slot, received, self._sent[reply.partition_id])

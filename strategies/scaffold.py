@@ -17,11 +17,11 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from clients.scaffold import DELTA_CV, SERVER_CV, ScaffoldClient
+from clients.scaffold import DELTA_CV, RECORDS, SERVER_CV, ScaffoldClient
 from fedsuite.params import Params
 from fedsuite.arrays import NDArrays, copy_arrays, server_step, weighted_mean
 from fedsuite.registry import register_method
-from fedsuite.strategy import FedSuiteStrategy, log
+from fedsuite.strategy import FedSuiteStrategy
 from fedsuite.wire import ClientReply, to_record
 from strategies._baselines import reply_weights
 
@@ -52,11 +52,8 @@ class ScaffoldStrategy(FedSuiteStrategy):
         mean = weighted_mean([r.arrays for r in replies], reply_weights(replies, self.params.weighting), self.template)
         new = server_step(mean, self.global_arrays, self.params.server_lr, self.keys)
         total = {k: np.zeros(self.c[k].shape, np.float64) for k in self.keys}
-        for r in replies:
-            dc = r.extras.get(DELTA_CV)
-            if dc is None or set(dc) != set(self.keys):
-                log.warning("round %s: client %s sent no valid delta-cv; c ignores it", server_round, r.partition_id)
-                continue
+        for r in replies:  # each holds Δc_i over the trainable parameters (RECORDS, checked on receipt)
+            dc = r.extras[DELTA_CV]
             for k in self.keys:
                 total[k] += dc[k].astype(np.float64)
         n = self.cfg.num_clients
@@ -77,4 +74,5 @@ register_method(
     params=ScaffoldParams,
     summary="Control variates c, c_i correct client drift (option II); 2x communication",
     paper="Karimireddy et al., ICML 2020",
+    records=RECORDS,
 )

@@ -500,7 +500,11 @@ def test_client_rule_with_its_knob_at_zero_is_plain_sgd_bit_for_bit(rule, values
     """FedProx μ=0, FedDyn λ=0 (spec fedinit.md §8 item 11) and SCAFFOLD with c = c_i = 0 (round 1)."""
     small = {"momentum": 0.5, "weight_decay": 1e-3}  # FAST client 0: ~480 samples, a quick round
     _, ref = _local_round(FedAvgClient(), small)
-    task, out = _local_round(rule(), {**values, **small})
+    extras = {}
+    if rule is ScaffoldClient:  # round 1's message carries c = 0 (SCAFFOLD's declared "server-cv")
+        probe, _ = make_task({**values, **small})
+        extras = {"extras": {"server-cv": {n: torch.zeros_like(p).detach() for n, p in _trainable(probe).items()}}}
+    task, out = _local_round(rule(), {**values, **small}, **extras)
     assert out.metrics["num-steps"] > 3
     assert_same_arrays({k: v.numpy() for k, v in out.arrays.items()}, {k: v.numpy() for k, v in ref.arrays.items()})
     assert out.metrics["train-loss"] == ref.metrics["train-loss"]

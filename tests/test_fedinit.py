@@ -361,7 +361,7 @@ def _fake_round(strategy, server_round, arrays, seed):
         w_k = {k: (start[k] + 0.01 * rng.standard_normal(v.shape).astype(v.dtype)) if k in start else v
                for k, v in arrays.items()}
         raw[pid] = w_k
-        replies[pid] = Reply(RecordDict({"arrays": to_record(w_k), "metrics": MetricRecord({"num-examples": 10.0})}))
+        replies[pid] = Reply(RecordDict({"arrays": to_record(w_k), "metrics": MetricRecord({"num-examples": 10.0, "train-loss": 1.0})}))
     new, _ = strategy.aggregate_round(server_round, replies)
     return starts, raw, new
 
