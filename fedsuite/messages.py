@@ -52,13 +52,17 @@ class Record:
 
 @dataclass(frozen=True)
 class Records:
-    """What a method's halves exchange beyond the engine's own (:data:`TRAIN_MESSAGE`,
-    :data:`TRAIN_REPLY`): ``message`` (server -> client, training message), ``reply`` (each
+    """What a method's halves exchange beyond the engine's own (``fedsuite.wire.TRAIN_MESSAGE``,
+    ``TRAIN_REPLY``): ``message`` (server -> client, training message), ``reply`` (each
     training reply), ``statistics`` (each statistics reply's record, ``STATISTICS_QUERY``)."""
 
     message: tuple[Record, ...] = ()
     reply: tuple[Record, ...] = ()
     statistics: tuple[Record, ...] = ()
+
+    def __post_init__(self) -> None:
+        if any(r.layout is not None for r in self.statistics):
+            raise ValueError("a statistics record has a layout of its own (its entries), not the model's")
 
     def __add__(self, other: "Records") -> "Records":
         """Both declarations (a family's records plus a method's own); a name declared twice is an error."""

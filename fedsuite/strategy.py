@@ -90,9 +90,9 @@ class FedSuiteStrategy(Strategy):
         #: those every training reply of this run is checked for: the engine's, then the method's
         self.records = cfg.method.records
         self.reply_records: tuple[Record, ...] = reply_records(self.records, cfg)
-        declared = self.reply_records + self.records.statistics
-        #: the trainable parameters' names, where a declared record has their layout
-        self.record_trainable = (setup.trainable_keys() if any(r.layout == TRAINABLE_LAYOUT for r in declared)
+        #: the trainable parameters' names, where a declared reply record has their layout (a
+        #: statistics record has a layout of its own: its declared entries)
+        self.record_trainable = (setup.trainable_keys() if any(r.layout == TRAINABLE_LAYOUT for r in self.reply_records)
                                  else None)
         self.nodes = NodeMap(setup.node_to_pid)  # Flower node id <-> partition id, refreshed every round
         self.template = setup.initial
@@ -289,8 +289,7 @@ class FedSuiteStrategy(Strategy):
             if pid not in replies:
                 self.record_drop(pid, f"statistics query: {DROP_TIMEOUT} ({self.cfg.round_timeout_s:g} s)")
                 continue
-            problem, records = self.receive(replies[pid], STATISTICS, pid=pid, records=self.records.statistics,
-                                            template=self.template, trainable=self.record_trainable)
+            problem, records = self.receive(replies[pid], STATISTICS, pid=pid, records=self.records.statistics)
             if problem:
                 self.record_drop(pid, f"statistics query: {problem}")
             else:

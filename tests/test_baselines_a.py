@@ -98,7 +98,7 @@ def test_scaffold_server_step_control_variate_and_payload():
     # c ← c + (1/C) Σ Δc_i with C = 4 (all clients, not the cohort)
     np.testing.assert_allclose(s.c["w"], [0.1, -0.2], rtol=1e-6)
     np.testing.assert_allclose(s.c["b"], [0.5])
-    sent, _ = play_round(s, 2, new, {0: new})
+    sent, _ = play_round(s, 2, new, {0: new}, extras={0: {"delta-cv": {"w": [0, 0], "b": [0]}}})
     np.testing.assert_allclose(sent[0]["server-cv"]["w"].numpy(), [0.1, -0.2], rtol=1e-6)
     # checkpoint round trip
     s2 = make_strategy("scaffold", W0, num_clients=4)

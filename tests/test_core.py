@@ -273,7 +273,10 @@ def test_local_training_imports_no_compiler():
         "from fedsuite.plugins import active_plugins\n"
         "from fedsuite.training import run_local_training\n"
         "for strategy in ('fedavg', 'feddyn', 'scaffold', 'mofedsam', 'fednlr'):\n"
-        "    task, cfg = make_task({'strategy': strategy, 'momentum': 0.9, 'weight_decay': 1e-3})\n"
+        "    probe, _ = make_task({'strategy': strategy})\n"  # SCAFFOLD's messages carry c (round 1: 0)
+        "    cv = {'server-cv': {n: p.detach() * 0 for n, p in probe.model.named_parameters() if p.requires_grad}}\n"
+        "    task, cfg = make_task({'strategy': strategy, 'momentum': 0.9, 'weight_decay': 1e-3},\n"
+        "                          extras=cv if strategy == 'scaffold' else None)\n"
         "    run_local_training(cfg.method.client(plugins=active_plugins(cfg)), task)\n"
         "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n"
     )
