@@ -18,8 +18,8 @@ One round r (1-based, Flower's ``server_round``):
 
 Wire check: every payload asks (``fedsuite.wire.CHECKSUM_REQUEST``) for ``received-checksum``, the
 CRC-32 of the "arrays" record the client received (``fedsuite.wire.record_checksum``); the server
-compares it with the checksum of what it sent to that client, counts a wrong or missing one as a
-mismatch, logs every mismatch and writes ``checksum_mismatches`` and ``payload_checksums`` (one per
+compares it with the checksum of what it sent to that client, counts a wrong one as a mismatch (a
+reply without one fails: it is a declared record, :data:`POOL_RECORDS`), logs every mismatch and writes ``checksum_mismatches`` and ``payload_checksums`` (one per
 slot) into the round's metrics row.
 
 Server state (``state_dict``): the pool (and subclass extras). Random draws come from generators

@@ -420,15 +420,18 @@ def test_bytes_per_round_equal_fedavg():
 
 
 def test_checksum_mismatch_is_detected():
-    """Every payload asks for the client's checksum; a wrong one and a missing one are mismatches."""
+    """Every payload asks for the client's checksum; a wrong one is a mismatch, and a reply without
+    one (a declared record of the pool methods, ``POOL_RECORDS``) is a failed reply naming it."""
     s = make_strategy(FedMRStrategy, "fedmr")
     contents = configure(s, 1)
     assert all(c["config"][CHECKSUM_REQUEST] is True for c in contents.values())
     replies = {pid: reply_to(pid, c, fake_train(to_ndarrays(c["arrays"]), 0, 1), 10, checksum=(12345 if i == 0 else None))
                for i, (pid, c) in enumerate(contents.items())}
-    del replies[list(replies)[1]].content["metrics"]["received-checksum"]  # a client that ignored the request
+    ignored = list(replies)[1]
+    del replies[ignored].content["metrics"]["received-checksum"]  # a client that ignored the request
     s.aggregate_round(1, replies)
-    assert s.round_log.columns["checksum_mismatches"] == 2
+    assert s.round_log.columns["checksum_mismatches"] == 1
+    assert s.round_log.drop_reasons == {ignored: "metrics lack 'received-checksum'"}
     assert len(set(s.round_log.columns["payload_checksums"])) == 1
 
 
