@@ -86,14 +86,10 @@ class FedSuiteStrategy(Strategy):
         self.setup = setup
         self.cfg = cfg
         self.params = cfg.method_params
-        #: the records the method's halves exchange (``fedsuite.wire.Records``, its registration's) and
-        #: those every training reply of this run is checked for: the engine's, then the method's
-        self.records = cfg.method.records
-        self.reply_records: tuple[Record, ...] = reply_records(self.records, cfg)
-        #: the trainable parameters' names, where a declared reply record has their layout (a
-        #: statistics record has a layout of its own: its declared entries)
-        self.record_trainable = (setup.trainable_keys() if any(r.layout == TRAINABLE_LAYOUT for r in self.reply_records)
-                                 else None)
+        self.records = cfg.method.records  # what the method's halves exchange (its registration's)
+        self.reply_records: tuple[Record, ...] = reply_records(self.records, cfg)  # checked on every training reply
+        trainable_layout = any(r.layout == TRAINABLE_LAYOUT for r in self.reply_records)
+        self.record_trainable = setup.trainable_keys() if trainable_layout else None  # that layout's names
         self.nodes = NodeMap(setup.node_to_pid)  # Flower node id <-> partition id, refreshed every round
         self.template = setup.initial
         self.global_arrays: NDArrays = dict(setup.initial)  # w^t as last sent
@@ -299,22 +295,18 @@ class FedSuiteStrategy(Strategy):
     # --- replies --------------------------------------------------------------------------------
     def receive(self, reply: Reply, arrays: str | None, metrics: str | None = None,
                 template: NDArrays | None = None, *, pid: int, keys: Iterable[str] = (),
-                records: Iterable[Record] = (), trainable: Iterable[str] | None = None,
-                ) -> tuple[str | None, dict[str, NDArrays]]:
-        """Count the bytes of client ``pid``'s reply into the round's log (unless it is an error) and
-        validate it (``fedsuite.replies.check_reply``, which ``keys``, the declared ``records`` and
-        the ``trainable`` names are passed to): (problem, {}) or (None, its decoded ArrayRecords)."""
+                records: Iterable[Record] = ()) -> tuple[str | None, dict[str, NDArrays]]:
+        """Count client ``pid``'s reply's bytes into the round's log (unless an error) and validate it
+        (``fedsuite.replies.check_reply``, given ``keys`` and declared ``records``): (problem, {}) or (None, records)."""
         if not reply.has_error():
             self.round_log.count_bytes(pid, received=record_nbytes(reply.content))
-        return check_reply(reply, arrays, metrics, template, keys, records, trainable)
+        return check_reply(reply, arrays, metrics, template, keys, records, self.record_trainable)
 
     def parse_replies(self, replies: dict[int, Reply]) -> list[ClientReply]:
-        """Drop and log bad training replies (among them a reply that lacks a declared record or holds
-        a misshapen one: :attr:`reply_records`); return the good ones, by partition id."""
+        """Drop and log bad training replies (one lacking a declared record among them); return the good ones."""
         good: list[ClientReply] = []
         for pid in sorted(replies):
-            problem, records = self.receive(replies[pid], ARRAYS, METRICS, self.template, pid=pid,
-                                            records=self.reply_records, trainable=self.record_trainable)
+            problem, records = self.receive(replies[pid], ARRAYS, METRICS, self.template, pid=pid, records=self.reply_records)
             if problem:
                 log.warning("round %s: dropped reply of client %s: %s", self.round_log.round, pid, problem)
                 self.round_log.drop(pid, problem)
