@@ -227,7 +227,8 @@ def test_a_data_check_that_fails_while_ray_starts_leaves_nothing_behind(tmp_path
             time.sleep(0.2)
         raylets = marked("raylet")
         seen["ray_tmpdir"] = raylets[0].environ().get("RAY_TMPDIR") if raylets else None
-        seen["serverapp_began"] = (run_dir / "config.json").exists()  # the ServerApp's first write
+        # the ServerApp's first record (config.json is the launcher's: the folder is made with it)
+        seen["serverapp_began"] = (run_dir / "metrics.jsonl").exists()
         raise ValueError("the data is not there")
 
     with pytest.raises(ValueError, match="the data is not there"):
