@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedsuite.seeding import GLOBAL_TORCH_RNG
 from fedsuite.training import ClientRule, LocalResult, LocalTask
 from fedsuite.wire import ARRAYS_KIND, CONFIG_KIND, Record, Records
 
@@ -57,7 +58,8 @@ class Generator(nn.Module):
     @classmethod
     def from_state(cls, state: dict[str, torch.Tensor], num_classes: int) -> "Generator":
         hidden, inp = state["fc.weight"].shape
-        gen = cls(int(inp) - num_classes, num_classes, int(state["out.weight"].shape[0]), int(hidden))
+        with GLOBAL_TORCH_RNG:  # its throwaway initialisation draws from the global RNG (fedsuite.seeding)
+            gen = cls(int(inp) - num_classes, num_classes, int(state["out.weight"].shape[0]), int(hidden))
         gen.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
         return gen
 

@@ -29,10 +29,10 @@ from fedsuite import identity, runtime
 from fedsuite.client_eval import evaluate_locally
 from fedsuite.data import DatasetError
 from fedsuite.faults import FaultDraw
-from fedsuite.models import make_model, model_with_state
+from fedsuite.models import draws_global_rng, make_model, model_with_state
 from fedsuite.plugins import active_plugins
 from fedsuite.raycluster import node_label
-from fedsuite.seeding import seed_for
+from fedsuite.seeding import global_seed, seed_for
 from fedsuite.state import ClientState
 from fedsuite.training import LocalData, LocalTask, run_local_training
 from fedsuite.wire import (
@@ -84,7 +84,6 @@ def train_content(content: RecordDict, context: Context) -> RecordDict:
         if name != ARRAYS
     }
     seed = seed_for(cfg.seed, pid, server_round)
-    torch.manual_seed(seed)
     generator = torch.Generator(device=device).manual_seed(seed)
 
     state_dir = context.node_config.get("state-dir") or str(run_dir / "client-state")
@@ -96,7 +95,10 @@ def train_content(content: RecordDict, context: Context) -> RecordDict:
     )
     rule = cfg.method.client(plugins=active_plugins(cfg))
     started = time.perf_counter()
-    result = run_local_training(rule, task)
+    # the global RNG from the same seed (dropout draws from it), one such client at a time
+    # when other clients train beside it on this process's threads (fedsuite.seeding)
+    with global_seed(seed, draws_global_rng(model)):
+        result = run_local_training(rule, task)
     seconds = time.perf_counter() - started
 
     reply = RecordDict({ARRAYS: to_record(faults.corrupt(result.arrays))})

@@ -44,8 +44,9 @@ import torch.nn.functional as F
 from flwr.app import ConfigRecord, MessageType, RecordDict
 
 from fedsuite.client_records import STATISTICS
+from fedsuite.models import draws_global_rng
 from fedsuite.rounds import DROP_NOT_CONNECTED, DROP_TIMEOUT, RoundFailure
-from fedsuite.seeding import seed_for
+from fedsuite.seeding import global_seed, seed_for
 from fedsuite.training import SGD, LocalData, clip_grad, evaluate
 from fedsuite.wire import (
     ARRAYS, CONFIG, EVAL_ACCURACY, EVAL_LOSS, LR, METRICS, NUM_EXAMPLES, PERSONAL_ACCURACY, PERSONAL_LOSS,
@@ -88,9 +89,9 @@ def evaluate_locally(model: torch.nn.Module, train: LocalData, test: LocalData, 
     out[EVAL_ACCURACY], out[EVAL_LOSS] = glob["accuracy"], glob["loss"]
     if cfg.finetune_steps > 0:
         seed = seed_for(cfg.seed, pid, server_round, FINETUNE_TAG)
-        torch.manual_seed(seed)
         generator = torch.Generator(device=train.x.device).manual_seed(seed)
-        finetune(model, train, cfg, generator, cfg.finetune_steps, lr)
+        with global_seed(seed, draws_global_rng(model)):
+            finetune(model, train, cfg, generator, cfg.finetune_steps, lr)
         own = evaluate(model, test.x, test.y, test.bundle, cfg.eval_batch_size)
         out[PERSONAL_ACCURACY], out[PERSONAL_LOSS] = own["accuracy"], own["loss"]
     return out

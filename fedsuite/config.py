@@ -129,8 +129,14 @@ class BaseRunConfig(Params):
     engine: Literal["flower", "inprocess"] = Field(
         "flower", description="what runs the clients: flower (Flower's Simulation Engine: Ray-backed virtual "
         "clients, one machine, a Ray cluster or GPUs) or inprocess (every client called in the fedsuite "
-        "process, one after the other: no Ray, starts in about a second; for tests, debugging and quick runs). "
+        "process, a round's clients on parallel threads (inprocess_threads): no Ray, starts in about a second; for "
+        "tests, debugging and quick runs). "
         "The same config and seed give the same numbers through both",
+    )
+    inprocess_threads: int | None = Field(
+        None, ge=1, description="engine=inprocess: how many of a round's clients train at once, each on its own "
+        "thread with num_cpus intra-op threads, as Flower's engine runs one actor per num_cpus cores; default: the "
+        "cores the run may use divided by num_cpus. It never changes a run's numbers",
     )
     stall_timeout_s: float = Field(
         1800.0, ge=0,
@@ -401,8 +407,8 @@ def _merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
 #: partition, model, local training, seed, evaluation schedule, fault injection, ...) would make
 #: the resumed rounds a different experiment from the recorded ones, so it is refused.
 RESUME_MUTABLE: tuple[str, ...] = (
-    "rounds", "output_dir", "run_name", "data_root", "num_cpus", "num_gpus", "device", "engine", "eval_batch_size",
-    "stall_timeout_s", "ray_address", "tensorboard",
+    "rounds", "output_dir", "run_name", "data_root", "num_cpus", "num_gpus", "device", "engine", "inprocess_threads",
+    "eval_batch_size", "stall_timeout_s", "ray_address", "tensorboard",
 )
 
 
@@ -432,7 +438,7 @@ def config_differences(recorded: dict[str, Any], cfg: BaseRunConfig) -> list[tup
     copied, as ``experiments/claims.sh`` copies committed records into a fresh ``--output-dir``;
     ``data_root``: the data moved) and what runs it (``num_cpus``, ``num_gpus``, ``device``,
     ``ray_address``: a queue's ``--num-gpus`` and ``--ray-address`` may change between two of its
-    starts; ``engine``: both give the same numbers; ``eval_batch_size``, ``stall_timeout_s``, ``tensorboard``).
+    starts; ``engine``, ``inprocess_threads``: the same numbers either way; ``eval_batch_size``, ``stall_timeout_s``, ``tensorboard``).
 
     Both sides are validated and dumped as the ServerApp writes ``config.json`` (``active_dump``), so
     a field the record lacks (an older fedsuite wrote it) counts at its default. A method's section

@@ -139,22 +139,30 @@ def round_row(server_round: int, test: dict, info: RoundLog | None = None, wall_
 
 def run_inprocess(cfg, run_dir: Path, on_round: Callable[[], None] | None = None) -> None:
     """:func:`execute` with the in-process transport: every client of the run is a call into the
-    ClientApp's handlers (``fedsuite.client_app.HANDLERS``), in this process, in partition-id order.
-    It changes this process's torch settings as a client's process has them (threads: ``num_cpus``;
-    deterministic algorithms) and leaves them so."""
+    ClientApp's handlers (``fedsuite.client_app.HANDLERS``), in this process, a round's clients on
+    :func:`inprocess_threads` threads. It changes this process's torch settings as a client's
+    process has them (threads: ``num_cpus``; deterministic algorithms) and leaves them so."""
     from fedsuite import client_app
     from fedsuite.config import to_run_config
 
     from threadpoolctl import threadpool_limits
 
     run_config = {**to_run_config(cfg), runtime.RUN_DIR_KEY: str(run_dir)}
-    transport = InProcessTransport(run_config, cfg.num_clients, client_app.HANDLERS)
+    transport = InProcessTransport(run_config, cfg.num_clients, client_app.HANDLERS, threads=inprocess_threads(cfg),
+                                   cuda=runtime.device_for(cfg).type == "cuda")
     everyone = {pid: pid for pid in range(cfg.num_clients)}  # node id = partition id
     # numpy's BLAS on one thread, as in Flower's processes (processes.process_env): a threaded
     # dot product (a norm of the server's, e.g. FedMRUR's d_t) sums in another order, a last-bit
     # difference that a run then carries on
     with threadpool_limits(limits=1, user_api="blas"):
         execute(cfg, run_dir, transport, lambda: lambda: dict(everyone), on_round)
+
+
+def inprocess_threads(cfg) -> int:
+    """How many clients the in-process engine trains at once: ``cfg.inprocess_threads``, by default
+    as many as Flower's engine runs actors here, the cores this process may use
+    (``processes.available_cores``) divided by the ``num_cpus`` each client takes (at least one)."""
+    return cfg.inprocess_threads or max(1, available_cores() // max(1, cfg.num_cpus))
 
 
 def this_start(cfg) -> dict:

@@ -59,6 +59,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedsuite.seeding import GLOBAL_TORCH_RNG
+
 __all__ = [
     "MODELS",
     "build_model",
@@ -672,7 +674,8 @@ def model_with_state(build: Callable[[], nn.Module], state: dict[str, torch.Tens
         model = build()
     tied = len(list(model.named_parameters(remove_duplicate=False))) != len(list(model.named_parameters()))
     if tied or any(module._non_persistent_buffers_set for module in model.modules()):
-        model = build().to(device)
+        with GLOBAL_TORCH_RNG:  # its initialisation draws from the global RNG (fedsuite.seeding)
+            model = build().to(device)
         model.load_state_dict(state)
     else:  # copies: the caller's tensors (a message's, the server's model in process) stay as they are
         model.load_state_dict({k: v.to(device, copy=True) for k, v in state.items()}, assign=True)
@@ -681,6 +684,18 @@ def model_with_state(build: Callable[[], nn.Module], state: dict[str, torch.Tens
 
 def initial_arrays(cfg, bundle) -> dict[str, np.ndarray]:
     """w^0: the model initialised from the run's seed, as numpy arrays in state_dict order."""
-    torch.manual_seed(cfg.seed)
-    model = make_model(cfg, bundle)
+    with GLOBAL_TORCH_RNG:
+        torch.manual_seed(cfg.seed)
+        model = make_model(cfg, bundle)
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+#: modules whose training-mode forward draws from torch's global RNG
+GLOBAL_RNG_MODULES = (nn.modules.dropout._DropoutNd, nn.RReLU)
+
+
+def draws_global_rng(model: nn.Module) -> bool:
+    """Whether training ``model`` draws from torch's process-wide RNG (dropout, RReLU): such a
+    client's training holds ``fedsuite.seeding.GLOBAL_TORCH_RNG`` throughout, so the in-process
+    engine trains such clients one at a time, each from its own seed as in its own process."""
+    return any(isinstance(module, GLOBAL_RNG_MODULES) for module in model.modules())

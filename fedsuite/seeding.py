@@ -8,11 +8,22 @@ exactly the draws of an uninterrupted one.
 
 Purpose tags are constants beside the code that draws (``COHORT_TAG`` here, ``SLOT_TAG`` in
 ``strategies/pool.py``, ...).
+
+torch's global RNG is one per process, and the in-process engine trains a round's clients on
+parallel threads (``fedsuite.transport.InProcessTransport``). Client work therefore draws from its
+own ``torch.Generator``; what does use the global RNG (a model's dropout, a module's default
+initialisation, a section under ``torch.random.fork_rng``) holds :data:`GLOBAL_TORCH_RNG` while it
+seeds and draws (:func:`global_seed`), so no thread moves another's stream.
 """
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
 import numpy as np
+import torch
 
 #: the cohort sample of a round (``FedSuiteStrategy.sample_cohort``)
 COHORT_TAG = 0x5EED
@@ -30,3 +41,27 @@ def seed_for(*parts: int) -> int:
 def round_rng(seed: int, server_round: int, tag: int) -> np.random.Generator:
     """A generator determined by (seed, global round, purpose tag)."""
     return np.random.default_rng(_words((seed, server_round, tag)))
+
+
+#: held by whatever seeds or draws from torch's process-wide RNG while other threads may train
+#: (re-entrant: a holder may call code that takes it again)
+GLOBAL_TORCH_RNG = threading.RLock()
+
+
+@contextmanager
+def global_seed(seed: int, draws: bool) -> Iterator[None]:
+    """``torch.manual_seed(seed)`` for the block: the process-wide RNG (CPU and CUDA) starts from
+    ``seed``, as in a client's own process. ``draws``: the block draws from it (a model with
+    dropout), so :data:`GLOBAL_TORCH_RNG` is held for the whole block and such blocks run one at a
+    time; otherwise only while seeding."""
+    GLOBAL_TORCH_RNG.acquire()
+    held = True
+    try:
+        torch.manual_seed(seed)
+        if not draws:
+            GLOBAL_TORCH_RNG.release()
+            held = False
+        yield
+    finally:
+        if held:
+            GLOBAL_TORCH_RNG.release()

@@ -4,9 +4,9 @@ and returns the replies by partition id. Two transports, one protocol:
 * :class:`FlowerTransport`: the ServerApp's Flower ``Grid``. Messages go to the SuperNode (or Ray-backed virtual client) that holds each partition
   (``fedsuite.nodes.NodeMap``, refreshed before every round); a reply is attributed to the partition
   of the message it answers (``fedsuite.nodes.Exchange``).
-* :class:`InProcessTransport`: the ClientApp's handlers called in this process, one client after
-  the other in partition-id order; no Ray, no subprocess, no network. A client's exception becomes
-  an error reply, as Flower's engine turns it into one.
+* :class:`InProcessTransport`: the ClientApp's handlers called in this process, a round's clients
+  on parallel threads (as many as Flower's engine runs actors); no Ray, no subprocess, no network.
+  A client's exception becomes an error reply, as Flower's engine turns it into one.
 
 What a client computes depends only on the message, the config and its own state (its work is
 reseeded from (seed, partition, round): ``fedsuite.seeding``), so both transports give the same
@@ -20,9 +20,12 @@ did not answer within the timeout.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from flwr.app import Context, Message, RecordDict
 
@@ -104,17 +107,30 @@ Handler = Callable[[RecordDict, Context], RecordDict]
 
 
 class InProcessTransport(Transport):
-    """The ClientApp's handlers, called here in partition-id order (deterministic). A call cannot be
-    interrupted; one that took longer than the round's timeout is treated as Flower's engine treats
-    a client that has not answered by then: its reply is discarded. Each partition keeps one Flower ``Context`` for the whole run (its
-    ``state`` holds the client's small per-client values, as a SuperNode's context does), with the
-    node config of a simulated client (``partition-id``, ``num-partitions``)."""
+    """The ClientApp's handlers, called in this process on ``threads`` worker threads: a round's
+    clients train at once, as Flower's engine runs one client per actor, each actor a process with
+    ``num_cpus`` intra-op threads. Every call builds its own model replica, data and generators from
+    the message and its partition's context (``fedsuite.client_app``); torch's process-wide RNG is
+    guarded (``fedsuite.seeding.global_seed``), and torch's intra-op threads are the process's, set
+    to ``num_cpus`` by every call. The replies are returned by partition id, whatever order the
+    clients finished in, so the numbers are the same for any number of threads, and the same as
+    Flower's engine. On a GPU each worker thread runs on a CUDA stream of its own.
 
-    def __init__(self, run_config: dict[str, Any], num_clients: int, handlers: dict[str, Handler]) -> None:
+    A call cannot be interrupted; one that took longer than the round's timeout (from its own start)
+    is treated as Flower's engine treats a client that has not answered by then: its reply is
+    discarded. Each partition keeps one Flower ``Context`` for the whole run (its ``state`` holds the
+    client's small per-client values, as a SuperNode's context does), with the node config of a
+    simulated client (``partition-id``, ``num-partitions``)."""
+
+    def __init__(self, run_config: dict[str, Any], num_clients: int, handlers: dict[str, Handler],
+                 threads: int = 1, cuda: bool = False) -> None:
         self.run_config = dict(run_config)
         self.num_clients = num_clients
         self.handlers = handlers
+        self.threads = max(1, int(threads))
+        self.cuda = cuda
         self.contexts: dict[int, Context] = {}
+        self._local = threading.local()
 
     def context(self, pid: int) -> Context:
         if pid not in self.contexts:
@@ -128,16 +144,43 @@ class InProcessTransport(Transport):
     def exchange(self, message_type: str, contents: dict[int, RecordDict], nodes: NodeMap,
                  timeout: float) -> dict[int, Reply]:
         handler = self.handlers[message_type]
-        out: dict[int, Reply] = {}
-        for pid in sorted(contents):
-            started = time.monotonic()
-            try:
-                reply = Reply(handler(contents[pid], self.context(pid)))
-            except Exception as exc:  # noqa: BLE001 - a client's failure is its reply, as in Flower's engine
-                log.warning("client %s raised %s: %s", pid, type(exc).__name__, exc)
-                reply = Reply(error=failure_reason(str(exc)))
-            if time.monotonic() - started > timeout:
-                log.warning("client %s answered after the round's timeout (%g s): reply discarded", pid, timeout)
-                continue
-            out[pid] = reply
-        return out
+        pids = sorted(contents)
+        calls = [(pid, contents[pid], self.context(pid)) for pid in pids]  # contexts made here, not racing
+        workers = min(self.threads, len(calls))
+        if workers <= 1:
+            answers = [self._call(handler, *call, timeout) for call in calls]
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fedsuite-client") as pool:
+                answers = list(pool.map(lambda call: self._call(handler, *call, timeout), calls))
+        return {pid: reply for pid, reply in zip(pids, answers) if reply is not None}
+
+    def _call(self, handler: Handler, pid: int, content: RecordDict, context: Context,
+              timeout: float) -> Reply | None:
+        """One client's reply (None: it came after ``timeout``)."""
+        started = time.monotonic()
+        try:
+            with self._stream():
+                reply = Reply(handler(content, context))
+        except Exception as exc:  # noqa: BLE001 - a client's failure is its reply, as in Flower's engine
+            log.warning("client %s raised %s: %s", pid, type(exc).__name__, exc)
+            reply = Reply(error=failure_reason(str(exc)))
+        if time.monotonic() - started > timeout:
+            log.warning("client %s answered after the round's timeout (%g s): reply discarded", pid, timeout)
+            return None
+        return reply
+
+    @contextmanager
+    def _stream(self) -> Iterator[None]:
+        """On a GPU, this thread's own CUDA stream (made once per thread), synchronised before the
+        reply is handed over; on a CPU nothing."""
+        if not self.cuda:
+            yield
+            return
+        import torch
+
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            yield
+        stream.synchronize()

@@ -144,6 +144,70 @@ def test_inprocess_refuses_a_ray_cluster(data_root):
         inprocess_config(data_root, ray_address="127.0.0.1:6379")
 
 
+
+@pytest.mark.parametrize("strategy", ["scaffold", "fedgen", "fedinit"])
+def test_inprocess_threads_never_change_a_run(simulate, strategy):
+    """The in-process engine trains a round's clients on parallel threads (``inprocess_threads``):
+    on 1 thread and on 2 a run's ``metrics.jsonl`` (wall time aside), ``clients.jsonl`` (the
+    clients' clocks aside), checkpoint and per-client state are the same bit for bit, and the same
+    as on Flower's engine. SCAFFOLD keeps client state; FedGen's clients draw from their own
+    generators and build a throwaway module (its initialisation draws from torch's global RNG);
+    FedInit's clients rebuild w^0 from the run's seed through the global RNG, which the other
+    threads must not move meanwhile (``fedsuite.seeding.GLOBAL_TORCH_RNG``)."""
+    flower = simulate(strategy=strategy)
+    for threads in (1, 2):
+        here = simulate(strategy=strategy, engine="inprocess", inprocess_threads=threads)
+        assert here.metrics_without_time() == flower.metrics_without_time(), threads
+        assert_same_arrays(here.arrays, flower.arrays)
+        assert_same_state(here.checkpoint["strategy"], flower.checkpoint["strategy"])
+        assert_same_client_state(here.run_dir, flower.run_dir)
+        mine, theirs = read_clients(here.run_dir), read_clients(flower.run_dir)
+        assert [{k: v for k, v in r.items() if k != "train_seconds"} for r in mine] == \
+            [{k: v for k, v in r.items() if k != "train_seconds"} for r in theirs]
+
+
+def test_the_inprocess_engine_runs_as_many_clients_at_once_as_flowers_engine_runs_actors(data_root, monkeypatch):
+    """By default the in-process engine trains (cores this process may use) // num_cpus clients at
+    once, at least one, as Flower's engine runs one actor per ``num_cpus`` cores;
+    ``inprocess_threads`` sets it. The threads reach the transport."""
+    from fedsuite import engine
+
+    monkeypatch.setattr(engine, "available_cores", lambda: 8)
+    assert engine.inprocess_threads(inprocess_config(data_root)) == 8
+    assert engine.inprocess_threads(inprocess_config(data_root, num_cpus=3)) == 2
+    assert engine.inprocess_threads(inprocess_config(data_root, num_cpus=16)) == 1
+    assert engine.inprocess_threads(inprocess_config(data_root, inprocess_threads=3)) == 3
+    seen = {}
+    monkeypatch.setattr(engine, "execute", lambda cfg, run_dir, transport, *_: seen.update(threads=transport.threads))
+    engine.run_inprocess(inprocess_config(data_root, num_cpus=2), data_root / "unused")
+    assert seen == {"threads": 4}
+
+
+def test_a_model_that_draws_from_the_global_rng_trains_one_client_at_a_time():
+    """Dropout draws from torch's process-wide RNG: a client whose model has it seeds that RNG and
+    holds it for its whole training (``fedsuite.seeding.global_seed``), so two such clients on two
+    threads draw exactly what each draws alone; a model without it holds the RNG only to seed it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fedsuite.models import draws_global_rng, vgg9
+    from fedsuite.seeding import global_seed
+
+    assert draws_global_rng(vgg9(10, (3, 32, 32)))
+    assert not draws_global_rng(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+
+    def client(seed: int) -> torch.Tensor:
+        drop = torch.nn.Dropout(0.5)
+        with global_seed(seed, draws=True):
+            first = drop(torch.ones(64))
+            time.sleep(0.05)  # the other thread would seed and draw meanwhile
+            return torch.cat([first, drop(torch.ones(64))])
+
+    alone = [client(seed) for seed in (1, 2)]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(client, (1, 2)))
+    assert all(torch.equal(a, b) for a, b in zip(alone, together))
+
+
 USER_SERVER_APP = '''
 """A Flower user's own ServerApp: Flower's loop (Strategy.start) with a fedsuite method."""
 import json

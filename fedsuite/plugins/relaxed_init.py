@@ -83,6 +83,7 @@ from fedsuite.arrays import trainable_keys
 from fedsuite.models import initial_arrays
 from fedsuite.plugins.base import ClientPlugin, ServerHooks
 from fedsuite.rounds import RoundLog, ServerSetup
+from fedsuite.seeding import GLOBAL_TORCH_RNG
 from fedsuite.state import ArrayStore
 from fedsuite.training import LocalResult, LocalTask
 from fedsuite.wire import ARRAYS, ClientReply, to_ndarrays, to_record
@@ -161,12 +162,15 @@ def initial_params(cfg: Any, bundle: Any, keys: list[str]) -> Tensors:
     (``fedsuite.models.initial_arrays``), without disturbing the caller's RNG state. Cached per
     process for the last configuration (a Ray worker serves many clients of one run)."""
     key = (cfg.model_dump_json(), bundle.num_classes, tuple(bundle.input_shape))
-    if key not in _W0_CACHE:
-        with torch.random.fork_rng(devices=[]):
-            arrays = initial_arrays(cfg, bundle)
-        _W0_CACHE.clear()
-        _W0_CACHE[key] = {k: torch.from_numpy(arrays[k]) for k in arrays}
-    return {k: _W0_CACHE[key][k] for k in keys}
+    # the global RNG is the process's: other clients' threads leave it alone meanwhile (fedsuite.seeding)
+    with GLOBAL_TORCH_RNG:
+        if key not in _W0_CACHE:
+            with torch.random.fork_rng(devices=[]):
+                arrays = initial_arrays(cfg, bundle)
+            _W0_CACHE.clear()
+            _W0_CACHE[key] = {k: torch.from_numpy(arrays[k]) for k in arrays}
+        cached = _W0_CACHE[key]
+    return {k: cached[k] for k in keys}
 
 
 def start_offset(relaxed: Tensors, start: Tensors) -> float:
