@@ -35,8 +35,11 @@ a well-kept proxy, configured by :func:`nginx_config`:
     MetricRecords, the ArrayRecord's list of its arrays) are kilobytes. The default is that chunk
     plus :data:`BODY_MARGIN` (8 MiB in all);
   - the body is read whole by nginx first (``proxy_request_buffering on``), into memory
-    (``client_body_buffer_size`` = ``max_body``: no temporary file, which nginx's workers, running
-    as ``nobody`` when the gateway is started as root, could not write under a private folder), and
+    (``client_body_buffer_size`` = ``max_body`` + :data:`BUFFER_MARGIN`: no temporary file, which
+    nginx's workers, running as ``nobody`` when the gateway is started as root, could not write under
+    a private folder; a buffer of exactly ``max_body`` filled up with a chunked body's first
+    ``max_body`` bytes before nginx read the next chunk's size and refused it, and nginx then tried
+    to spill it to a file: a 500 instead of the 413), and
     passed on only when complete, so a slow body ties up a gateway connection, never the SuperLink,
     and is cut off after ``body_timeout`` seconds without data (``client_body_timeout``: nginx logs
     408 and closes the connection; the same bound holds for headers and for a client that stops
@@ -88,6 +91,11 @@ _UNITS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
 
 class GatewayError(ValueError):
     """The gateway cannot be configured or started (bad address, missing nginx or credential)."""
+
+
+#: room in nginx's body buffer beyond ``max_body``: the buffer never fills with a body the size
+#: check still lets through, so it never spills to a temporary file (see the module docstring)
+BUFFER_MARGIN = 1 << 20
 
 
 def default_max_body() -> int:
@@ -243,7 +251,7 @@ http {{
     # in progress and {lim.rate_per_client}/s (burst {2 * lim.rate_per_client}), 503 above (Flower's SuperNode
     # retries it); {timeout} s without data while a request is read, or while a client reads its reply
     client_max_body_size {max_body};
-    client_body_buffer_size {max_body};
+    client_body_buffer_size {max_body + BUFFER_MARGIN};
     client_header_timeout {timeout}s;
     client_body_timeout {timeout}s;
     send_timeout {timeout}s;

@@ -334,7 +334,7 @@ def test_the_limits_are_options_of_the_gateway_and_bad_values_are_one_line(tmp_p
     runner = CliRunner()
     base = ["gateway", str(creds.root), "--listen", "127.0.0.1:19093", "--dir", str(tmp_path / "gw"), "--print-config"]
     config = runner.invoke(app, base).output
-    for line in ("client_max_body_size 8388608;", "client_body_buffer_size 8388608;", "proxy_request_buffering on;",
+    for line in ("client_max_body_size 8388608;", "client_body_buffer_size 9437184;", "proxy_request_buffering on;",
                  "limit_conn per_client_conns 32;", "rate=100r/s;", "limit_req zone=per_client_rate burst=200 nodelay;",
                  "client_body_timeout 60s;", "client_header_timeout 60s;", "send_timeout 60s;",
                  "limit_conn_status 503;", "limit_req_status 503;", "error_page 413 @too_large;"):
