@@ -36,6 +36,7 @@ from fedsuite import gateway, processes, superlink
 from fedsuite.certs import Credentials, make_credentials
 from fedsuite.rundir import read_metrics
 from tests.conftest import deployment_app
+from tests.test_multihost import wait_for_log
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -81,17 +82,6 @@ class Stack:
         return httpx.Client(verify=ssl.create_default_context(cafile=str(self.creds.ca_cert)), timeout=timeout)
 
 
-def wait_for(proc: subprocess.Popen, log: Path, text: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in log.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"{log.name}: exited with {proc.returncode} before '{text}':\n{log.read_text()}")
-        time.sleep(0.3)
-    raise AssertionError(f"{log.name}: no '{text}' within {timeout:.0f} s:\n{log.read_text()}")
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[Stack]:
     reason = _nginx_missing()
@@ -130,9 +120,9 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
                     stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=root, start_new_session=True)
             procs.append((gw, None))
             started[name], st.gateways[name] = gw, (port, folder)
-        wait_for(link, log, "Uvicorn running on")
+        wait_for_log(link, log, "Uvicorn running on", timeout=120.0)
         for name, gw in started.items():
-            wait_for(gw, root / f"gateway-{name}.log", "start worker process")
+            wait_for_log(gw, root / f"gateway-{name}.log", "start worker process", timeout=120.0)
         yield st
     finally:
         for proc, home in procs:
