@@ -158,12 +158,22 @@ report() {  # OUT's report of one paper and its finished runs' records -> the co
 }
 
 write_report() {
-    local paper=$1 out=$2 dest="experiments/$1/results/$RECORDS" run rel
-    local runs="$2/$1/$REPRODUCE_SCALE" target="$1-$SUFFIX"
-    "$FEDSUITE" reproduce "$target" --scale "$REPRODUCE_SCALE" --output-dir "$out" --report
+    local paper=$1 out=$2 dest="experiments/$1/results/$RECORDS" run rel setting
+    local runs="$2/$1/$REPRODUCE_SCALE" target="$1-$SUFFIX" shadow
+    # The report is written into a folder of its own that sees OUT's run folders through links: a
+    # unit's reproduce (the pinned code) writes its own report, of its seed and methods only, into
+    # OUT's report folder when it ends, and one that ended between this --report and the copy below
+    # was copied in its place (seen 2026-12-07 with two lanes on one paper)
+    shadow=$(mktemp -d) && mkdir -p "$shadow/$paper/$REPRODUCE_SCALE"
+    for setting in "$runs"/*/; do
+        setting=${setting%/}
+        [ "${setting##*/}" = "$target" ] || ln -s "$(cd "$setting" && pwd)" "$shadow/$paper/$REPRODUCE_SCALE/${setting##*/}"
+    done
+    "$FEDSUITE" reproduce "$target" --scale "$REPRODUCE_SCALE" --output-dir "$shadow" --report
     rm -rf "$dest" && mkdir -p "$dest/runs"
-    cp "$runs/$target/"{report.md,report.csv,claims.csv} "$dest/"
-    cp "$runs/$target/"*.png "$dest/" 2>/dev/null || true  # no figure before a run ends
+    cp "$shadow/$paper/$REPRODUCE_SCALE/$target/"{report.md,report.csv,claims.csv} "$dest/"
+    cp "$shadow/$paper/$REPRODUCE_SCALE/$target/"*.png "$dest/" 2>/dev/null || true  # no figure before a run ends
+    rm -rf "$shadow"
     # the records of the runs the report read, and each finished run's last checkpoint (with its client
     # state) where they take at most 20 MB together: the numbers need only the records, but a run can be
     # extended to more rounds (reproduce's extend) only from its checkpoint, and a new machine has only
