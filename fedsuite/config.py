@@ -31,8 +31,7 @@ from fedsuite import registry
 from fedsuite.activity import Component
 from fedsuite.errors import ConfigError  # defined there (no imports: fedsuite exports it); raised and caught as ours
 from fedsuite.params import Params
-from fedsuite.paths import (NAME_MAX, RUN_DIR_MAX, input_problem, name_problem, path_length_problem,  # noqa: F401
-                            unresolvable)
+from fedsuite.paths import input_problem, name_problem, path_length_problem, unresolvable
 
 #: the largest run seed: every random draw takes the seed modulo 2^32 (fedsuite.seeding), so larger
 #: seeds would repeat smaller ones

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from fedsuite.errors import RecordError, ResultsError, RunDirError
-from fedsuite.paths import MIN_FREE_BYTES, folder_problem  # noqa: F401  (the one check: fedsuite.paths)
+from fedsuite.paths import folder_problem  # noqa: F401  (re-exported: the one check lives in fedsuite.paths)
 from fedsuite.processes import marked
 
 if TYPE_CHECKING:
