@@ -38,7 +38,7 @@ from fedsuite.training import LocalData, LocalTask, run_local_training
 from fedsuite.wire import (
     ARRAYS, CHECKSUM_REQUEST, CONFIG, INFO, LR, METRICS, NUM_EXAMPLES, PARTITION_ID, RECEIVED_CHECKSUM,
     SERVER_ROUND, STATISTICS, STATISTICS_QUERY, TRAIN_MESSAGE, TRAIN_SECONDS, message_problem, record_checksum,
-    to_record,
+    to_record, to_tensors,
 )
 
 app = ClientApp()
@@ -79,7 +79,7 @@ def train_content(content: RecordDict, context: Context) -> RecordDict:
     device, data, model = _received_model(cfg, content, context, pid)
     received = {k: v.detach().clone() for k, v in model.state_dict().items()}
     extras = {
-        name: {k: torch.from_numpy(a.numpy()).to(device) for k, a in rec.items()}
+        name: {k: v.to(device) for k, v in to_tensors(rec).items()}
         for name, rec in content.array_records.items()
         if name != ARRAYS
     }
@@ -164,7 +164,7 @@ def _received_model(cfg, content: RecordDict, context: Context, pid: int) -> tup
         data = local_data(cfg, bundle, pid, context, device)
     except DatasetError as exc:  # say which machine lacks the files (a Ray cluster or real node)
         raise DatasetError(f"on {node_label()}: {exc}") from None
-    model = model_with_state(lambda: make_model(cfg, bundle), content[ARRAYS].to_torch_state_dict(), device)
+    model = model_with_state(lambda: make_model(cfg, bundle), to_tensors(content[ARRAYS]), device)
     return device, data, model
 
 

@@ -148,6 +148,10 @@ def run_inprocess(cfg, run_dir: Path, on_round: Callable[[], None] | None = None
     from threadpoolctl import threadpool_limits
 
     run_config = {**to_run_config(cfg), runtime.RUN_DIR_KEY: str(run_dir)}
+    # the dataset and its partition made here, once: the clients' threads only read them (a cache
+    # is no lock, and a partitioner's first import parses Python: ``fedsuite.wire.ndarray`` says why
+    # client threads must not)
+    runtime.client_indices(cfg, runtime.load_bundle(cfg), 0)
     transport = InProcessTransport(run_config, cfg.num_clients, client_app.HANDLERS, threads=inprocess_threads(cfg),
                                    cuda=runtime.device_for(cfg).type == "cuda")
     everyone = {pid: pid for pid in range(cfg.num_clients)}  # node id = partition id

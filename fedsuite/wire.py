@@ -38,6 +38,8 @@ with the reason); both halves then read a declared record by indexing, never wit
 
 from __future__ import annotations
 
+import re
+import threading
 import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -159,7 +161,51 @@ class ClientReply:
 
 
 def to_ndarrays(record: ArrayRecord) -> NDArrays:
-    return {k: v.numpy() for k, v in record.items()}
+    """The record's arrays as numpy arrays (:func:`ndarray` each)."""
+    return {k: ndarray(v) for k, v in record.items()}
+
+
+def to_tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    """The record's arrays as CPU tensors, in the record's order (a state_dict for ``"arrays"``)."""
+    return {k: torch.from_numpy(ndarray(v)) for k, v in record.items()}
+
+
+#: the header ``np.save`` writes (``numpy.lib.format``: the dict's keys sorted, each value's repr):
+#: ``{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }``, then spaces and a newline
+_NPY_HEADER = re.compile(r"\{'descr': '([^']+)', 'fortran_order': (True|False), 'shape': \((\d+(?:, \d+)*,?)?\), \}")
+_NPY_MAGIC = b"\x93NUMPY"
+#: the .npy readers that parse their header as Python (``np.load``), one at a time
+_NPY_PARSE_LOCK = threading.Lock()
+
+
+def ndarray(array: Array) -> np.ndarray:
+    """The numpy array an ``Array`` holds, equal to Flower's ``Array.numpy()`` (``np.load`` of its
+    .npy bytes: the same dtype, shape and memory order, a writable copy), read without parsing Python.
+
+    ``np.load`` reads a .npy header with ``ast.literal_eval``, and CPython 3.11's builder of AST
+    objects counts its recursion depth in one counter per process, not per thread (cpython
+    gh-106905): two of the in-process engine's client threads decoding their messages at once then
+    fail now and then with ``SystemError: AST constructor recursion depth mismatch``. The header
+    ``np.save`` writes (every Array Flower makes from an ndarray) is matched by :data:`_NPY_HEADER`
+    instead; any other header (another writer's, a structured dtype) is read by ``np.load`` under
+    :data:`_NPY_PARSE_LOCK`, which also raises numpy's own error for bytes that are not an array."""
+    data = array.data
+    if array.stype == "numpy.ndarray" and data[:6] == _NPY_MAGIC and data[6] in (1, 2, 3):
+        size_bytes = 2 if data[6] == 1 else 4
+        start = 8 + size_bytes
+        end = start + int.from_bytes(data[8:start], "little")
+        match = _NPY_HEADER.fullmatch(data[start:end].decode("latin-1").rstrip(" \n"))
+        if match:
+            dtype = np.dtype(match[1])
+            shape = tuple(int(n) for n in (match[3] or "").split(",") if n.strip())
+            count = int(np.prod(shape, dtype=np.int64))
+            if not dtype.hasobject and dtype.itemsize > 0 and len(data) == end + count * dtype.itemsize:
+                flat = np.frombuffer(data, dtype=dtype, count=count, offset=end)
+                if match[2] == "True":  # np.save wrote the transpose's C order
+                    return flat.reshape(shape[::-1]).transpose().copy(order="K")
+                return flat.reshape(shape).copy()
+    with _NPY_PARSE_LOCK:
+        return array.numpy()
 
 
 def to_record(arrays: Mapping[str, np.ndarray | torch.Tensor]) -> ArrayRecord:

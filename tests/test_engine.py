@@ -167,6 +167,37 @@ def test_inprocess_threads_never_change_a_run(simulate, strategy):
             [{k: v for k, v in r.items() if k != "train_seconds"} for r in theirs]
 
 
+def test_the_inprocess_engines_client_threads_parse_no_python(data_root, tmp_path, monkeypatch):
+    """CPython 3.11 counts the AST builder's recursion depth once per process, not per thread (cpython
+    gh-106905): two threads building ASTs at once fail now and then with ``SystemError: AST
+    constructor recursion depth mismatch``, which a threaded run showed as a dropped client reply.
+    So the in-process engine's client threads parse no Python: a message's arrays are read without
+    ``np.load``'s ``ast.literal_eval`` of the .npy header (``fedsuite.wire.ndarray``), and the run's
+    data and partition are made before the threads start. Checked on a 2-thread run with federated
+    evaluation (training and evaluation messages), the data forgotten first."""
+    import ast
+    import builtins
+    import threading
+
+    from fedsuite import runtime
+
+    runtime.forget_data()
+    parsed: list[str] = []
+    compile_ = builtins.compile
+
+    def recording_compile(source, filename, mode, flags=0, *args, **kwargs):
+        if flags & ast.PyCF_ONLY_AST and threading.current_thread().name.startswith("fedsuite-client"):
+            parsed.append(str(filename))
+        return compile_(source, filename, mode, flags, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "compile", recording_compile)
+    cfg = inprocess_config(data_root, inprocess_threads=2, rounds=2, federated_eval="cohort")
+    outcome = launch.simulate(cfg, tmp_path / "r")
+    assert outcome.ok, outcome.details
+    assert len(read_clients(tmp_path / "r")) == 2 * cfg.cohort_size
+    assert parsed == []
+
+
 def test_the_inprocess_engine_runs_as_many_clients_at_once_as_flowers_engine_runs_actors(data_root, monkeypatch):
     """By default the in-process engine trains (cores this process may use) // num_cpus clients at
     once, at least one, as Flower's engine runs one actor per ``num_cpus`` cores;

@@ -198,3 +198,52 @@ def test_check_reply_without_declared_records_is_unchanged():
     assert check_reply(Reply(content), None, METRICS, records=optional) == (None, {})
     content[METRICS][NUM_STEPS] = [1.0]
     assert check_reply(Reply(content), None, METRICS, records=optional)[0] == f"metrics[{NUM_STEPS!r}] is [1.0], not a number"
+
+
+# --- reading an Array ---------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [
+    np.arange(12, dtype=np.float32).reshape(3, 4), np.array(3.5), np.zeros((0, 3), np.int64),
+    np.array([True, False]), np.arange(5, dtype=np.float16), np.arange(6, dtype=">f8").reshape(2, 3),
+    np.asfortranarray(np.arange(12.0).reshape(3, 4)), np.arange(24).reshape(2, 3, 4)[:, ::2],
+    np.array(["ab", "c"]), np.arange(4, dtype=np.complex64), np.zeros((2, 3), [("a", "<i4"), ("b", "<f8")]),
+], ids=["f32", "0-d", "empty", "bool", "f16", "big-endian", "fortran", "strided", "unicode", "complex", "structured"])
+def test_an_arrays_numpy_value_is_flowers_without_parsing_its_header(value, monkeypatch):
+    """``fedsuite.wire.ndarray`` returns what Flower's ``Array.numpy()`` (``np.load``) returns: the
+    same values, dtype, shape, memory order and writability; for every header ``np.save`` writes but
+    a structured dtype's, without compiling Python (``ast.literal_eval``, which threads must not run
+    at once on CPython 3.11: gh-106905)."""
+    import builtins
+
+    from flwr.app import Array
+
+    from fedsuite.wire import ndarray
+
+    array = Array(value)
+    want = array.numpy()
+    compiled: list[str] = []
+    compile_ = builtins.compile
+    monkeypatch.setattr(builtins, "compile", lambda *a, **k: compiled.append(a[1]) or compile_(*a, **k))
+    got = ndarray(array)
+    monkeypatch.undo()
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    assert (got.flags.writeable, got.flags.c_contiguous, got.flags.f_contiguous) == \
+        (want.flags.writeable, want.flags.c_contiguous, want.flags.f_contiguous)
+    assert compiled == ([] if value.dtype.names is None else ["<unknown>"])
+
+
+def test_an_array_of_a_version_2_header_or_of_cut_bytes():
+    """A .npy of format 2.0 (a 4-byte header length) is read as well; bytes cut short raise numpy's
+    own error, as ``Array.numpy()`` does."""
+    import io
+
+    from flwr.app import Array
+
+    from fedsuite.wire import ndarray
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, np.arange(3.0), version=(2, 0))
+    whole = buffer.getvalue()
+    assert np.array_equal(ndarray(Array(dtype="float64", shape=(3,), stype="numpy.ndarray", data=whole)),
+                          np.arange(3.0))
+    with pytest.raises(ValueError, match="expected 24 bytes got 21"):
+        ndarray(Array(dtype="float64", shape=(3,), stype="numpy.ndarray", data=whole[:-3]))
