@@ -3,7 +3,7 @@
 fedsuite: ``FedAvgStrategy.aggregate_train`` on K Flower reply Messages, as the ServerApp calls it
 each round: each reply's layout checked, its arrays decoded once from Flower's wire format and
 checked for NaN/inf, the data-size-weighted mean accumulated in float64 and cast back
-(``fedsuite.arrays.weighted_mean``), the new model encoded as an ArrayRecord.
+(``fedsuite.method.arrays.weighted_mean``), the new model encoded as an ArrayRecord.
 
 The plain loop does the same steps as anyone would write them in PyTorch: ``Array.numpy()`` per
 array, ``torch.from_numpy``, ``acc += t.double() * (n_i / n)`` per client, ``.float()``, and
@@ -28,9 +28,9 @@ from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedsuite.config import build_config
 from fedsuite.models import MODELS, build_model, count_parameters
-from fedsuite.strategy import ServerSetup
+from fedsuite.method.strategy import ServerSetup
 from fedsuite.upstream import TaskIdentity
-from fedsuite.wire import to_record
+from fedsuite.method.wire import to_record
 from strategies.fedavg import FedAvgStrategy
 
 

@@ -33,11 +33,11 @@ import numpy as np
 import torch
 
 from fedsuite.models import build_model
-from fedsuite.plugins.relaxed_init import ROUND_KEY, STATE_NAME, RelaxedInit, RelaxedInitParams, RelaxedInitServer, trainable_keys
-from fedsuite.rounds import RoundLog, ServerSetup
-from fedsuite.state import ArrayStore, ClientState
-from fedsuite.training import LocalResult
-from fedsuite.wire import ClientReply, to_record
+from fedsuite.method.plugins.relaxed_init import ROUND_KEY, STATE_NAME, RelaxedInit, RelaxedInitParams, RelaxedInitServer, trainable_keys
+from fedsuite.method.rounds import RoundLog, ServerSetup
+from fedsuite.method.state import ArrayStore, ClientState
+from fedsuite.method.training import LocalResult
+from fedsuite.method.wire import ClientReply, to_record
 from flwr.app import RecordDict
 
 

@@ -18,7 +18,7 @@ the plain FedAvg loop's s/round for that model, their ratio, the target (benchma
 whether it is met; and the plain loop again under ``torch.use_deterministic_algorithms(True)`` (as
 fedsuite's clients train on a GPU: deterministic cuDNN and cuBLAS kernels), with fedsuite's ratio to
 it, which says how much of fedsuite's time is the price of bit-for-bit repeatable runs. The whole
-script runs with fedsuite's ``CUBLAS_WORKSPACE_CONFIG`` (``fedsuite.processes``), which deterministic
+script runs with fedsuite's ``CUBLAS_WORKSPACE_CONFIG`` (``fedsuite.launch.processes``), which deterministic
 cuBLAS needs, so that the two plain loops differ in the switch alone. SAM-type methods do two forward/backward passes per step, so their ratio to plain FedAvg is
 about 2 by construction; their target says so.
 
@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from fedsuite.config import build_config
-from fedsuite.processes import DETERMINISTIC_CUBLAS_WORKSPACE
+from fedsuite.launch.processes import DETERMINISTIC_CUBLAS_WORKSPACE
 
 from harness import plain_fedavg, timed_cli_run
 

@@ -38,7 +38,7 @@ set -uo pipefail
 phase=${1:-} out=${2:-/tmp/gpu-session}
 mkdir -p /tmp/site "$out"
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH FLWR_TELEMETRY_ENABLED=0 PYTHONUNBUFFERED=1
-ROW=(python3 -m fedsuite.cli reproduce fednlr-claims-cifar10 --methods feddyn-nlr-wd1e-3 --seeds 2
+ROW=(python3 -m fedsuite.cli.main reproduce fednlr-claims-cifar10 --methods feddyn-nlr-wd1e-3 --seeds 2
      --jobs 1 --engine inprocess --data-root /tmp/data --output-dir /tmp/rows)
 
 wait_row() {  # wait_row SECS: wait up to SECS for the row; true if it ended

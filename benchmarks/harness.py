@@ -35,10 +35,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedsuite import models, runtime
-from fedsuite.seeding import seed_for
-from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.training import LocalData, clip_grad, evaluate
+from fedsuite import models
+from fedsuite.engine import runtime
+from fedsuite.method.seeding import seed_for
+from fedsuite.method.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.method.training import LocalData, clip_grad, evaluate
 
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -80,7 +81,7 @@ def timed_cli_run(config: dict, run_dir: Path, timeout_s: float = 3600.0, cores:
     toml.write_text(tomli_w.dumps({**config, "output_dir": str(run_dir.parent), "run_name": run_dir.name}))
     metrics = run_dir / "metrics.jsonl"
     t0, wall0 = time.perf_counter(), time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "fedsuite.cli", "simulate", "--config", str(toml)],
+    proc = subprocess.Popen([sys.executable, "-m", "fedsuite.cli.main", "simulate", "--config", str(toml)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores))
     startup = None

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from fedsuite.config import build_config
-from fedsuite.processes import core_slices
+from fedsuite.launch.processes import core_slices
 
 from harness import cpu_fedavg_setup, plain_fedavg, timed_cli_run
 

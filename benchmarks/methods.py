@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import fedsuite
-from fedsuite import registry
+from fedsuite.method import registry
 from fedsuite.models import build_model
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -231,7 +231,7 @@ frozen_code() {  # frozen_code PAPER: the fedsuite of the commit pinned for PAPE
     echo "$(cd .. && pwd)/claims-code-$(cut -c1-12 "$pin")/.venv/bin/fedsuite"
 }
 
-held() {  # held FOLDER: whether a process holds an flock on FOLDER (fedsuite.rundir.claimed: a run is going
+held() {  # held FOLDER: whether a process holds an flock on FOLDER (fedsuite.records.rundir.claimed: a run is going
            # on in it), read from /proc/locks by device and inode, so that looking never takes the lock
     local dev ino
     read -r dev ino < <(stat -c '%d %i' "$1")
@@ -278,7 +278,7 @@ take() {  # the next unit of this `run`'s list (OUT/.units/next under its lock);
 
 pin() {  # this worker (0 or 1) onto its half of the cores, as `reproduce --jobs 2` pins its runs
     local cores
-    cores=$("$(dirname "$FEDSUITE")/python" -c "from fedsuite.processes import core_slices as c; s = c(2); print(','.join(map(str, sorted(s[$1]))) if s else '')")
+    cores=$("$(dirname "$FEDSUITE")/python" -c "from fedsuite.launch.processes import core_slices as c; s = c(2); print(','.join(map(str, sorted(s[$1]))) if s else '')")
     [ -z "$cores" ] || taskset -pc "$cores" "$BASHPID" > /dev/null
 }
 

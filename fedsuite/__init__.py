@@ -1,6 +1,6 @@
 """fedsuite: a federated-learning research suite on Flower.
 
-From a shell: the ``fedsuite`` command (``fedsuite.cli``). From Python (docs/python-api.md)::
+From a shell: the ``fedsuite`` command (``fedsuite.cli.main``). From Python (docs/python-api.md)::
 
     import fedsuite
 
@@ -11,7 +11,7 @@ From a shell: the ``fedsuite`` command (``fedsuite.cli``). From Python (docs/pyt
 
 ``import fedsuite`` stays cheap (the CLI's start-up depends on it): the exceptions come from
 ``fedsuite.errors``, which imports nothing, and the API's names (:data:`API`) are looked up in
-``fedsuite.api`` on first use (a module ``__getattr__``), which imports torch, Flower and pandas
+``fedsuite.launch.api`` on first use (a module ``__getattr__``), which imports torch, Flower and pandas
 only inside its functions. tests/test_api.py checks that the import pulls in none of them.
 """
 
@@ -31,9 +31,9 @@ from fedsuite.errors import (
 )
 
 if TYPE_CHECKING:
-    from fedsuite.api import Run, Runs, load_run, load_runs, simulate
+    from fedsuite.launch.api import Run, Runs, load_run, load_runs, simulate
 
-#: the names ``fedsuite.api`` provides, imported on first use
+#: the names ``fedsuite.launch.api`` provides, imported on first use
 API = ("simulate", "load_run", "load_runs", "Run", "Runs")
 
 __all__ = [*API, "ConfigError", "DataError", "FedsuiteError", "RecordError", "ResultsError", "RunDirError",
@@ -42,7 +42,7 @@ __all__ = [*API, "ConfigError", "DataError", "FedsuiteError", "RecordError", "Re
 
 def __getattr__(name: str) -> Any:
     if name in API:
-        from fedsuite import api
+        from fedsuite.launch import api
 
         value = getattr(api, name)
         globals()[name] = value  # found here from now on, without this function

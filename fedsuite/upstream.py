@@ -40,7 +40,7 @@ class Internal(NamedTuple):
 
 
 INTERNALS: dict[str, Internal] = {
-    # --- Flower: running the Simulation Engine without a SuperLink (fedsuite.simulation) ---------
+    # --- Flower: running the Simulation Engine without a SuperLink (fedsuite.launch.simulation) ---------
     "run_simulation_engine": Internal(
         "flwr.simulation.run_simulation", "_run_simulation", "simulation.run, simulation.import_apps",
         "Flower's Simulation Engine, called as flwr-simulation calls it (the apps by name, the run config in "
@@ -68,15 +68,15 @@ INTERNALS: dict[str, Internal] = {
         "flwr.supercore.task_identity", "TaskIdentity", "simulation.run",
         "the process's task, run and node ids, under which the ServerApp's messages are sent; "
         "flwr-simulation sets them, nothing public does"),
-    # --- Flower: the Ray backend's actor (fedsuite.simulation.use_light_actor, fedsuite.ray_actor) -
+    # --- Flower: the Ray backend's actor (fedsuite.launch.simulation.use_light_actor, fedsuite.launch.ray_actor) -
     "flower_ray_backend": Internal(
         "flwr.server.superlink.fleet.vce.backend.raybackend", None, "simulation.use_light_actor",
         "its ClientAppActor, the actor class RayBackend.build creates, is replaced by "
-        "fedsuite.ray_actor.ClientAppActor: Flower's is defined in flwr.simulation, whose import loads "
+        "fedsuite.launch.ray_actor.ClientAppActor: Flower's is defined in flwr.simulation, whose import loads "
         "the SuperLink's state (SQLAlchemy, Alembic), about 1 CPU-s in every actor's worker; no public switch"),
     "FlowerClientAppActor": Internal(
-        "flwr.simulation.ray_transport.ray_actor", "ClientAppActor", "fedsuite.ray_actor (a copy; no module imports it)",
-        "fedsuite.ray_actor.ClientAppActor is its copy (its run line for line); tests compare the two"),
+        "flwr.simulation.ray_transport.ray_actor", "ClientAppActor", "fedsuite.launch.ray_actor (a copy; no module imports it)",
+        "fedsuite.launch.ray_actor.ClientAppActor is its copy (its run line for line); tests compare the two"),
     "ClientAppException": Internal(
         "flwr.clientapp.client_app", "ClientAppException", "ray_actor.ClientAppActor",
         "what the Ray backend expects an actor to raise for a ClientApp's error; not re-exported by "
@@ -85,12 +85,12 @@ INTERNALS: dict[str, Internal] = {
         "flwr.clientapp.client_app", "LoadClientAppError", "ray_actor.ClientAppActor",
         "the error an actor lets through (the engine tells a failed load from a failed app); not "
         "re-exported by flwr.clientapp"),
-    # --- Flower: the ServerApp in simulation (fedsuite.server_app, fedsuite.nodes) -----------------
+    # --- Flower: the ServerApp in simulation (fedsuite.engine.server_app, fedsuite.engine.nodes) -----------------
     "InMemoryGrid": Internal(
         "flwr.superlink.grid", "InMemoryGrid", "server_app.tune_grid, nodes.Handshake",
         "the simulation's grid: tells a simulation from a deployment (a handshake with too few nodes fails "
         "at once there) and its pull_interval is set from 0.1 s to 0.01 s; the public Grid says neither"),
-    # --- Flower: the gateway (fedsuite.gateway) -------------------------------------------------------
+    # --- Flower: the gateway (fedsuite.deploy.gateway) -------------------------------------------------------
     "FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE": Internal(
         "flwr.common.constant", "FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE", "gateway.default_max_body",
         "the largest array chunk a SuperNode sends (5 MiB unless its variable is set): the gateway's body "

@@ -1,5 +1,5 @@
 """Shared fixtures. ``simulate`` runs a REAL Flower simulation (Flower's Simulation Engine with the
-ServerApp and Ray-backed virtual clients, in its own process) through ``fedsuite.launch`` and
+ServerApp and Ray-backed virtual clients, in its own process) through ``fedsuite.launch.start`` and
 returns its run directory's contents.
 
 A simulation costs ~10 s of fixed start-up on 2 cores (~20 CPU-seconds), so results are cached per test session
@@ -29,9 +29,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedsuite import launch, processes, superlink
+from fedsuite.launch import start as launch
+from fedsuite.launch import processes
+from fedsuite.deploy import superlink
 from fedsuite.config import build_config
-from fedsuite.rundir import read_metrics
+from fedsuite.records.rundir import read_metrics
 
 # One intra-op torch thread in every test process, as the clients train (num_cpus = 1). The suite
 # runs three xdist workers on CI's two cores; a worker with torch's default of one thread per core
@@ -121,14 +123,14 @@ def ray_env(**extra: str) -> dict[str, str]:
     return env
 
 
-_WARM = None  # this test process's warm process for fedsuite commands (fedsuite.warm), started on first use
+_WARM = None  # this test process's warm process for fedsuite commands (fedsuite.launch.warm), started on first use
 
 
 def fedsuite_run(args: list[str], *, cwd: Path | str | None = None, env: dict[str, str] | None = None,
                  timeout: float | None = None) -> subprocess.CompletedProcess:
-    """``python -m fedsuite.cli ARGS`` as ``subprocess.run(..., capture_output=True, text=True)``
+    """``python -m fedsuite.cli.main ARGS`` as ``subprocess.run(..., capture_output=True, text=True)``
     runs it: a process of its own with its exit code, standard output and standard error, forked
-    from a warm process (``fedsuite.warm``, the same that starts a queue's runs) that has imported
+    from a warm process (``fedsuite.launch.warm``, the same that starts a queue's runs) that has imported
     torch, the methods and the CLI once for this test process, instead of 2.5 CPU-seconds of imports
     a command. For a command whose output or timing is the test's subject from a fresh interpreter
     (what a command imports, what it prints while importing), keep ``subprocess``."""
@@ -146,18 +148,18 @@ def fedsuite_run(args: list[str], *, cwd: Path | str | None = None, env: dict[st
 
 def fedsuite_start(args: list[str], log: Path, *, stderr: Path | None = None, env: dict[str, str] | None = None,
                    cwd: Path | str | None = None, new_session: bool = False):
-    """``python -m fedsuite.cli ARGS`` started as ``subprocess.Popen`` would, forked from this test
+    """``python -m fedsuite.cli.main ARGS`` started as ``subprocess.Popen`` would, forked from this test
     process's warm process (see :func:`fedsuite_run`): its output appended to ``log`` (standard error
     to ``stderr`` if given), in a session of its own with ``new_session`` (a signal to its process
     group reaches it and what it starts, nothing of the test's). Returns what ``Popen`` offers the
     tests: ``pid``, ``poll()``, ``wait(timeout)``, ``returncode``."""
     global _WARM
-    from fedsuite.warm import WarmStarter
+    from fedsuite.launch.warm import WarmStarter
 
     if _WARM is None:
         _WARM = WarmStarter()
         atexit.register(_WARM.close)
-    return _WARM.start([sys.executable, "-m", "fedsuite.cli", *args], Path(log), None,
+    return _WARM.start([sys.executable, "-m", "fedsuite.cli.main", *args], Path(log), None,
                        dict(os.environ if env is None else env), stderr=stderr,
                        cwd=None if cwd is None else Path(cwd), new_session=new_session)
 
@@ -268,7 +270,7 @@ def sim_result(run_dir: Path) -> SimResult:
 def simulate_batch(tmp_path_factory, data_root, worker_ray_cluster):
     """simulate_batch([overrides, ...]) -> [SimResult, ...]: the runs (``fast`` settings with each
     one's overrides) one after another in one Flower simulation on this worker's Ray node
-    (``fedsuite.launch.simulate_batch``); each must complete, except one whose overrides hold
+    (``fedsuite.launch.start.simulate_batch``); each must complete, except one whose overrides hold
     ``expect_failure=True``, which must fail."""
     base = tmp_path_factory.mktemp("batch")
 
@@ -352,9 +354,10 @@ def make_task(cfg_values: dict[str, Any] | None = None, *, pid: int = 0, server_
               state_dir: Path | None = None, seed: int = 0):
     """A LocalTask for one client of the FAST synthetic setup, built without Flower: for unit tests of
     client rules and plug-ins. Returns (task, cfg). ``cfg_values`` override FAST (dotted keys allowed)."""
-    from fedsuite import models, runtime
-    from fedsuite.state import ClientState
-    from fedsuite.training import LocalData, LocalTask
+    from fedsuite import models
+    from fedsuite.engine import runtime
+    from fedsuite.method.state import ClientState
+    from fedsuite.method.training import LocalData, LocalTask
 
     values = fast(**{"data_root": tempfile.gettempdir() + "/fedsuite-test-data", **(cfg_values or {})})
     cfg = build_config(values=values)

@@ -6,7 +6,7 @@ Real simulations, each about a minute on a loaded 2-core machine, so few of them
 * ``api_run``: ``fedsuite.simulate`` of the FAST setup (tests/conftest.py) from a TOML file, shared
   by the tests of one run;
 * ``sweep``: ``fedsuite sweep --grid lr=0.05,0.1 --seeds 7`` over the same file, two runs, each a
-  ``fedsuite simulate`` process (``fedsuite.reproduce.queue.simulate_command``); the lr=0.05 run is
+  ``fedsuite simulate`` process (``fedsuite.queues.reproduce.queue.simulate_command``); the lr=0.05 run is
   the CLI's run of ``api_run``'s config, which it must equal bit for bit;
 * one run stopped by SIGINT after its first round;
 * the guide's own runs (two methods and a two-setting sweep).
@@ -36,9 +36,10 @@ import tomli_w
 import torch
 
 import fedsuite
-from fedsuite import processes, rundir
-from fedsuite.api import OWN_KEYWORDS
-from fedsuite.rundir import read_metrics
+from fedsuite.launch import processes
+from fedsuite.records import rundir
+from fedsuite.launch.api import OWN_KEYWORDS
+from fedsuite.records.rundir import read_metrics
 
 from tests.conftest import FAST, assert_same_arrays, fedsuite_run
 
@@ -126,7 +127,7 @@ def test_simulate_returns_the_run_with_its_files_as_python_objects(api_run):
 
 
 def test_simulate_equals_fedsuite_simulate_from_the_cli_bit_for_bit(api_run, sweep):
-    """The sweep ran its lr=0.05 setting as ``python -m fedsuite.cli simulate --config fast.toml --set
+    """The sweep ran its lr=0.05 setting as ``python -m fedsuite.cli.main simulate --config fast.toml --set
     lr=0.05 --set seed=7 --engine inprocess ...``: the resolved config of ``api_run``, in another folder,
     on the other engine. Same seed, same numbers: every metric but the wall time, and the final
     model's arrays."""
@@ -163,7 +164,7 @@ def test_bad_settings_raise_the_clis_line_and_create_nothing(tmp_path, settings,
 
 
 def test_a_section_is_a_dict_or_dotted_keys_and_a_dict_keeps_the_files_other_keys(tmp_path):
-    from fedsuite.runner import resolve_config
+    from fedsuite.launch.runner import resolve_config
 
     toml = tmp_path / "faults.toml"
     toml.write_text("[faults]\ndelay_s = 0.5\ndelay_prob = 0.5\n")
@@ -249,7 +250,7 @@ def test_ctrl_c_after_the_run_completed_is_no_interruption(setup, stop):
     run_dir = folder / "runs" / f"ctrl-c-done-{stop.name.lower()}"
     err = folder / f"{run_dir.name}.err"
     with err.open("wb") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "fedsuite.cli", "simulate", "--config", str(toml),
+        proc = subprocess.Popen([sys.executable, "-m", "fedsuite.cli.main", "simulate", "--config", str(toml),
                                  "--output-dir", str(run_dir.parent), "--run-name", run_dir.name], env=_env(),
                                 cwd=folder, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
                                 start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -322,7 +323,7 @@ def test_integer_columns_stay_integers_where_round_0_lacks_them():
     """``run.metrics``'s ``bytes_sent`` came back as floats (1234.0): round 0 has no such column, and a
     missing value made pandas turn the whole column to float. A column of integers stays integer
     (nullable ``Int64`` where rows lack it); floats, lists and booleans are left as pandas reads them."""
-    from fedsuite.api import metrics_frame
+    from fedsuite.launch.api import metrics_frame
 
     rows = [{"round": 0, "test_accuracy": 0.1},
             {"round": 1, "test_accuracy": 0.5, "bytes_sent": 2**40 + 1, "failed": 0, "cohort": [3, 1], "ok": True},
@@ -340,7 +341,7 @@ def test_import_fedsuite_imports_neither_torch_nor_flower_ray_or_pandas():
     code = ("import sys, fedsuite\n"
             "names = (fedsuite.simulate, fedsuite.load_run, fedsuite.load_runs, fedsuite.Run, fedsuite.Runs,\n"
             "         fedsuite.ConfigError, fedsuite.RunFailed, fedsuite.RunInterrupted)\n"
-            "import fedsuite.cli\n"
+            "import fedsuite.cli.main\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'flwr', 'ray', 'pandas', 'pydantic'}))\n")
     res = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr

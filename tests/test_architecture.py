@@ -23,16 +23,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fedsuite", "strategies", "clients")
 #: (importer, imported) pairs allowed to point from the engine into the method packages
-DISCOVERY = {("fedsuite.registry", "strategies")}
+DISCOVERY = {("fedsuite.method.registry", "strategies")}
 #: the engine modules a method may import: the strategy base and what it hands a server rule, the
 #: client-rule base and its loop, the wire format, array maths and the server optimisers' steps,
 #: seeding, the batch conversion of the data layer, the config base, the registry and the activity
 #: measures' contract (a method declares its distinguishing component there). Never the apps, the
 #: launcher or the runtime: a method that needs something of the run gets it through ServerSetup or
 #: LocalTask.
-CONTRACT = {"fedsuite.strategy", "fedsuite.rounds", "fedsuite.training", "fedsuite.wire", "fedsuite.arrays",
-            "fedsuite.server_opt", "fedsuite.seeding", "fedsuite.data", "fedsuite.params", "fedsuite.registry",
-            "fedsuite.activity"}
+CONTRACT = {"fedsuite.method.strategy", "fedsuite.method.rounds", "fedsuite.method.training", "fedsuite.method.wire", "fedsuite.method.arrays",
+            "fedsuite.method.server_opt", "fedsuite.method.seeding", "fedsuite.data", "fedsuite.method.params", "fedsuite.method.registry",
+            "fedsuite.method.activity"}
 
 
 #: Flower's and Ray's public modules: every other module of theirs, and any name of theirs that begins
@@ -247,14 +247,14 @@ def test_a_test_files_tests_share_one_xdist_worker(request):
 
 def test_reading_configs_and_records_loads_neither_torch_nor_flower():
     """``fedsuite report`` and every reader of a run's folder import ``fedsuite.config`` and
-    ``fedsuite.results``; neither needs torch or Flower, whose imports took most of ``fedsuite
+    ``fedsuite.records.results``; neither needs torch or Flower, whose imports took most of ``fedsuite
     report``'s time (benchmarks/README.md). A fresh interpreter shows what an import pulls in; the
     registry imports the plug-ins and the methods (torch) only when asked for them."""
     import subprocess
     import sys
 
-    code = ("import sys, fedsuite.config, fedsuite.results, fedsuite.registry; "
-            "print(sorted(m for m in ('torch', 'flwr', 'ray', 'fedsuite.plugins', 'strategies') if m in sys.modules))")
+    code = ("import sys, fedsuite.config, fedsuite.records.results, fedsuite.method.registry; "
+            "print(sorted(m for m in ('torch', 'flwr', 'ray', 'fedsuite.method.plugins', 'strategies') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
@@ -267,10 +267,10 @@ def test_reproduce_help_lists_every_target_without_building_one():
     import subprocess
     import sys
 
-    from fedsuite.reproduce.tables import load_targets
+    from fedsuite.queues.reproduce.tables import load_targets
 
-    code = ("import sys; from fedsuite.cli import reproduce_targets; print(' '.join(reproduce_targets())); "
-            "print(sorted(m for m in ('torch', 'flwr', 'ray', 'fedsuite.plugins', 'strategies') if m in sys.modules))")
+    code = ("import sys; from fedsuite.cli.main import reproduce_targets; print(' '.join(reproduce_targets())); "
+            "print(sorted(m for m in ('torch', 'flwr', 'ray', 'fedsuite.method.plugins', 'strategies') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     names, imported = out.stdout.splitlines()

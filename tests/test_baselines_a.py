@@ -23,10 +23,10 @@ from clients.fedprox import FedProxClient
 from clients.scaffold import ScaffoldClient, control_variate_update
 from conftest import FAST, UNIT_ROUND, assert_same_arrays, make_task
 from fedsuite.config import build_config
-from fedsuite.replies import Reply
-from fedsuite.strategy import ServerSetup
-from fedsuite.training import run_local_training
-from fedsuite.wire import to_record
+from fedsuite.method.replies import Reply
+from fedsuite.method.strategy import ServerSetup
+from fedsuite.method.training import run_local_training
+from fedsuite.method.wire import to_record
 from strategies.fedexp import fedexp_step_size
 from strategies.fednova import nova_norm
 
@@ -210,7 +210,7 @@ def test_fedavgm_two_rounds_of_server_momentum_and_state():
     assert_same_arrays(w2b, w2)
 
 
-# --- the server optimisers' steps (fedsuite.server_opt) against their rules, in float64 -----------
+# --- the server optimisers' steps (fedsuite.method.server_opt) against their rules, in float64 -----------
 
 OPT = {"lr": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 0.01}
 
@@ -239,7 +239,7 @@ def run_steps(step, state, w0, steps, **kw):
 
 @pytest.mark.parametrize("bias_correction", [False, True])
 def test_adam_step_follows_adams_rule_in_float64(bias_correction):
-    from fedsuite.server_opt import Moments, adam_lr, adam_step
+    from fedsuite.method.server_opt import Moments, adam_lr, adam_step
 
     p = OPT
     eta = lambda t: adam_lr(p["lr"], p["beta1"], p["beta2"], t, bias_correction=bias_correction)
@@ -267,7 +267,7 @@ def test_adam_step_follows_adams_rule_in_float64(bias_correction):
 
 
 def test_yogi_step_follows_yogis_rule_in_float64():
-    from fedsuite.server_opt import Moments, yogi_step
+    from fedsuite.method.server_opt import Moments, yogi_step
 
     p = {**OPT, "tau": 1e-3}
     w0, steps = opt_rounds()
@@ -285,7 +285,7 @@ def test_yogi_step_follows_yogis_rule_in_float64():
 
 @pytest.mark.parametrize("beta1", [0.0, 0.9])
 def test_adagrad_step_follows_adagrads_rule_in_float64(beta1):
-    from fedsuite.server_opt import Moments, adagrad_step
+    from fedsuite.method.server_opt import Moments, adagrad_step
 
     p = {"lr": OPT["lr"], "beta1": beta1, "tau": 1e-3}
     w0, steps = opt_rounds()
@@ -317,7 +317,7 @@ def test_fedadagrad_first_step_hand_computed_and_resumes_from_its_state():
 @pytest.mark.parametrize("lr, beta", [(1.0, 0.9), (0.7, 0.5), (0.5, 0.0)])
 def test_momentum_step_follows_fedavgms_rule_in_float64(lr, beta):
     """Integer buffers too: their iterate is kept unrounded, the model carries its rounding."""
-    from fedsuite.server_opt import Momentum, momentum_step
+    from fedsuite.method.server_opt import Momentum, momentum_step
 
     w0, steps = opt_rounds(6)
     out, state = run_steps(momentum_step, Momentum(), w0, steps, lr=lr, beta=beta)
@@ -336,7 +336,7 @@ def test_momentum_step_follows_fedavgms_rule_in_float64(lr, beta):
 
 
 def test_momentum_with_unit_lr_and_no_momentum_is_the_mean_and_fedavgm_then_is_fedavg():
-    from fedsuite.server_opt import Momentum, momentum_step
+    from fedsuite.method.server_opt import Momentum, momentum_step
 
     w0, steps = opt_rounds(1)
     mean = {k: (w0[k] + steps[0][k]).astype(w0[k].dtype) for k in w0}
@@ -356,7 +356,7 @@ def test_momentum_with_unit_lr_and_no_momentum_is_the_mean_and_fedavgm_then_is_f
 
 @pytest.mark.parametrize("which", ["adam", "yogi", "adagrad", "momentum"])
 def test_optimiser_state_round_trips_and_steps_mutate_nothing(which):
-    from fedsuite import server_opt as so
+    from fedsuite.method import server_opt as so
 
     step, state0, kw = {
         "adam": (so.adam_step, so.Moments(), OPT),
@@ -619,7 +619,7 @@ def test_scaffold_round_one_is_fedavg_end_to_end(simulate):
     assert run.rows[1]["bytes_sent"] > 1.9 * fedavg.rows[1]["bytes_sent"]  # c goes down with w^t
     c = run.checkpoint["strategy"]["method"]["c"]
     assert any(np.abs(v).sum() > 0 for v in c.values())  # but the server's c has moved
-    assert any((run.run_dir / "client-state").glob("client-*/scaffold-ci.r1.pt"))  # versioned by round (fedsuite/state.py)
+    assert any((run.run_dir / "client-state").glob("client-*/scaffold-ci.r1.pt"))  # versioned by round (fedsuite/method/state.py)
 
 
 def test_fednova_with_equal_step_counts_is_fedavg_end_to_end(simulate):

@@ -19,8 +19,8 @@ from flwr.app import ConfigRecord
 
 from conftest import FAST, UNIT_ROUND, assert_same_arrays, make_task
 from fedsuite.config import build_config
-from fedsuite.strategy import RoundLog, ServerSetup
-from fedsuite.wire import ClientReply, to_record
+from fedsuite.method.strategy import RoundLog, ServerSetup
+from fedsuite.method.wire import ClientReply, to_record
 
 
 #: the methods' maths, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
@@ -42,7 +42,8 @@ def _one_torch_thread():
 def make_strategy(name: str, initial: dict | None = None, num_clients: int = 4, cohort: int = 2, **values):
     import tempfile
 
-    from fedsuite import models, runtime
+    from fedsuite import models
+    from fedsuite.engine import runtime
 
     cfg = build_config(values={**FAST, "data_root": tempfile.gettempdir() + "/fedsuite-test-data", "strategy": name,
                                "num_clients": num_clients, "clients_per_round": cohort, **UNIT_ROUND, **values})

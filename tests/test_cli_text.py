@@ -36,8 +36,8 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from fedsuite.cli import app
-from fedsuite.cli_support import CONFIG_KEYS, ConfigOptionsCommand, Names, config_defaults
+from fedsuite.cli.main import app
+from fedsuite.cli.support import CONFIG_KEYS, ConfigOptionsCommand, Names, config_defaults
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -126,8 +126,8 @@ def test_arguments_choices_and_config_defaults_are_in_the_help():
     assert squash("[WHAT] the list to print (default: all) [choices: strategies, datasets, partitioners, models]") \
         == squash(record)
 
-    from fedsuite import registry
-    from fedsuite.plugins.neuron_lr import PRESETS
+    from fedsuite.method import registry
+    from fedsuite.method.plugins.neuron_lr import PRESETS
 
     simulate = COMMANDS[("simulate",)]
     assert isinstance(simulate, ConfigOptionsCommand) and isinstance(COMMANDS[("partition",)], ConfigOptionsCommand)
@@ -200,7 +200,7 @@ def test_on_a_colour_terminal_only_the_prefix_is_styled(tmp_path):
     the red ``error:`` holds no escape sequence and every character; the exit code is 2."""
     env = {**os.environ, "FORCE_COLOR": "1", "PYTHONPATH": str(ROOT)}
     for args, words in [ERRORS[0], ERRORS[-1]]:  # the last: the reported MarkupError traceback
-        proc = subprocess.run([sys.executable, "-m", "fedsuite.cli", *_fill(args, tmp_path)], capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "fedsuite.cli.main", *_fill(args, tmp_path)], capture_output=True,
                               text=True, env=env, cwd=tmp_path, timeout=300)
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stderr and proc.stdout == "", proc.stdout + proc.stderr
@@ -313,9 +313,9 @@ def test_the_run_commands_spell_output_dir_data_root_and_engine_alike():
 def test_data_root_reaches_every_run_config(tmp_path, monkeypatch):
     """simulate: into the config as its other options (a --set still wins); sweep: a base setting
     of every run, before the base --set; reproduce: passed to every run."""
-    import fedsuite.reproduce
-    import fedsuite.runner
-    import fedsuite.sweep
+    import fedsuite.queues.reproduce
+    import fedsuite.launch.runner
+    import fedsuite.queues.sweep
     from fedsuite.config import build_config
 
     calls: dict[str, tuple] = {}
@@ -326,9 +326,9 @@ def test_data_root_reaches_every_run_config(tmp_path, monkeypatch):
             return 0
         return fake
 
-    monkeypatch.setattr(fedsuite.runner, "run_simulation", record("simulate"))
-    monkeypatch.setattr(fedsuite.sweep, "run_sweep", record("sweep"))
-    monkeypatch.setattr(fedsuite.reproduce, "run_reproduce", record("reproduce"))
+    monkeypatch.setattr(fedsuite.launch.runner, "run_simulation", record("simulate"))
+    monkeypatch.setattr(fedsuite.queues.sweep, "run_sweep", record("sweep"))
+    monkeypatch.setattr(fedsuite.queues.reproduce, "run_reproduce", record("reproduce"))
     data = str(tmp_path / "my data")
     assert runner.invoke(app, ["simulate", "--data-root", data]).exit_code == 0
     config, set_, values = calls["simulate"]
@@ -343,8 +343,8 @@ def test_data_root_reaches_every_run_config(tmp_path, monkeypatch):
 
 
 #: the commands that take --seeds, with the arguments before it, and where their function gets the seeds
-SEEDS_COMMANDS = {"sweep": (["sweep", "--grid", "lr=0.1"], "fedsuite.sweep", "run_sweep"),
-                  "reproduce": (["reproduce", "tiny"], "fedsuite.reproduce", "run_reproduce")}
+SEEDS_COMMANDS = {"sweep": (["sweep", "--grid", "lr=0.1"], "fedsuite.queues.sweep", "run_sweep"),
+                  "reproduce": (["reproduce", "tiny"], "fedsuite.queues.reproduce", "run_reproduce")}
 
 
 def _seeds_given(command: str, seeds: list[str], monkeypatch) -> tuple[list[int] | None, str, int]:
@@ -382,7 +382,7 @@ def test_a_bad_seed_is_the_same_one_line_error_on_sweep_and_reproduce(seeds, bad
 
 
 def test_report_and_sweep_read_a_run_with_one_last_default():
-    from fedsuite.results import report
+    from fedsuite.records.results import report
 
     report_last, sweep_last = _option(("report",), "--last"), _option(("sweep",), "--last")
     assert report_last.default == sweep_last.default == 10 == inspect.signature(report).parameters["last"].default
@@ -393,8 +393,8 @@ def test_report_reads_all_evaluations_of_a_run_with_fewer_than_last(tmp_path):
     """Three evaluations, --last's default 10: the reading is their mean, as a sweep reads the run;
     round 0 (the initial model) is not one of them."""
     from fedsuite.config import build_config
-    from fedsuite.results import evaluations, run_value
-    from fedsuite.rundir import read_metrics
+    from fedsuite.records.results import evaluations, run_value
+    from fedsuite.records.rundir import read_metrics
 
     run = tmp_path / "run"
     run.mkdir()

@@ -1,4 +1,4 @@
-"""Federated evaluation and the per-client records (``fedsuite.client_eval``, ``clients.jsonl``).
+"""Federated evaluation and the per-client records (``fedsuite.engine.client_eval``, ``clients.jsonl``).
 
 * the clients' data: unchanged without federated evaluation; with it, a seeded held-out share of
   each partition (or a natural partition's own test split) that is never trained on;
@@ -26,17 +26,19 @@ import torch.nn.functional as F
 from flwr.app import MessageType, MetricRecord, RecordDict
 
 import fedsuite
-from fedsuite import client_app, launch, runtime
-from fedsuite.client_eval import FINETUNE_TAG, evaluate_clients
-from fedsuite.client_records import CLIENT_FIELDS, FEDERATED_COLUMNS
+from fedsuite.engine import client_app
+from fedsuite.launch import start as launch
+from fedsuite.engine import runtime
+from fedsuite.engine.client_eval import FINETUNE_TAG, evaluate_clients
+from fedsuite.records.client_records import CLIENT_FIELDS, FEDERATED_COLUMNS
 from fedsuite.config import ConfigError, build_config
 from fedsuite.models import make_model
-from fedsuite.replies import Reply, check_reply
-from fedsuite.rundir import read_clients, read_metrics
-from fedsuite.seeding import seed_for
-from fedsuite.strategy import FedSuiteStrategy, RoundFailure, ServerSetup
-from fedsuite.transport import InProcessTransport
-from fedsuite.wire import (
+from fedsuite.method.replies import Reply, check_reply
+from fedsuite.records.rundir import read_clients, read_metrics
+from fedsuite.method.seeding import seed_for
+from fedsuite.method.strategy import FedSuiteStrategy, RoundFailure, ServerSetup
+from fedsuite.engine.transport import InProcessTransport
+from fedsuite.method.wire import (
     EVAL_ACCURACY, EVAL_LOSS, METRICS, NUM_EXAMPLES, PARTITION_ID, PERSONAL_ACCURACY, PERSONAL_LOSS,
 )
 from tests.conftest import FAST, fedsuite_run
@@ -316,8 +318,8 @@ def test_fedsuite_report_and_a_sweeps_report_show_the_clients_accuracies(simulat
     each run's mean of its last ``last`` rounds' values, in %, then the mean over seeds."""
     import csv
 
-    from fedsuite.results import report, report_table
-    from fedsuite.sweep import SweepRun, write_report
+    from fedsuite.records.results import report, report_table
+    from fedsuite.queues.sweep import SweepRun, write_report
 
     values = {"federated_eval": "cohort", "rounds": 3}
     runs = [simulate(**values, seed=seed) for seed in (7, 8)]
@@ -349,8 +351,8 @@ def test_a_reproduce_report_shows_the_clients_accuracies_where_runs_have_them(tm
     (the mean over seeds of each run's mean of its last evaluations); runs without them add no column."""
     import csv
 
-    from fedsuite.reproduce.report import write_report
-    from fedsuite.reproduce.tables import plan
+    from fedsuite.queues.reproduce.report import write_report
+    from fedsuite.queues.reproduce.tables import plan
     from tests.test_reproduce import _tiny_target, _write_runs
 
     target = _tiny_target(tmp_path, "")

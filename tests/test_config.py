@@ -80,7 +80,7 @@ def test_unknown_key_lists_allowed_keys():
 
 
 def test_method_sections_are_validated():
-    from fedsuite import registry
+    from fedsuite.method import registry
 
     model = config_model()
     assert set(registry.methods()) <= set(model.model_fields)
@@ -158,7 +158,7 @@ def test_every_commands_usage_error_is_one_line_and_exit_2(args, words):
     argument) are said as every other user error: one ``error:`` line, exit code 2, no boxed usage."""
     from typer.testing import CliRunner
 
-    from fedsuite.cli import app
+    from fedsuite.cli.main import app
 
     result = CliRunner().invoke(app, args)
     text = result.stdout + (result.stderr or "")
@@ -175,7 +175,7 @@ def test_cli_missing_dataset_names_files_and_layout(tmp_path):
 
 
 def test_cli_list_shows_every_registry():
-    from fedsuite import registry
+    from fedsuite.method import registry
 
     proc = run_cli("list", cwd=ROOT)
     assert proc.returncode == 0
@@ -210,7 +210,7 @@ def test_cli_partition_takes_data_root(tmp_path):
 def test_the_docs_list_every_registered_name():
     """The README's methods table names every method; docs/datasets.md every dataset, partitioner
     and model (``fedsuite list --markdown`` writes those tables)."""
-    from fedsuite import registry
+    from fedsuite.method import registry
 
     readme = (ROOT / "README.md").read_text()
     datasets_page = (ROOT / "docs" / "datasets.md").read_text()
@@ -256,7 +256,7 @@ def test_the_rule_a_config_file_holds_defaults_a_setting_is_the_runs_own(tmp_pat
     method's and those of the plug-ins it switches on. A setting given for the run (``--set``, an
     option, a keyword of ``fedsuite.simulate``: ``values``) must be one the run uses, on every path
     that runs simulate's code."""
-    from fedsuite.runner import resolve_config
+    from fedsuite.launch.runner import resolve_config
 
     baselines = ROOT / "experiments" / "baselines" / "cpu_fmnist.toml"
     assert {"fedprox", "scaffold", "feddyn"} <= set(tomllib.loads(baselines.read_text()))
@@ -285,8 +285,8 @@ def test_every_reproduce_cell_passes_simulates_setting_check(tmp_path):
     """A target's rows set the sections of several methods for all of them (fedmrur's rows:
     fedmrur.rho, mofedsam.rho, fedsam.rho): each run's command line must carry only its own, or
     its simulate would refuse it."""
-    from fedsuite.reproduce.tables import SCALES, load_targets, plan
-    from fedsuite.runner import resolve_config
+    from fedsuite.queues.reproduce.tables import SCALES, load_targets, plan
+    from fedsuite.launch.runner import resolve_config
 
     for target in load_targets().values():
         for scale in SCALES if target.has_cpu_scale else ("paper",):

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from flwr.app import MetricRecord, RecordDict
 
-from fedsuite.arrays import weighted_mean
+from fedsuite.method.arrays import weighted_mean
 from fedsuite.config import build_config
-from fedsuite.replies import Reply, failure_reason
-from fedsuite.strategy import RoundFailure, RoundLog, ServerSetup
-from fedsuite.wire import to_record
+from fedsuite.method.replies import Reply, failure_reason
+from fedsuite.method.strategy import RoundFailure, RoundLog, ServerSetup
+from fedsuite.method.wire import to_record
 from strategies.fedavg import FedAvgStrategy
 from tests.conftest import FAST, assert_same_arrays
 
@@ -126,7 +126,7 @@ def test_weighted_sum64_is_numpys_float64_loop_bit_for_bit(monkeypatch):
     The cast back agrees with numpy's ``astype`` on ties, subnormals and overflow."""
     import warnings
 
-    from fedsuite import arrays as arrays_module
+    from fedsuite.method import arrays as arrays_module
 
     monkeypatch.setattr(arrays_module, "SUM_BLOCK", 7)
     rng = np.random.default_rng(3)
@@ -227,14 +227,14 @@ def test_simulation_trains_the_plain_pytorch_loops_model_bit_for_bit(flower_runs
 
 @pytest.mark.parametrize("momentum, weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.0, 1e-3), (0.5, 0.1)])
 def test_fedsuites_sgd_is_torch_optim_sgd_bit_for_bit(momentum, weight_decay):
-    """``fedsuite.training.SGD`` (the local optimizer, without ``torch.optim``) steps a model exactly
+    """``fedsuite.method.training.SGD`` (the local optimizer, without ``torch.optim``) steps a model exactly
     as ``torch.optim.SGD`` with the same settings: five steps, a parameter without a gradient in
     one of them (skipped, its momentum kept), every parameter and momentum buffer equal, bit for bit."""
     import copy
 
     import torch
 
-    from fedsuite.training import SGD
+    from fedsuite.method.training import SGD
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.GroupNorm(2, 4), torch.nn.Flatten(),
@@ -262,7 +262,7 @@ def test_local_training_imports_no_compiler():
     """Training a client (every kind of rule: plain SGD, a drift term, SAM with momentum, the
     neuron-wise rates) imports no ``torch._dynamo``: torch's optimizers and
     ``torch.use_deterministic_algorithms`` import that compiler, 1.3 CPU-seconds in every process
-    that trains, which fedsuite never uses on a one-thread CPU client (``fedsuite.training.SGD``)."""
+    that trains, which fedsuite never uses on a one-thread CPU client (``fedsuite.method.training.SGD``)."""
     import subprocess
     import sys
 
@@ -270,8 +270,8 @@ def test_local_training_imports_no_compiler():
         "import sys\n"
         f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"
         "from conftest import make_task\n"
-        "from fedsuite.plugins import active_plugins\n"
-        "from fedsuite.training import run_local_training\n"
+        "from fedsuite.method.plugins import active_plugins\n"
+        "from fedsuite.method.training import run_local_training\n"
         "for strategy in ('fedavg', 'feddyn', 'scaffold', 'mofedsam', 'fednlr'):\n"
         "    probe, _ = make_task({'strategy': strategy})\n"  # SCAFFOLD's messages carry c (round 1: 0)
         "    cv = {'server-cv': {n: p.detach() * 0 for n, p in probe.model.named_parameters() if p.requires_grad}}\n"
@@ -286,8 +286,8 @@ def test_local_training_imports_no_compiler():
 
 
 def test_central_evaluation_uses_the_cores_the_run_holds():
-    from fedsuite.processes import available_cores
-    from fedsuite.engine import evaluation_threads
+    from fedsuite.launch.processes import available_cores
+    from fedsuite.engine.round_engine import evaluation_threads
 
     private = build_config(values={**FAST, "num_cpus": 1})
     shared = build_config(values={**FAST, "num_cpus": 1, "ray_address": "127.0.0.1:6379"})
@@ -298,7 +298,7 @@ def test_central_evaluation_uses_the_cores_the_run_holds():
 def test_runs_at_once_get_disjoint_shares_of_the_cores():
     """``--jobs N``: N slices of the cores, sizes within one of each other, together every core;
     more runs than cores take a core each in turn; one job is not pinned."""
-    from fedsuite.processes import core_slices
+    from fedsuite.launch.processes import core_slices
 
     assert core_slices(1, [0, 1]) is None
     assert core_slices(2, [0, 1]) == [{0}, {1}]
@@ -333,8 +333,8 @@ def test_fmnist_real_data_learns_above_chance(simulate, tmp_path_factory):
 def test_report_groups_seeds_and_finds_rounds_to_target(tmp_path):
     import json as _json
 
-    from fedsuite.recording import RunRecorder
-    from fedsuite.results import report
+    from fedsuite.records.recording import RunRecorder
+    from fedsuite.records.results import report
 
     for seed, accs in ((0, [0.1, 0.5, 0.7]), (1, [0.1, 0.6, 0.9])):
         d = tmp_path / f"s{seed}"
@@ -376,7 +376,9 @@ def test_every_method_sends_the_round_it_is_given(tmp_path):
     """The engine counts global rounds (a resume after round 3 asks for round 4): every method's
     round 4 sends the same cohort, config (server-round 4, lr decayed three times, slots) and arrays
     from two strategies built alike, whatever rounds the other has run (none here)."""
-    from fedsuite import models, registry, runtime
+    from fedsuite import models
+    from fedsuite.method import registry
+    from fedsuite.engine import runtime
 
     for name, spec in registry.methods().items():
         cfg = build_config(values={**FAST, "strategy": name, "lr_decay": 0.9})
@@ -406,8 +408,8 @@ def test_a_node_that_never_answers_the_handshake_fails_the_run(monkeypatch):
     from flwr.supercore.task_identity import TaskIdentity
     from flwr.superlink.grid import InMemoryGrid
 
-    import fedsuite.nodes as nodes
-    import fedsuite.server_app as server_app
+    import fedsuite.engine.nodes as nodes
+    import fedsuite.engine.server_app as server_app
 
     flower_sim = importlib.import_module("flwr.simulation.run_simulation")
     vce = importlib.import_module("flwr.server.superlink.fleet.vce.vce_api")
@@ -418,7 +420,7 @@ def test_a_node_that_never_answers_the_handshake_fails_the_run(monkeypatch):
     state = factory.state()
     state.run_ids[1] = flower_sim.RunRecord(run=run)
     state.task_store[1] = flower_sim.Task(task_id=1, run_id=1)
-    # the identity the ServerApp sends under, as fedsuite.simulation sets it (restored afterwards)
+    # the identity the ServerApp sends under, as fedsuite.launch.simulation sets it (restored afterwards)
     for field, value in (("_task_id", 1), ("_run_id", 1), ("_node_id", SUPERLINK_NODE_ID)):
         monkeypatch.setattr(TaskIdentity, field, value)
     vce._register_nodes(3, factory)
@@ -439,7 +441,7 @@ import psutil, ray
 from flwr.app import Context, Message, RecordDict
 from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 from flwr.supercore.task_identity import TaskIdentity
-from fedsuite.simulation import backend_config, start_ray, use_light_actor
+from fedsuite.launch.simulation import backend_config, start_ray, use_light_actor
 from fedsuite.config import build_config
 
 start_ray()
@@ -456,7 +458,7 @@ def app_fn():  # stands in for the ClientApp: its reply says where it ran and wh
     return lambda message, context: (os.getpid(), list(sys.path), sorted(sys.modules))
 
 # Flower's backend, built as its simulation engine builds it, on the running Ray; a message sent
-# under the identity fedsuite.simulation gives the ServerApp
+# under the identity fedsuite.launch.simulation gives the ServerApp
 TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
 backend = RayBackend(backend_config(build_config(values={"num_cpus": 1})))
 backend.build(app_fn)
@@ -480,13 +482,13 @@ print("ok")
 
 
 def test_the_clientapp_actors_start_in_the_workers_ray_prestarted_and_import_only_what_clients_need():
-    """A private Ray (``fedsuite.simulation.start_ray`` without ``RAY_ADDRESS``) prestarts workers
+    """A private Ray (``fedsuite.launch.simulation.start_ray`` without ``RAY_ADDRESS``) prestarts workers
     as the driver connects; the ClientApp actors can take those only if the job has no
     ``runtime_env`` (one makes Ray start new workers: 0.6 s later and 0.3 CPU-s per idle worker on 2
     cores), so the job has none, and the actors must still import what the driver can
     (``PYTHONPATH``, as Flower's RayBackend). Whether Ray has prestarted a worker by the time the
     actor starts is Ray's timing and is not asserted (it failed a clean-clone run under load).
-    The actor Flower's backend builds after ``use_light_actor`` is ``fedsuite.ray_actor``'s: it
+    The actor Flower's backend builds after ``use_light_actor`` is ``fedsuite.launch.ray_actor``'s: it
     passes the app's reply through, and its worker never imports ``flwr.simulation`` (whose
     ``__init__`` pulls in SQLAlchemy and Alembic, about 1 CPU-s per actor). And the private Ray runs
     without the API server ``ray.init`` would otherwise start and wait for, the autoscaler monitor
@@ -510,13 +512,13 @@ def test_the_clientapp_actors_start_in_the_workers_ray_prestarted_and_import_onl
 
 
 def test_fedsuites_clientapp_actor_runs_a_clientapp_as_flowers_does():
-    """``fedsuite.ray_actor.ClientAppActor`` stands in for Flower's in the Ray backend: on the same
+    """``fedsuite.launch.ray_actor.ClientAppActor`` stands in for Flower's in the Ray backend: on the same
     call, both return the same triple, wrap an app's error in the same ``ClientAppException`` and
     let a ``LoadClientAppError`` through (the engine tells the two apart)."""
     from flwr.clientapp.client_app import ClientAppException, LoadClientAppError
     from flwr.simulation.ray_transport.ray_actor import ClientAppActor as FlowerActor
 
-    from fedsuite.ray_actor import ClientAppActor
+    from fedsuite.launch.ray_actor import ClientAppActor
 
     ours, flowers = ClientAppActor.__ray_actor_class__(), FlowerActor.__ray_actor_class__()
 
@@ -552,7 +554,7 @@ def test_simulation_grid_checks_for_replies_every_10_ms():
 
     from flwr.superlink.grid import InMemoryGrid
 
-    from fedsuite.server_app import SIMULATION_PULL_INTERVAL_S, tune_grid
+    from fedsuite.engine.server_app import SIMULATION_PULL_INTERVAL_S, tune_grid
 
     flower_sim = importlib.import_module("flwr.simulation.run_simulation")  # the module, not its function
     grid = InMemoryGrid(flower_sim.LinkStateFactory(flower_sim.FLWR_IN_MEMORY_DB_NAME,
@@ -564,7 +566,7 @@ def test_simulation_grid_checks_for_replies_every_10_ms():
 
 
 def test_the_simulation_process_starts_ray_as_flowers_backend_would():
-    """``fedsuite.simulation.start_ray`` starts Ray before Flower's ``RayBackend`` is built, with the
+    """``fedsuite.launch.simulation.start_ray`` starts Ray before Flower's ``RayBackend`` is built, with the
     backend's own arguments, so Ray's start overlaps the process's imports. That is only a head start
     if the backend then uses the running Ray instead of starting another: a Flower change that drops
     the check, or a backend config whose init arguments differ from ours, fails here."""
@@ -572,7 +574,7 @@ def test_the_simulation_process_starts_ray_as_flowers_backend_would():
 
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
-    from fedsuite.simulation import RAY_INIT_ARGS, backend_config
+    from fedsuite.launch.simulation import RAY_INIT_ARGS, backend_config
 
     assert "if not ray.is_initialized():" in inspect.getsource(RayBackend.init_ray)
     cfg = build_config(values={"num_cpus": 2, "num_gpus": 0.5})

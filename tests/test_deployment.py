@@ -14,9 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedsuite import processes, superlink
-from fedsuite.faults import FaultDraw
-from fedsuite.rundir import read_metrics
+from fedsuite.launch import processes
+from fedsuite.deploy import superlink
+from fedsuite.engine.faults import FaultDraw
+from fedsuite.records.rundir import read_metrics
 from tests.conftest import deployment_app
 
 
@@ -121,18 +122,18 @@ def test_dead_restarted_and_hung_clients_on_the_deployment_engine(tmp_path, data
 
 
 def test_the_containers_submit_command_says_why_flwr_run_failed(tmp_path):
-    """``docker/submit.sh`` is ``fedsuite submit`` (``python -m fedsuite.cli submit``): with no SuperLink behind its
+    """``docker/submit.sh`` is ``fedsuite submit`` (``python -m fedsuite.cli.main submit``): with no SuperLink behind its
     connection (written by ``... connection``, as ``docker/entrypoint.sh`` does), it exits 1 with one
     ``submit: error:`` line naming ``flwr run``'s complaint, and submits nothing."""
     import sys
 
     home, app_dir = tmp_path / ".flwr", tmp_path / "app"
     address = f"127.0.0.1:{superlink.free_port()}"  # nothing listens there
-    subprocess.run([sys.executable, "-m", "fedsuite.cli", "connection", str(home), address], check=True)
+    subprocess.run([sys.executable, "-m", "fedsuite.cli.main", "connection", str(home), address], check=True)
     assert f'address = "{address}"\ninsecure = true\n' in (home / "config.toml").read_text()
     app_dir.mkdir()
     (app_dir / "pyproject.toml").write_text((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
-    out = subprocess.run([sys.executable, "-m", "fedsuite.cli", "submit", str(app_dir), "fedsuite",
+    out = subprocess.run([sys.executable, "-m", "fedsuite.cli.main", "submit", str(app_dir), "fedsuite",
                           "--run-config", "rounds=1"], env=processes.flower_env(home), capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 1, out

@@ -57,7 +57,7 @@ def test_the_docs_have_commands_to_check():
 @pytest.mark.parametrize("page, number, command", COMMANDS,
                          ids=[f"{p.relative_to(ROOT)}:{n}" for p, n, _ in COMMANDS])
 def test_every_documented_command_parses(page, number, command, capsys):
-    from fedsuite.cli import app
+    from fedsuite.cli.main import app
 
     group = typer.main.get_command(app)
     # a shell variable stands for a number the reader fills in (a count the data decides)
@@ -158,9 +158,9 @@ def test_tables_strings_point_at_nothing_outside_the_repository(path):
 def test_fedsuite_list_points_at_nothing_outside_the_repository():
     """What ``fedsuite list`` prints (methods' summaries, the first docstring line of each dataset,
     partitioner and model), and each method's paper and hyperparameter descriptions."""
-    from fedsuite import registry
-    from fedsuite.cli import first_line
-    from fedsuite.hyperparams import paper_value
+    from fedsuite.method import registry
+    from fedsuite.cli.main import first_line
+    from fedsuite.cli.hyperparams import paper_value
 
     texts = {}
     for name, method in registry.methods().items():
@@ -178,13 +178,13 @@ def test_fedsuite_list_points_at_nothing_outside_the_repository():
 
 def test_the_methods_parameters_page_is_current():
     """docs/methods/parameters.md is written from the methods' and plug-ins' typed sections
-    (``python -m fedsuite.hyperparams``), the source ``fedsuite list strategies`` prints: regenerated
+    (``python -m fedsuite.cli.hyperparams``), the source ``fedsuite list strategies`` prints: regenerated
     here, it must equal the page (a parameter added, renamed or given another default changes both)."""
-    from fedsuite.hyperparams import markdown
+    from fedsuite.cli.hyperparams import markdown
 
     page = ROOT / "docs" / "methods" / "parameters.md"
     assert page.read_text() == markdown(), ("docs/methods/parameters.md is out of date: "
-                                            "python -m fedsuite.hyperparams > docs/methods/parameters.md")
+                                            "python -m fedsuite.cli.hyperparams > docs/methods/parameters.md")
     for key in ("`fedprox.mu`", "`fedsam.rho`", "`relaxed_init.beta`", "`neuron_lr.preset`"):
         assert f"| {key} |" in page.read_text()
 

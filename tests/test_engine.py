@@ -1,4 +1,4 @@
-"""The round engine apart from its transport (``fedsuite.engine``, ``fedsuite.transport``).
+"""The round engine apart from its transport (``fedsuite.engine.round_engine``, ``fedsuite.engine.transport``).
 
 Every registered method gives the same records through ``--engine inprocess`` and ``--engine
 flower`` (tests/test_registry_e2e.py, bit for bit). Here: the in-process engine's own behaviour
@@ -21,10 +21,11 @@ import pytest
 import torch
 from conftest import FAST, assert_same_arrays, assert_same_client_state, assert_same_state
 
-from fedsuite import launch, processes
+from fedsuite.launch import start as launch
+from fedsuite.launch import processes
 from fedsuite.config import build_config, to_run_config
-from fedsuite.rundir import read_clients, read_metrics
-from fedsuite.runtime import RECORDS_KEY, RUN_DIR_KEY
+from fedsuite.records.rundir import read_clients, read_metrics
+from fedsuite.engine.runtime import RECORDS_KEY, RUN_DIR_KEY
 
 
 def inprocess_config(data_root: Path, **values):
@@ -57,7 +58,7 @@ def test_an_inprocess_run_from_the_cli_or_python_starts_no_simulation_process(tm
     in-process engine, by option, ``--set`` or the config file (``runner.engine_asked``): that
     process would import torch and be called off. A run whose inputs do not say (here: a resume of
     an in-process run) still runs in process; its prestarted process is ended unused."""
-    from fedsuite import runner
+    from fedsuite.launch import runner
 
     config = tmp_path / "run.toml"
     config.write_text('engine = "inprocess"\nrounds = 1\n')
@@ -104,7 +105,7 @@ def test_an_inprocess_run_interrupted_then_resumed_equals_one_uninterrupted(tmp_
     """A KeyboardInterrupt (Ctrl-C) in round 3 leaves the run partial (no summary.json, the checkpoint
     of round 2); resuming it gives the records of a run never interrupted, bit for bit: metrics,
     model, server state (SCAFFOLD's control variate) and client state."""
-    from fedsuite.strategy import FedSuiteStrategy
+    from fedsuite.method.strategy import FedSuiteStrategy
 
     values = {"strategy": "scaffold", "rounds": 4}
     whole = launch.simulate(inprocess_config(data_root, **values), tmp_path / "whole")
@@ -154,7 +155,7 @@ def test_inprocess_threads_never_change_a_run(simulate, strategy):
     as on Flower's engine. SCAFFOLD keeps client state; FedGen's clients draw from their own
     generators and build a throwaway module (its initialisation draws from torch's global RNG);
     FedInit's clients rebuild w^0 from the run's seed through the global RNG, which the other
-    threads must not move meanwhile (``fedsuite.seeding.GLOBAL_TORCH_RNG``)."""
+    threads must not move meanwhile (``fedsuite.method.seeding.GLOBAL_TORCH_RNG``)."""
     flower = simulate(strategy=strategy)
     for threads in (1, 2):
         here = simulate(strategy=strategy, engine="inprocess", inprocess_threads=threads)
@@ -172,14 +173,14 @@ def test_the_inprocess_engines_client_threads_parse_no_python(data_root, tmp_pat
     gh-106905): two threads building ASTs at once fail now and then with ``SystemError: AST
     constructor recursion depth mismatch``, which a threaded run showed as a dropped client reply.
     So the in-process engine's client threads parse no Python: a message's arrays are read without
-    ``np.load``'s ``ast.literal_eval`` of the .npy header (``fedsuite.wire.ndarray``), and the run's
+    ``np.load``'s ``ast.literal_eval`` of the .npy header (``fedsuite.method.wire.ndarray``), and the run's
     data and partition are made before the threads start. Checked on a 2-thread run with federated
     evaluation (training and evaluation messages), the data forgotten first."""
     import ast
     import builtins
     import threading
 
-    from fedsuite import runtime
+    from fedsuite.engine import runtime
 
     runtime.forget_data()
     parsed: list[str] = []
@@ -202,7 +203,7 @@ def test_the_inprocess_engine_runs_as_many_clients_at_once_as_flowers_engine_run
     """By default the in-process engine trains (cores this process may use) // num_cpus clients at
     once, at least one, as Flower's engine runs one actor per ``num_cpus`` cores;
     ``inprocess_threads`` sets it. The threads reach the transport."""
-    from fedsuite import engine
+    from fedsuite.engine import round_engine as engine
 
     monkeypatch.setattr(engine, "available_cores", lambda: 8)
     assert engine.inprocess_threads(inprocess_config(data_root)) == 8
@@ -217,12 +218,12 @@ def test_the_inprocess_engine_runs_as_many_clients_at_once_as_flowers_engine_run
 
 def test_a_model_that_draws_from_the_global_rng_trains_one_client_at_a_time():
     """Dropout draws from torch's process-wide RNG: a client whose model has it seeds that RNG and
-    holds it for its whole training (``fedsuite.seeding.global_seed``), so two such clients on two
+    holds it for its whole training (``fedsuite.method.seeding.global_seed``), so two such clients on two
     threads draw exactly what each draws alone; a model without it holds the RNG only to seed it."""
     from concurrent.futures import ThreadPoolExecutor
 
     from fedsuite.models import draws_global_rng, vgg9
-    from fedsuite.seeding import global_seed
+    from fedsuite.method.seeding import global_seed
 
     assert draws_global_rng(vgg9(10, (3, 32, 32)))
     assert not draws_global_rng(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
@@ -249,7 +250,7 @@ import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedsuite.server_app import method_strategy
+from fedsuite.engine.server_app import method_strategy
 
 app = ServerApp()
 
@@ -298,7 +299,7 @@ def test_a_flower_users_own_serverapp_runs_a_fedsuite_method(tmp_path, data_root
     }
     (app_dir / "pyproject.toml").write_text(tomli_w.dumps(pyproject))
     env = {**processes.process_env(), "RAY_ADDRESS": worker_ray_cluster}
-    proc = subprocess.run([sys.executable, "-m", "fedsuite.simulation", str(app_dir)], env=env,
+    proc = subprocess.run([sys.executable, "-m", "fedsuite.launch.simulation", str(app_dir)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     final = dict(np.load(tmp_path / "final.npz"))
@@ -337,8 +338,8 @@ def test_in_flowers_loop_the_evaluation_goes_to_the_cohort_and_a_reply_without_i
     from flwr.common.constant import SUPERLINK_NODE_ID
     from flwr.supercore.task_identity import TaskIdentity
 
-    from fedsuite.strategy import FedSuiteStrategy, RoundFailure, ServerSetup
-    from fedsuite.wire import (
+    from fedsuite.method.strategy import FedSuiteStrategy, RoundFailure, ServerSetup
+    from fedsuite.method.wire import (
         ARRAYS, EVAL_ACCURACY, EVAL_LOSS, METRICS, NUM_EXAMPLES, PARTITION_ID, PERSONAL_ACCURACY, PERSONAL_LOSS,
         to_ndarrays, to_record,
     )
@@ -386,12 +387,12 @@ def test_in_flowers_loop_the_evaluation_goes_to_the_cohort_and_a_reply_without_i
 
 
 def test_records_in_flowers_loop_refuse_a_folder_that_holds_a_run_and_a_key_that_is_not_a_boolean(tmp_path):
-    """``records = true`` (a Flower app of one's own, ``fedsuite.flower_loop``) never mixes two runs'
+    """``records = true`` (a Flower app of one's own, ``fedsuite.engine.flower_loop``) never mixes two runs'
     records: a run directory that holds a run is refused in one line before the handshake; a new or
     empty one is taken. ``records`` must be a TOML boolean."""
     from fedsuite.errors import ConfigError, RunDirError
-    from fedsuite.flower_loop import LoopRecords
-    from fedsuite.runtime import records_asked
+    from fedsuite.engine.flower_loop import LoopRecords
+    from fedsuite.engine.runtime import records_asked
 
     LoopRecords.check_folder(tmp_path / "new")
     (tmp_path / "empty").mkdir()

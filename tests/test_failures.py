@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from fedsuite.config import FaultsConfig, build_config
-from fedsuite.faults import FaultDraw, InjectedFault
-from fedsuite.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.engine.faults import FaultDraw, InjectedFault
+from fedsuite.method.strategy import FedSuiteStrategy, ServerSetup
 from tests.conftest import FAST, assert_same_arrays, assert_same_client_state, assert_same_state, fedsuite_run
 
 MIXED = {"client_error": 0.2, "nan": 0.1, "wrong_shape": 0.1}
@@ -62,7 +62,7 @@ def test_fault_draws_are_seeded_per_client_and_round():
 
 def test_fault_actions_raise_sleep_and_corrupt(monkeypatch):
     slept = []
-    monkeypatch.setattr("fedsuite.faults.time.sleep", slept.append)
+    monkeypatch.setattr("fedsuite.engine.faults.time.sleep", slept.append)
     with pytest.raises(InjectedFault, match="client 4, round 2"):
         FaultDraw(raise_error=True, delay_s=0.5).before_training(4, 2)
     assert slept == [0.5]
@@ -161,7 +161,7 @@ def test_a_batch_records_its_failed_run_and_runs_the_next_as_if_alone(bound_runs
 
 
 def test_a_batch_of_runs_that_need_different_simulations_is_refused_before_anything_is_written(tmp_path, data_root):
-    from fedsuite.launch import LaunchError, simulate_batch
+    from fedsuite.launch.start import LaunchError, simulate_batch
 
     one, other = (build_config(values={**FAST, "data_root": str(data_root), **values})
                   for values in ({}, {"num_clients": 6, "clients_per_round": 3}))
@@ -177,7 +177,7 @@ def test_a_simulation_process_that_dies_before_the_serverapp_records_anything_fa
     simulation process that ends early (here its app's config is made invalid after the launcher
     wrote it, so the process raises once Ray has started, before the ServerApp runs) is a failed
     run naming the exit code."""
-    from fedsuite import launch
+    from fedsuite.launch import start as launch
 
     cfg = build_config(values={**FAST, "data_root": str(tmp_path / "data")})
     run_dir = (tmp_path / "run").resolve()
@@ -206,7 +206,8 @@ def test_a_data_check_that_fails_while_ray_starts_leaves_nothing_behind(tmp_path
 
     import psutil
 
-    from fedsuite import launch, processes
+    from fedsuite.launch import start as launch
+    from fedsuite.launch import processes
 
     cfg = build_config(values={**FAST, "data_root": str(tmp_path / "data")})
     run_dir = (tmp_path / "runs" / "r").resolve()
@@ -249,7 +250,9 @@ def test_a_simulation_process_never_told_to_start_runs_nothing(tmp_path):
     import shutil
     import tempfile
 
-    from fedsuite import launch, processes, reaper
+    from fedsuite.launch import start as launch
+    from fedsuite.launch import processes
+    from fedsuite.launch import reaper
 
     cfg = build_config(values={**FAST, "data_root": str(tmp_path / "data")})
     run_dir = (tmp_path / "run").resolve()
@@ -275,6 +278,6 @@ def test_a_simulation_process_never_told_to_start_runs_nothing(tmp_path):
 
 
 def test_the_simulation_process_refuses_a_missing_app_folder(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "fedsuite.simulation", str(tmp_path / "none")],
+    proc = subprocess.run([sys.executable, "-m", "fedsuite.launch.simulation", str(tmp_path / "none")],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "usage: python -m fedsuite.simulation APP_DIR" in proc.stderr
+    assert proc.returncode == 2 and "usage: python -m fedsuite.launch.simulation APP_DIR" in proc.stderr

@@ -14,24 +14,26 @@ import torch
 from flwr.app import MetricRecord, RecordDict
 
 from clients.fedavg import FedAvgClient
-from fedsuite.training import ClientRule
-import fedsuite.plugins.relaxed_init
-from fedsuite.activity import joint_norm
-from fedsuite.plugins.relaxed_init import (
+from fedsuite.method.training import ClientRule
+import fedsuite.method.plugins.relaxed_init
+from fedsuite.method.activity import joint_norm
+from fedsuite.method.plugins.relaxed_init import (
     RELAXATION,
     STATE_NAME,
     RelaxedInit,
     RelaxedInitServer,
     relaxed_start,
 )
-from fedsuite import models, registry, runtime
-from fedsuite.arrays import weighted_mean
+from fedsuite import models
+from fedsuite.method import registry
+from fedsuite.engine import runtime
+from fedsuite.method.arrays import weighted_mean
 from fedsuite.config import ConfigError, build_config
-from fedsuite.plugins import active_plugins
-from fedsuite.replies import Reply
-from fedsuite.strategy import ServerSetup
-from fedsuite.training import run_local_training
-from fedsuite.wire import to_ndarrays, to_record
+from fedsuite.method.plugins import active_plugins
+from fedsuite.method.replies import Reply
+from fedsuite.method.strategy import ServerSetup
+from fedsuite.method.training import run_local_training
+from fedsuite.method.wire import to_ndarrays, to_record
 from strategies.fedavg import FedAvgStrategy
 from tests.conftest import FAST, assert_same_arrays, make_task
 
@@ -248,7 +250,7 @@ def test_measuring_the_offset_does_not_change_training(tmp_path, monkeypatch):
         return task, result, stored, torch.get_rng_state(), task.generator.get_state()
 
     measured = two_rounds(tmp_path / "measured")
-    monkeypatch.setattr(fedsuite.plugins.relaxed_init, "start_offset", lambda relaxed, start: -1.0)
+    monkeypatch.setattr(fedsuite.method.plugins.relaxed_init, "start_offset", lambda relaxed, start: -1.0)
     unmeasured = two_rounds(tmp_path / "unmeasured")
     (task_m, res_m, stored_m, rng_m, gen_m), (task_u, res_u, stored_u, rng_u, gen_u) = measured, unmeasured
     assert res_m.metrics[RELAXATION.measure] > 0 and res_u.metrics[RELAXATION.measure] == -1.0
@@ -412,7 +414,7 @@ def test_server_state_bookkeeping_and_checkpoint(tmp_path, data_root):
 def test_every_method_accepts_relaxed_init_or_says_why(name, tmp_path, data_root):
     from typer.testing import CliRunner
 
-    from fedsuite.cli import app
+    from fedsuite.cli.main import app
 
     spec = registry.methods()[name]
     values = {**FAST, "data_root": str(data_root), "strategy": name, "relaxed_init.beta": 0.1}
@@ -443,7 +445,7 @@ def test_refusal_message_names_method_and_reason(monkeypatch, tmp_path, data_roo
     """The refusal path, exercised even while every registered method accepts RI."""
     from typer.testing import CliRunner
 
-    from fedsuite.cli import app
+    from fedsuite.cli.main import app
 
     spec = registry.methods()["fedavg"]
     monkeypatch.setitem(registry._METHODS, "fedavg", dataclasses.replace(spec, refuses={"relaxed_init": "no start point here"}))

@@ -16,11 +16,11 @@ import pytest
 import torch
 from flwr.app import MetricRecord, RecordDict
 
-from fedsuite.arrays import uniform_mean
+from fedsuite.method.arrays import uniform_mean
 from fedsuite.config import build_config
-from fedsuite.replies import Reply
-from fedsuite.strategy import ServerSetup
-from fedsuite.wire import CHECKSUM_REQUEST, record_checksum, to_ndarrays, to_record
+from fedsuite.method.replies import Reply
+from fedsuite.method.strategy import ServerSetup
+from fedsuite.method.wire import CHECKSUM_REQUEST, record_checksum, to_ndarrays, to_record
 from strategies.fedmr import FedMRStrategy, draw_permutations, make_units, recombine, segment_ids
 from strategies.fedmut import FedMutStrategy, mutate, mutation_beta, mutation_coefficients
 from strategies.indep import IndepAggrStrategy, IndepStrategy
@@ -358,7 +358,7 @@ def test_stage1_weighting_num_examples_is_fedavg_mean():
     s = make_strategy(FedMRStrategy, "fedmr", first_stage_rounds=2, stage1_weighting="num_examples")
     sizes = {p: 5 + 7 * p for p in range(NUM_CLIENTS)}
     _, uploaded, glob = play_round(s, 1, sizes=sizes)
-    from fedsuite.arrays import weighted_mean
+    from fedsuite.method.arrays import weighted_mean
 
     pids = sorted(uploaded)
     assert_same_arrays(glob, weighted_mean([uploaded[p] for p in pids], [sizes[p] for p in pids], s.template))
@@ -616,7 +616,7 @@ def test_sim_fedmr_diagnostics_row_and_figures(simulate, tmp_path):
     directory has diagnostics.png and ``fedsuite report`` writes one for the run."""
     from typer.testing import CliRunner
 
-    from fedsuite.cli import app
+    from fedsuite.cli.main import app
 
     res = simulate(strategy="fedmr", **{"fedmr.diagnostics": True})
     k = FAST["clients_per_round"]
@@ -696,9 +696,9 @@ def test_pool_distances_closed_form_and_zero_for_equal_models():
 def diagnostics_strategy(**params):
     """A FedMR server rule over the FAST synthetic task with the ServerApp's real evaluation
     (``arrays_evaluator`` on the test split), diagnostics on."""
-    from fedsuite import runtime
+    from fedsuite.engine import runtime
     from fedsuite.models import initial_arrays, make_model
-    from fedsuite.training import arrays_evaluator
+    from fedsuite.method.training import arrays_evaluator
 
     values = {**FAST, "strategy": "fedmr", "num_clients": NUM_CLIENTS, "clients_per_round": K, **UNIT_ROUND,
               "data_root": str(Path(tempfile.gettempdir()) / "fedsuite-test-data"), "fedmr.diagnostics": True,

@@ -21,11 +21,11 @@ from clients.fedmrur import (HYPERBOLIC, FedMRURClient, euclidean_sq_dist, gradi
 from clients.fedsam import FedSAMClient
 from clients.mofedsam import MoFedSAMClient
 from clients.sam import asam_perturbation, mix_momentum, sam_perturbation
-from fedsuite.arrays import tensor_norm, weighted_mean
+from fedsuite.method.arrays import tensor_norm, weighted_mean
 from fedsuite.config import build_config
-from fedsuite.strategy import ServerSetup
-from fedsuite.training import ClientRule, LocalData, run_local_training
-from fedsuite.wire import MOMENTUM, ClientReply
+from fedsuite.method.strategy import ServerSetup
+from fedsuite.method.training import ClientRule, LocalData, run_local_training
+from fedsuite.method.wire import MOMENTUM, ClientReply
 from strategies.fedmrur import FedMRURStrategy
 from tests.conftest import UNIT_ROUND, assert_same_arrays, make_task
 
@@ -499,7 +499,7 @@ def test_momentum_recursion_linear_loss(normalize, decay):
 def test_momentum_is_sent_and_checkpointed():
     from flwr.app import ConfigRecord
 
-    from fedsuite.wire import to_record
+    from fedsuite.method.wire import to_record
 
     s = _strategy()
     w0 = to_record(s.global_arrays)
@@ -583,8 +583,8 @@ def test_report_draws_the_server_momentum_with_the_loop_limit_of_the_normalised_
     no momentum and draws none; a report of FedAvg alone has no momentum.png."""
     from typer.testing import CliRunner
 
-    from fedsuite.cli import app
-    from fedsuite.results import report
+    from fedsuite.cli.main import app
+    from fedsuite.records.results import report
 
     normalised = simulate(strategy="fedmrur")
     from_mean = simulate(strategy="fedmrur", **{"fedmrur.momentum_source": "mean"})

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from clients.fedavg import FedAvgClient
-import fedsuite.plugins.neuron_lr
-from fedsuite.plugins.neuron_lr import (
+import fedsuite.method.plugins.neuron_lr
+from fedsuite.method.plugins.neuron_lr import (
     PRESETS,
     SPREAD,
     NeuronLROptimizer,
@@ -32,11 +32,13 @@ from fedsuite.plugins.neuron_lr import (
     scale_spread,
     temperature,
 )
-from fedsuite import models, registry, runtime
+from fedsuite import models
+from fedsuite.method import registry
+from fedsuite.engine import runtime
 from fedsuite.models import build_model, count_parameters
-from fedsuite.plugins import active_plugins
-from fedsuite.strategy import ServerSetup
-from fedsuite.training import run_local_training
+from fedsuite.method.plugins import active_plugins
+from fedsuite.method.strategy import ServerSetup
+from fedsuite.method.training import run_local_training
 from tests.conftest import assert_same_arrays, make_task
 
 
@@ -486,7 +488,7 @@ def test_measuring_the_spread_does_not_change_training(monkeypatch):
         return result, torch.get_rng_state(), task.generator.get_state()
 
     measured, rng_m, gen_m = one_round()
-    monkeypatch.setattr(fedsuite.plugins.neuron_lr, "scale_spread", lambda scales: -1.0)
+    monkeypatch.setattr(fedsuite.method.plugins.neuron_lr, "scale_spread", lambda scales: -1.0)
     unmeasured, rng_u, gen_u = one_round()
     assert unmeasured.metrics[SPREAD.measure] == -1.0 < measured.metrics[SPREAD.measure]
     assert all(torch.equal(measured.arrays[k], unmeasured.arrays[k]) for k in measured.arrays)

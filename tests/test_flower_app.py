@@ -24,8 +24,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedsuite import processes, superlink
-from fedsuite.rundir import read_clients, read_metrics
+from fedsuite.launch import processes
+from fedsuite.deploy import superlink
+from fedsuite.records.rundir import read_clients, read_metrics
 from tests.test_deployment import start_supernode
 
 pytestmark = pytest.mark.long
@@ -167,7 +168,7 @@ def test_flwr_stop_leaves_no_process_of_the_run(local_federation, data_root, tmp
     sim, snapshot = run_processes(local_federation["FLWR_HOME"])
     cmdlines = [cmdline for _, cmdline in snapshot.values()]
     assert any("raylet" in c for c in cmdlines) and any("ClientAppActor" in c for c in cmdlines), cmdlines
-    watchers = {pid: seen for pid, seen in snapshot.items() if "fedsuite.reaper" in seen[1]}
+    watchers = {pid: seen for pid, seen in snapshot.items() if "fedsuite.launch.reaper" in seen[1]}
     out = subprocess.run([processes.bin_path("flwr"), "stop", str(run_id), LOCAL], env=local_federation,
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "stopped" in out.stdout, out

@@ -1,4 +1,4 @@
-"""The gateway bounds what reaches the SuperLink (``fedsuite.gateway.Limits``), with real processes on
+"""The gateway bounds what reaches the SuperLink (``fedsuite.deploy.gateway.Limits``), with real processes on
 127.0.0.1: a ``flower-superlink`` serving TLS with ``--enable-supernode-auth`` (the layout of
 docs/deployment.md) and ``fedsuite gateway`` (nginx) in front of it.
 
@@ -32,9 +32,11 @@ import numpy as np
 import psutil
 import pytest
 
-from fedsuite import gateway, processes, superlink
-from fedsuite.certs import Credentials, make_credentials
-from fedsuite.rundir import read_metrics
+from fedsuite.deploy import gateway
+from fedsuite.launch import processes
+from fedsuite.deploy import superlink
+from fedsuite.deploy.certs import Credentials, make_credentials
+from fedsuite.records.rundir import read_metrics
 from tests.conftest import deployment_app
 from tests.test_multihost import wait_for_log
 
@@ -115,7 +117,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
             port, folder = superlink.free_port(), root / f"gateway-{name}"
             with (root / f"gateway-{name}.log").open("ab") as fh:
                 gw = subprocess.Popen(
-                    [sys.executable, "-m", "fedsuite.cli", "gateway", str(creds.root), "--listen",
+                    [sys.executable, "-m", "fedsuite.cli.main", "gateway", str(creds.root), "--listen",
                      f"127.0.0.1:{port}", "--superlink", f"127.0.0.1:{link_port}", "--dir", str(folder), *args],
                     stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=root, start_new_session=True)
             procs.append((gw, None))
@@ -318,7 +320,7 @@ def test_the_limits_are_options_of_the_gateway_and_bad_values_are_one_line(tmp_p
     directive, and a bad value one line with exit code 2."""
     from typer.testing import CliRunner
 
-    from fedsuite.cli import app
+    from fedsuite.cli.main import app
 
     creds = make_credentials(tmp_path / "creds")
     runner = CliRunner()
@@ -363,7 +365,7 @@ def test_a_busy_port_is_one_line_naming_it(tmp_path):
         port = held.getsockname()[1]
         for listen, why in ((f"127.0.0.1:{port}", "the port is in use"),
                             ("192.0.2.1:9093", "the address is not one of this machine's")):
-            out = subprocess.run([sys.executable, "-m", "fedsuite.cli", "gateway", str(creds.root), "--listen", listen,
+            out = subprocess.run([sys.executable, "-m", "fedsuite.cli.main", "gateway", str(creds.root), "--listen", listen,
                                   "--dir", str(tmp_path / "gw")], capture_output=True, text=True, timeout=60)
             lines = out.stderr.strip().splitlines()
             assert out.returncode == 2 and len(lines) == 1, out.stdout + out.stderr

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsuite.registry import methods
+from fedsuite.method.registry import methods
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,7 +34,7 @@ def assert_trained_without_failures(run) -> None:
     assert run.summary["status"] == "completed" and run.summary["failed_replies"] == 0
     first, last = run.rows[0], run.rows[-1]
     assert (last["test_accuracy"], last["test_loss"]) != (first["test_accuracy"], first["test_loss"])
-    # the run records the GPU it trained on (fedsuite.provenance)
+    # the run records the GPU it trained on (fedsuite.records.provenance)
     (start,) = run.summary["provenance"]
     assert (start["device"], start["gpu"], start["cuda"]) == ("cuda", torch.cuda.get_device_name(), torch.version.cuda)
 
@@ -81,11 +81,11 @@ def test_engines_agree_on_cuda(simulate):
 
 
 def test_fedsuites_sgd_is_torch_optim_sgd_on_cuda():
-    """On CUDA ``fedsuite.training.SGD`` takes torch's multi-tensor kernels, as ``torch.optim.SGD``
+    """On CUDA ``fedsuite.method.training.SGD`` takes torch's multi-tensor kernels, as ``torch.optim.SGD``
     does there: five steps with momentum and weight decay give the same parameters, bit for bit."""
     import copy
 
-    from fedsuite.training import SGD
+    from fedsuite.method.training import SGD
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.GroupNorm(2, 4), torch.nn.Flatten(),

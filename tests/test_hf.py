@@ -282,7 +282,7 @@ def test_cli_says_the_missing_dataset_in_one_line(tmp_path):
     env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"))
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "fedsuite.cli", "simulate", "--dataset", "hf", "--set",
+            [sys.executable, "-m", "fedsuite.cli.main", "simulate", "--dataset", "hf", "--set",
              'dataset_options={path="uoft-cs/cifar10"}', "--set", f"data_root={tmp_path / 'data'}",
              "--output-dir", str(tmp_path / "runs")],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -468,7 +468,7 @@ def test_docs_recipes_name_what_the_tests_run():
 def test_recipe_femnist_by_writer_through_fedsuite_simulate(tmp_path):
     """The FEMNIST recipe as the docs write it (hub id replaced by a parquet copy, tiny scale):
     `fedsuite simulate --dataset hf --partitioner natural --set partition_by=writer_id`."""
-    from fedsuite import runtime
+    from fedsuite.engine import runtime
 
     src = tmp_path / "femnist"
     femnist_like().to_parquet(str(src / "data" / "train-00000-of-00001.parquet"))

@@ -1,4 +1,4 @@
-"""A run keeps its identity (``fedsuite.identity``): no record of another run is ever used as its own.
+"""A run keeps its identity (``fedsuite.records.identity``): no record of another run is ever used as its own.
 
 * A checkpoint, a client-state file or a summary copied in from another run (another learning
   rate) is refused by ``--resume`` in one line naming the file and the differing field, exit code
@@ -29,10 +29,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fedsuite import cli, identity, rundir
+from fedsuite.cli import main as cli
+from fedsuite.records import identity
+from fedsuite.records import rundir
 from fedsuite.data.partition import partition_indices
-from fedsuite.rundir import read_metrics
-from fedsuite.state import STATE_KEY
+from fedsuite.records.rundir import read_metrics
+from fedsuite.method.state import STATE_KEY
 from tests.conftest import fedsuite_run, tree_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent

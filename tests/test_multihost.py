@@ -35,9 +35,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedsuite import gateway, processes, superlink
-from fedsuite.certs import Credentials, make_credentials, make_supernode_key
-from fedsuite.rundir import read_metrics
+from fedsuite.deploy import gateway
+from fedsuite.launch import processes
+from fedsuite.deploy import superlink
+from fedsuite.deploy.certs import Credentials, make_credentials, make_supernode_key
+from fedsuite.records.rundir import read_metrics
 from tests.conftest import deployment_app
 
 SUBNET = "10.15.0"
@@ -224,7 +226,7 @@ def run_federation(net: Network, tmp_path: Path, data_root: Path) -> Federation:
                      env["link"], log, run_dir)
         procs.append((link, homes["link"]))
         gw_log = run_dir / "gateway.log"
-        gw = start(net, "link", [sys.executable, "-m", "fedsuite.cli", "gateway", str(creds.root),
+        gw = start(net, "link", [sys.executable, "-m", "fedsuite.cli.main", "gateway", str(creds.root),
                                  "--listen", f"0.0.0.0:{PORT}", "--superlink", link_address,
                                  "--dir", str(tmp_path / "gateway")], env["link"], gw_log, run_dir)
         procs.append((gw, None))
@@ -437,7 +439,7 @@ def test_compose_federation_with_tls_and_authentication(tmp_path):
         up = dc("up", "-d", "supernode-0", "supernode-1")
         assert up.returncode == 0, up.stdout + up.stderr + dc("logs").stdout
         # an intruder: a well-formed key pair the SuperLink never registered (made outside its folder)
-        from fedsuite.certs import Credentials, make_supernode_key
+        from fedsuite.deploy.certs import Credentials, make_supernode_key
 
         make_supernode_key(Credentials(folders["intruder"]), "intruder")
         mount = ["-v", f"{folders['intruder'] / 'supernodes'}:/intruder:ro"]
@@ -491,7 +493,7 @@ def test_certs_are_valid_kept_and_extended(tmp_path):
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
-    from fedsuite.certs import CertError, make_credentials, server_hosts
+    from fedsuite.deploy.certs import CertError, make_credentials, server_hosts
 
     creds = make_credentials(tmp_path / "c", hosts=["superlink", "10.1.2.3"], supernodes=["n0"])
     ca = x509.load_pem_x509_certificate(creds.ca_cert.read_bytes())
@@ -518,7 +520,7 @@ def test_certs_are_valid_kept_and_extended(tmp_path):
 
 
 def test_missing_credentials_fail_loudly(tmp_path):
-    from fedsuite.certs import CertError, Credentials
+    from fedsuite.deploy.certs import CertError, Credentials
 
     creds = Credentials(tmp_path / "none")
     with pytest.raises(CertError, match=r"ca\.crt.*server\.pem.*server\.key"):
@@ -530,7 +532,7 @@ def test_missing_credentials_fail_loudly(tmp_path):
                          env={**os.environ, "FEDSUITE_SUPERLINK": "superlink:9093", "FLWR_HOME": str(tmp_path / "h"),
                               "FEDSUITE_CA": str(tmp_path / "none" / "ca.crt")})
     assert out.returncode == 2 and f"{tmp_path / 'none' / 'ca.crt'} is missing" in out.stderr, out.stderr
-    # it writes the connection with fedsuite's `python3 -m fedsuite.cli connection`: the image puts
+    # it writes the connection with fedsuite's `python3 -m fedsuite.cli.main connection`: the image puts
     # its environment's python3 first on PATH (docker/Dockerfile), and so does this test
     image_path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     out = subprocess.run(["sh", str(REPO / "docker" / "entrypoint.sh"), "cat", str(tmp_path / "h" / "config.toml")],
@@ -544,7 +546,7 @@ def test_certs_command(tmp_path):
     """``fedsuite certs`` as users (and docker/superlink.sh) call it; a bad host is one line, exit 2."""
     from typer.testing import CliRunner
 
-    from fedsuite.cli import app
+    from fedsuite.cli.main import app
 
     runner = CliRunner()
     result = runner.invoke(app, ["certs", str(tmp_path / "c"), "--host", "superlink", "--supernode", "a"])
@@ -566,7 +568,7 @@ def test_the_gateway_passes_the_fleet_api_alone_and_reads_no_private_key_but_its
     server.key, never ca.key or a SuperNode's key. Bad addresses and missing files are one line."""
     from typer.testing import CliRunner
 
-    from fedsuite.cli import app
+    from fedsuite.cli.main import app
 
     creds = make_credentials(tmp_path / "creds", supernodes=["n0"])
     runner = CliRunner()
@@ -645,8 +647,8 @@ def test_certs_is_all_or_nothing_and_two_at_once_agree(tmp_path):
     from cryptography.hazmat.primitives.asymmetric import ec
     from typer.testing import CliRunner
 
-    from fedsuite.certs import server_hosts
-    from fedsuite.cli import app
+    from fedsuite.deploy.certs import server_hosts
+    from fedsuite.cli.main import app
 
     runner = CliRunner()
     # a host name longer than the 64 characters of a certificate's common name is fine in the SAN
@@ -676,7 +678,7 @@ def test_certs_is_all_or_nothing_and_two_at_once_agree(tmp_path):
     # two at once into one empty folder, four times: one CA, and a server certificate it signed
     for attempt in range(4):
         folder = tmp_path / f"race{attempt}"
-        procs = [subprocess.Popen([sys.executable, "-m", "fedsuite.cli", "certs", str(folder), "--supernode", name],
+        procs = [subprocess.Popen([sys.executable, "-m", "fedsuite.cli.main", "certs", str(folder), "--supernode", name],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name in ("a", "b")]
         for proc in procs:
             out, _ = proc.communicate(timeout=120)

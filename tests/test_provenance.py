@@ -1,4 +1,4 @@
-"""What produced a run (issue 41, item 3: ``fedsuite.provenance``).
+"""What produced a run (issue 41, item 3: ``fedsuite.records.provenance``).
 
 * ``fedsuite --version`` (and ``-V``) in this checkout names its commit and whether the code is
   dirty, as git says; from a copy of the code that is not a checkout, or with no git on PATH, it
@@ -32,10 +32,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fedsuite import cli, provenance
-from fedsuite.reproduce.report import write_report
-from fedsuite.reproduce.tables import parse_tables, plan
-from fedsuite.rundir import read_metrics
+from fedsuite.cli import main as cli
+from fedsuite.records import provenance
+from fedsuite.queues.reproduce.report import write_report
+from fedsuite.queues.reproduce.tables import parse_tables, plan
+from fedsuite.records.rundir import read_metrics
 from tests.test_reproduce import TINY
 
 #: the records a run writes, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
@@ -80,7 +81,7 @@ def env_from(copy: Path, **extra: str) -> dict[str, str]:
 
 
 def version_cli(cwd: Path, env: dict[str, str] | None = None, flag: str = "--version") -> str:
-    out = subprocess.run([sys.executable, "-m", "fedsuite.cli", flag], cwd=cwd, env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "fedsuite.cli.main", flag], cwd=cwd, env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout.strip()
@@ -126,7 +127,7 @@ def test_version_of_a_repository_follows_its_commits_and_edits(tmp_path):
         fh.write("# an edit\n")
     (copy / "strategies" / "scratch.py").write_text("x = 1\n")  # new, not ignored
     state = provenance.git_state(copy)
-    assert state["dirty"] is True and state["changes"] == [" M fedsuite/provenance.py", "?? strategies/scratch.py"]
+    assert state["dirty"] is True and state["changes"] == [" M fedsuite/records/provenance.py", "?? strategies/scratch.py"]
     assert version_cli(tmp_path, env_from(copy)).endswith(f"commit {first[:12]} (dirty: 2 changed files)")
 
     git(copy, "add", "-A")
@@ -199,7 +200,7 @@ def resumed(cached_simulate, tmp_path_factory):
     run_dir = base / "runs" / "r"
     shutil.copytree(original.run_dir, run_dir, ignore=shutil.ignore_patterns(".flwr", "app", "ray-logs", "*.log"))
     copy = code_copy(base / "src", repository=True)
-    out = subprocess.run([sys.executable, "-m", "fedsuite.cli", "simulate", "--output-dir", str(run_dir.parent),
+    out = subprocess.run([sys.executable, "-m", "fedsuite.cli.main", "simulate", "--output-dir", str(run_dir.parent),
                           "--run-name", "r", "--resume", "--rounds", "4"], cwd=base, env=env_from(copy),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]

@@ -19,9 +19,9 @@ import time
 import numpy as np
 import pytest
 
-from fedsuite.processes import stop_tree
-from fedsuite.superlink import free_port
-from fedsuite.raycluster import NodeResources, actors_that_fit, resource_problem, translate_connect_error
+from fedsuite.launch.processes import stop_tree
+from fedsuite.deploy.superlink import free_port
+from fedsuite.launch.raycluster import NodeResources, actors_that_fit, resource_problem, translate_connect_error
 from tests.conftest import fedsuite_run, ray_env, start_ray_node, wait_for_ray
 
 def cluster_query(address: str, code: str) -> object:

@@ -1,4 +1,4 @@
-"""Declared message records (``fedsuite.wire.Record``/``Records``): every method's records are
+"""Declared message records (``fedsuite.method.wire.Record``/``Records``): every method's records are
 declared once, a reply is checked against its method's declaration, and a reply that lacks a
 declared record, or holds a misshapen one, is a failed reply naming the record (as a NaN is), never
 a fallback that quietly turns the method into another one. The ClientApp checks each message too.
@@ -23,10 +23,10 @@ from clients.fedmrur import D2_MAX, D2_MEAN, R_MEAN
 from clients.scaffold import DELTA_CV, SERVER_CV
 from conftest import FAST, UNIT_ROUND
 from fedsuite.config import build_config
-from fedsuite.registry import methods
-from fedsuite.replies import Reply, check_reply
-from fedsuite.strategy import ServerSetup
-from fedsuite.wire import (
+from fedsuite.method.registry import methods
+from fedsuite.method.replies import Reply, check_reply
+from fedsuite.method.strategy import ServerSetup
+from fedsuite.method.wire import (
     ARRAYS, ARRAYS_KIND, CONFIG, METRICS, METRICS_KIND, MODEL_LAYOUT, NUM_EXAMPLES, NUM_STEPS, RECEIVED_CHECKSUM,
     STATISTICS, TRAIN_LOSS, TRAIN_MESSAGE, TRAINABLE_LAYOUT, Record, Records, message_problem, record_checksum,
     to_ndarrays, to_record,
@@ -38,7 +38,8 @@ NUM_CLIENTS, COHORT = 4, 3
 
 
 def make_strategy(name: str, **values):
-    from fedsuite import models, runtime
+    from fedsuite import models
+    from fedsuite.engine import runtime
 
     cfg = build_config(values={**FAST, "data_root": tempfile.gettempdir() + "/fedsuite-test-data", "strategy": name,
                                "num_clients": NUM_CLIENTS, "clients_per_round": COHORT, **UNIT_ROUND, **values})
@@ -208,7 +209,7 @@ def test_check_reply_without_declared_records_is_unchanged():
     np.array(["ab", "c"]), np.arange(4, dtype=np.complex64), np.zeros((2, 3), [("a", "<i4"), ("b", "<f8")]),
 ], ids=["f32", "0-d", "empty", "bool", "f16", "big-endian", "fortran", "strided", "unicode", "complex", "structured"])
 def test_an_arrays_numpy_value_is_flowers_without_parsing_its_header(value, monkeypatch):
-    """``fedsuite.wire.ndarray`` returns what Flower's ``Array.numpy()`` (``np.load``) returns: the
+    """``fedsuite.method.wire.ndarray`` returns what Flower's ``Array.numpy()`` (``np.load``) returns: the
     same values, dtype, shape, memory order and writability; for every header ``np.save`` writes but
     a structured dtype's, without compiling Python (``ast.literal_eval``, which threads must not run
     at once on CPython 3.11: gh-106905)."""
@@ -216,7 +217,7 @@ def test_an_arrays_numpy_value_is_flowers_without_parsing_its_header(value, monk
 
     from flwr.app import Array
 
-    from fedsuite.wire import ndarray
+    from fedsuite.method.wire import ndarray
 
     array = Array(value)
     want = array.numpy()
@@ -238,7 +239,7 @@ def test_an_array_of_a_version_2_header_or_of_cut_bytes():
 
     from flwr.app import Array
 
-    from fedsuite.wire import ndarray
+    from fedsuite.method.wire import ndarray
 
     buffer = io.BytesIO()
     np.lib.format.write_array(buffer, np.arange(3.0), version=(2, 0))

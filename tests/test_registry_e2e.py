@@ -1,15 +1,15 @@
 """Every registered method runs end to end: a real Flower simulation (Flower's Simulation Engine,
-Ray clients) of at least 2 rounds with its default knobs, for each name in ``fedsuite.registry.methods()``,
+Ray clients) of at least 2 rounds with its default knobs, for each name in ``fedsuite.method.registry.methods()``,
 so a new method is covered the moment it registers. Each run must complete (any failed or dropped
 client reply fails it) and write one metrics.jsonl line per round plus round 0, with a finite test
 accuracy in every line, and a checkpoint of the last round. The same run through the in-process
 engine (``engine="inprocess"``: the ClientApp's handlers called in the test process, no Ray) must
 give the same ``metrics.jsonl`` (wall time aside), ``clients.jsonl`` (the clients' clocks aside),
 checkpoint (global model and server state) and per-client state, bit for bit: the round engine is the same whatever carries its messages
-(``fedsuite.transport``). FedInit and FedNLR carry the two plug-ins (relaxed initialisation,
+(``fedsuite.engine.transport``). FedInit and FedNLR carry the two plug-ins (relaxed initialisation,
 neuron-wise learning rates).
 
-The Flower runs are one batch (``fedsuite.launch.simulate_batch``): one after another in one
+The Flower runs are one batch (``fedsuite.launch.start.simulate_batch``): one after another in one
 simulation, one Ray node and one ClientApp actor for all, each with its own folder and records.
 One run's start-up (the simulation process, its Ray, the actor: about 11 CPU-seconds on 2 cores)
 would otherwise be paid once per method."""
@@ -22,8 +22,8 @@ import math
 import pytest
 from conftest import FAST, assert_same_arrays, assert_same_client_state, assert_same_state
 
-from fedsuite.registry import methods
-from fedsuite.rundir import read_clients
+from fedsuite.method.registry import methods
+from fedsuite.records.rundir import read_clients
 
 METHODS = sorted(methods())
 

@@ -42,19 +42,19 @@ import pytest
 import torch
 from rich.console import Console
 
-from fedsuite import rundir
-from fedsuite.processes import available_cores, core_slices
+from fedsuite.records import rundir
+from fedsuite.launch.processes import available_cores, core_slices
 from fedsuite.config import ConfigError, build_config
-from fedsuite.reproduce.queue import (ReproduceError, check_recorded, missing_data, name_failed, pending, placement_options,
+from fedsuite.queues.reproduce.queue import (ReproduceError, check_recorded, missing_data, name_failed, pending, placement_options,
                                       run_queue)
-from fedsuite.reproduce.report import aggregate, write_report
-from fedsuite.reproduce.tables import SCALES, Target, load_targets, parse_tables, plan
-from fedsuite.activity import Component
-from fedsuite.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, HOLDS, INERT_HERE, NOT_JUDGED, REVERSED,
+from fedsuite.queues.reproduce.report import aggregate, write_report
+from fedsuite.queues.reproduce.tables import SCALES, Target, load_targets, parse_tables, plan
+from fedsuite.method.activity import Component
+from fedsuite.queues.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, HOLDS, INERT_HERE, NOT_JUDGED, REVERSED,
                                          SMALLER_THAN_PAPERS, VERDICTS, Activity, Claim, claims,
                                          paired_verdict, t_quantile, verdict, verdict_rule)
-from fedsuite.results import run_value, write_atomically, write_json
-from fedsuite.rundir import read_metrics
+from fedsuite.records.results import run_value, write_atomically, write_json
+from fedsuite.records.rundir import read_metrics
 from tests.conftest import FAST, assert_same_arrays, fedsuite_run, tree_snapshot
 from tests.test_data import make_cifar10, make_cifar100
 
@@ -813,7 +813,7 @@ def _env() -> dict[str, str]:
 
 
 def _cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fedsuite.cli", "reproduce", *args]
+    return [sys.executable, "-m", "fedsuite.cli.main", "reproduce", *args]
 
 
 TINY = """
@@ -853,7 +853,7 @@ def test_a_run_another_queue_is_running_is_left_to_it_and_not_called_failed(tmp_
 
     from rich.console import Console
 
-    from fedsuite.reproduce.queue import IN_USE, run_queue
+    from fedsuite.queues.reproduce.queue import IN_USE, run_queue
 
     tables = tmp_path / "tables.toml"
     tables.write_text(TINY.format(dataset="synthetic").replace(', "faults.delay_s=1.0"', ""))
@@ -898,7 +898,7 @@ def test_without_scale_a_machine_without_a_gpu_gets_the_cpu_scale_or_a_refusal(t
     a line; a target with only the paper scale is refused, naming its runs and rounds, before
     anything starts (``--scale paper`` starts it anyway); ``--report`` runs nothing and reads the
     paper scale of such a target."""
-    from fedsuite.reproduce import default_scale
+    from fedsuite.queues.reproduce import default_scale
 
     targets = load_targets()
     claims, cifar = targets["fedinit-claims"], targets["fedinit-claims-cifar10"]
@@ -920,7 +920,7 @@ def test_without_scale_a_machine_without_a_gpu_gets_the_cpu_scale_or_a_refusal(t
         "in all (cnn on cifar10), sized for GPUs, and this machine has none: pass --scale paper to start them on "
         "its CPU anyway")
     # the command on this machine, as it is
-    from fedsuite.reproduce import gpu_here
+    from fedsuite.queues.reproduce import gpu_here
 
     out = fedsuite_run(["reproduce", "fedinit-claims-cifar10", "--output-dir", str(tmp_path / "o"), "--data-root",
                         str(tmp_path / "nodata")], env=_env(), timeout=300)
@@ -941,8 +941,8 @@ def test_options_take_several_values_after_one_flag_and_a_usage_error_is_one_lin
     takes one value per flag); a usage error (no value, a bad value, an unknown option) is one line, exit 2."""
     from typer.testing import CliRunner
 
-    from fedsuite.cli import app
-    from fedsuite.cli_support import ManyValuesCommand
+    from fedsuite.cli.main import app
+    from fedsuite.cli.support import ManyValuesCommand
 
     spread = ManyValuesCommand("reproduce").spread
     assert spread(["t", "--rows", "a", "b", "--seeds", "0", "-1", "--jobs", "2", "--methods=m", "--report"]) == [
@@ -1230,8 +1230,8 @@ def test_a_row_whose_runs_record_a_server_momentum_gets_its_figure(tmp_path, mon
     reaggregation) gets ``<row>-momentum.png`` beside its accuracy figure, drawing each such method
     (FedProx and FedAvg record none) with 1/(1−α) for the one whose momentum is built from the
     normalised update (read from its runs' config.json, as ``fedsuite simulate`` writes it)."""
-    from fedsuite.reproduce import report as report_module
-    from fedsuite.reproduce.tables import cell_overrides
+    from fedsuite.queues.reproduce import report as report_module
+    from fedsuite.queues.reproduce.tables import cell_overrides
 
     target = _tiny_target(tmp_path, 'fedcm = { label = "FedCM", set = ["strategy=fedcm", "fedcm.alpha=0.2"] }\n'
                                     'fedcm-n = { label = "FedCM+N", set = ["strategy=fedcm", "fedcm.alpha=0.2", '
@@ -1535,7 +1535,7 @@ def test_reproduce_reuses_a_moved_run_and_stops_on_a_changed_target(simulate, da
     write nothing (today's code read the old run as the new target's)."""
     from typer.testing import CliRunner
 
-    from fedsuite.cli import app
+    from fedsuite.cli.main import app
 
     # the cell's data: the benchmark as it comes
     done = simulate(strategy="fedavg", dataset_options={}, engine="inprocess")

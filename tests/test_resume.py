@@ -45,11 +45,13 @@ import torch
 from typer.testing import CliRunner
 
 import fedsuite
-from fedsuite import cli, launch, rundir
+from fedsuite.cli import main as cli
+from fedsuite.launch import start as launch
+from fedsuite.records import rundir
 from fedsuite.config import ConfigError, apply_override, build_config
-from fedsuite.processes import process_tree
-from fedsuite.rundir import read_metrics
-from fedsuite.state import ClientState, prune_committed
+from fedsuite.launch.processes import process_tree
+from fedsuite.records.rundir import read_metrics
+from fedsuite.method.state import ClientState, prune_committed
 from tests.conftest import FAST as SMALL_FAST
 from tests.conftest import assert_same_arrays, assert_same_state, fedsuite_run, fedsuite_start
 
@@ -87,7 +89,7 @@ def _env() -> dict[str, str]:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fedsuite.cli", "simulate", *args]
+    return [sys.executable, "-m", "fedsuite.cli.main", "simulate", *args]
 
 
 def _start(toml: Path, log: Path):
@@ -194,7 +196,7 @@ def _assert_same_run(resumed_dir: Path, reference, method: str) -> None:
     assert_same_arrays(reference.arrays, ckpt["arrays"], exact=True)
     want_state, got_state = _newest_state(reference.run_dir), _newest_state(resumed_dir)
     assert list(got_state) == list(want_state), f"{method}: client-state entries differ"
-    for key in want_state:  # the arrays bit for bit, and the run's identity each file carries (fedsuite.identity)
+    for key in want_state:  # the arrays bit for bit, and the run's identity each file carries (fedsuite.records.identity)
         assert_same_state(got_state[key], want_state[key], f"{method}: client state {key}")
     summary = json.loads((resumed_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds_completed"] == ROUNDS
@@ -246,7 +248,7 @@ def test_a_killed_batch_keeps_its_finished_run_and_run_again_continues_the_rest(
     folders = [tmp_path / name for name in ("first", "killed", "last")]
     batch = [({**FAST, **values, "data_root": str(data_root), "ray_address": worker_ray_cluster}, str(folder))
              for values, folder in zip((first, killed, last), folders)]
-    script = ("import json, sys, pathlib; from fedsuite.config import build_config; from fedsuite import launch; "
+    script = ("import json, sys, pathlib; from fedsuite.config import build_config; from fedsuite.launch import start as launch; "
               "launch.simulate_batch([(build_config(values=v), pathlib.Path(d)) for v, d in json.loads(sys.argv[1])])")
     log = tmp_path / "batch.log"
     with log.open("wb") as out:
@@ -684,9 +686,10 @@ def test_only_an_error_of_the_run_itself_is_recorded_as_its_failure(how, tmp_pat
     down with it), or a KeyboardInterrupt/SystemExit, records nothing: the run stays partial."""
     from flwr.app import Context, RecordDict
 
-    from fedsuite import engine, server_app
+    from fedsuite.engine import round_engine as engine
+    from fedsuite.engine import server_app
     from fedsuite.config import to_run_config
-    from fedsuite.runtime import RUN_DIR_KEY
+    from fedsuite.engine.runtime import RUN_DIR_KEY
 
     cfg = build_config(values={**FAST, "output_dir": str(tmp_path)})
     run_dir = tmp_path / "r"
@@ -857,9 +860,9 @@ def test_a_run_folder_is_held_until_its_holder_and_the_runs_processes_are_gone(t
         bystander.kill()
         bystander.wait()
     # an earlier attempt's processes: a daemon of its private Ray (it carries the run's FLWR_HOME),
-    # and its simulation process (python -m fedsuite.simulation, working in the folder)
+    # and its simulation process (python -m fedsuite.launch.simulation, working in the folder)
     for earlier_kind in ({"env": {**os.environ, "FLWR_HOME": str(run_dir / ".flwr")}},
-                         {"cwd": run_dir, "args": ["fedsuite.simulation"]}):
+                         {"cwd": run_dir, "args": ["fedsuite.launch.simulation"]}):
         earlier = subprocess.Popen(sleeper + earlier_kind.get("args", []), env=earlier_kind.get("env"),
                                    cwd=earlier_kind.get("cwd"))
         try:
@@ -881,7 +884,7 @@ def test_a_run_folder_is_held_until_its_holder_and_the_runs_processes_are_gone(t
 def test_a_resume_started_inside_its_run_folder_is_not_held_up_by_itself(simulate, data_root, tmp_path,
                                                                           worker_ray_cluster):
     """The CLI starts its simulation process in its own working folder before the run is named; run
-    from inside the run's folder, that process looks like an earlier attempt's (a fedsuite.simulation
+    from inside the run's folder, that process looks like an earlier attempt's (a fedsuite.launch.simulation
     working in the folder) and must not be waited for: the resume proceeds at once and completes."""
     reference, out, run_dir, proc, log = _start_fedavg(simulate, data_root, tmp_path, worker_ray_cluster, "inside")
     try:
@@ -902,12 +905,12 @@ def test_a_killed_starts_watcher_stops_its_own_processes_and_not_a_resumes(tmp_p
     ``FLWR_HOME``. A watcher now stops the processes of its own start only (``FEDSUITE_ATTEMPT``).
     Real processes: a launcher with its watcher, SIGKILLed; a process of its start and one of a
     resume, both carrying the run's ``FLWR_HOME``."""
-    from fedsuite.processes import ATTEMPT_ENV
+    from fedsuite.launch.processes import ATTEMPT_ENV
 
     flwr_home = tmp_path / "run" / ".flwr"
     flwr_home.mkdir(parents=True)
     launcher = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom fedsuite import reaper\n"
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom fedsuite.launch import reaper\n"
          f"reaper.start(Path({str(flwr_home)!r}), Path({str(tmp_path / 'reaper.log')!r}), attempt='first')\n"
          "print('watched', flush=True)\ntime.sleep(600)"],
         stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})

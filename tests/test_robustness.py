@@ -31,11 +31,12 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from conftest import fedsuite_run
-from fedsuite import processes, reaper
-from fedsuite.cli import app
+from fedsuite.launch import processes
+from fedsuite.launch import reaper
+from fedsuite.cli.main import app
 from fedsuite.config import build_config
 from fedsuite.data import DatasetError, load_dataset
-from fedsuite.rundir import read_metrics
+from fedsuite.records.rundir import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 FEDSUITE = Path(sys.executable).parent / "fedsuite"
@@ -179,7 +180,7 @@ def test_a_completed_run_leaves_no_process_behind(tmp_path):
     try:
         deadline = time.monotonic() + 180
         while not (simulations := [p for p in psutil.Process(cli.pid).children()
-                                   if "fedsuite.simulation" in " ".join(p.cmdline())]):
+                                   if "fedsuite.launch.simulation" in " ".join(p.cmdline())]):
             assert cli.poll() is None and time.monotonic() < deadline, "no simulation process"
             time.sleep(0.2)
         started = _run_processes(simulations[0], flwr_home)
@@ -202,7 +203,7 @@ def test_a_stopped_simulation_process_leaves_when_its_teardown_hangs():
     its grace it leaves with exit code 1, the code of a stopped run."""
     code = textwrap.dedent("""
         import signal, time
-        from fedsuite import simulation
+        from fedsuite.launch import simulation
         signal.signal(signal.SIGTERM, lambda signum, frame: time.sleep(3600))  # a teardown that never ends
         simulation.note_stop_requests(grace_s=1.0)
         print("ready", flush=True)
@@ -242,7 +243,7 @@ def test_killing_the_cli_process_group_stops_the_whole_run(tmp_path):
         # the ServerApp and Flower's engine: the CLI's child, started before the run had its mark
         # (it takes the run's environment later, which /proc does not show); it dies with the CLI
         (simulation,) = [p for p in psutil.Process(cli.pid).children()
-                         if "fedsuite.simulation" in " ".join(p.cmdline())]
+                         if "fedsuite.launch.simulation" in " ".join(p.cmdline())]
         # everything the run started, Ray's renamed agents included (their environment no longer
         # shows the run's FLWR_HOME: the hostile test found them alive 50-90 s after the kill)
         started = _run_processes(simulation, flwr_home)
@@ -270,7 +271,7 @@ def test_killing_the_cli_process_group_stops_the_whole_run(tmp_path):
 
 def test_die_with_parent_signals_the_child_when_its_parent_dies(tmp_path):
     # the parent (a short python) starts a long sleep with die_with_parent(), then exits
-    code = ("import subprocess, sys; from fedsuite import reaper; "
+    code = ("import subprocess, sys; from fedsuite.launch import reaper; "
             "p = subprocess.Popen(['sleep', '300'], preexec_fn=reaper.die_with_parent(), start_new_session=True); "
             "print(p.pid, flush=True)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
@@ -438,7 +439,7 @@ def _number_fields() -> list[tuple[str, object]]:
     """Every leaf field of the config model (the run's fields and every section's), dotted, with
     its annotation; the sections are found by walking the model, so a new one is covered."""
     from fedsuite.config import config_model
-    from fedsuite.params import Params
+    from fedsuite.method.params import Params
 
     out = []
 
@@ -449,7 +450,7 @@ def _number_fields() -> list[tuple[str, object]]:
                 walk(annotation, f"{prefix}{name}.")
             else:
                 assert not (isinstance(annotation, type) and issubclass(annotation, BaseModel)), \
-                    f"section {prefix}{name} is a pydantic model that does not derive from fedsuite.params.Params"
+                    f"section {prefix}{name} is a pydantic model that does not derive from fedsuite.method.params.Params"
                 out.append((prefix + name, annotation))
 
     walk(config_model(), "")
@@ -550,7 +551,7 @@ def test_a_partition_into_tens_of_thousands_of_clients_is_drawn(tmp_path):
     is drawn at 60,000."""
     from PIL import Image
 
-    from fedsuite.plots import PARTITION_BARS_MAX, plot_partition
+    from fedsuite.records.plots import PARTITION_BARS_MAX, plot_partition
 
     rng = np.random.default_rng(0)
     n = 12_000  # 2 samples per client: the data allows 6,000 clients
@@ -600,7 +601,7 @@ def test_the_private_ray_folders_of_runs_killed_with_their_watcher_are_removed(t
     """kill -9 of a run's whole tree, watcher included, left an fsray-* folder (about 190 KB) in
     the temporary folder every time. The next run removes those whose owner is gone and that no live
     process uses; an unfinished run gets Ray's logs first; a live owner's and an unowned folder stay."""
-    dead = subprocess.Popen([sys.executable, "-c", "import pathlib; from fedsuite import reaper; "
+    dead = subprocess.Popen([sys.executable, "-c", "import pathlib; from fedsuite.launch import reaper; "
                              f"print(reaper.make_ray_tmpdir(pathlib.Path({str(tmp_path / 'run')!r})))"],
                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     orphan = Path(dead.communicate(timeout=60)[0].strip())

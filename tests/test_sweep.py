@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedsuite import rundir
-from fedsuite.rundir import read_metrics
-from fedsuite.sweep import parse_grid, split_values
+from fedsuite.records import rundir
+from fedsuite.records.rundir import read_metrics
+from fedsuite.queues.sweep import parse_grid, split_values
 from tests.conftest import fedsuite_run, tree_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ def _env() -> dict[str, str]:
 
 
 def _sweep(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fedsuite.cli", "sweep", *args]
+    return [sys.executable, "-m", "fedsuite.cli.main", "sweep", *args]
 
 
 def test_values_split_on_top_level_commas_only():
@@ -174,7 +174,7 @@ def test_a_sweep_reuses_only_its_own_runs_and_names_a_failed_one(tmp_path):
 def test_a_sweep_section_in_the_config_file(tmp_path):
     """Two runs at once, each on its private Ray (a sweep on a laptop): each is pinned to its own
     share of the cores, which its Ray, its clients and its central evaluation then use."""
-    from fedsuite.processes import core_slices
+    from fedsuite.launch.processes import core_slices
 
     config = tmp_path / "mine.toml"
     config.write_text('rounds = 1\nnum_clients = 6\nclients_per_round = 2\n\n[sweep]\n'
@@ -201,7 +201,7 @@ def test_a_sweep_section_with_seeds_only_takes_the_grid_from_the_command_line(tm
                        env=_env(), timeout=120)
     assert res.returncode == 2 and "setting lr=-1" in res.stderr and "sweep" not in res.stderr.split("lr=-1")[1], res.stderr
     assert not (tmp_path / "out").exists()
-    from fedsuite.sweep import plan, read_sweep_section
+    from fedsuite.queues.sweep import plan, read_sweep_section
     stripped, grid, seeds = read_sweep_section(config)
     assert (stripped, grid, seeds) == ({"rounds": 1}, {}, [4, 5])
     runs = plan(tmp_path / "base.toml", [], {"lr": [0.1]}, seeds, tmp_path / "out", base=stripped)
@@ -250,7 +250,7 @@ def test_a_setting_simulate_would_refuse_is_one_line_before_anything_runs(tmp_pa
 
 
 def test_a_reproduce_queue_makes_simulates_checks_before_it_starts(tmp_path):
-    """The same checks for a reproduce target's runs (one queue: ``fedsuite.reproduce.queue.pending``)."""
+    """The same checks for a reproduce target's runs (one queue: ``fedsuite.queues.reproduce.queue.pending``)."""
     tables = tmp_path / "tiny" / "tables.toml"
     tables.parent.mkdir()
     tables.write_text('paper = "a tiny table"\n\n[targets.tiny]\ntitle = "t"\nours = "fedprox"\nseeds = [0]\n'
@@ -271,8 +271,8 @@ def test_each_run_gets_the_settings_of_its_own_method(tmp_path):
     carries only the settings its method and plug-ins use, which ``fedsuite simulate`` now demands.
     A grid key that some of its settings' runs would not use is refused: those runs would be one
     run under several names."""
-    from fedsuite.runner import resolve_config
-    from fedsuite.sweep import SweepError, plan
+    from fedsuite.launch.runner import resolve_config
+    from fedsuite.queues.sweep import SweepError, plan
 
     runs = plan(None, ["fedprox.mu=0.1", "relaxed_init.storage=server-state"],
                 {"strategy": ["fedavg", "fedprox", "fedinit"]}, [0], tmp_path)
@@ -327,16 +327,16 @@ def test_a_second_sweep_into_a_running_sweeps_folder_is_refused_naming_the_first
 
 
 def test_the_warm_starter_runs_each_command_in_a_process_of_its_own_and_says_how_it_ended(tmp_path):
-    """``fedsuite.warm``, which starts a queue's runs: each command is a process of its own (not the
+    """``fedsuite.launch.warm``, which starts a queue's runs: each command is a process of its own (not the
     warm process, not this one) with its output in its log, its cores and its exit code (2 for a
     refused config; minus the signal for a killed run); a run started after the warm process died is
     started the plain way and runs as well."""
     import psutil
 
-    from fedsuite.warm import WarmStarter
+    from fedsuite.launch.warm import WarmStarter
 
     def command(name: str, *more: str) -> list[str]:
-        return [sys.executable, "-m", "fedsuite.cli", "simulate", "--engine", "inprocess", "--set", "num_clients=6",
+        return [sys.executable, "-m", "fedsuite.cli.main", "simulate", "--engine", "inprocess", "--set", "num_clients=6",
                 "--set", "clients_per_round=2", "--set", f"data_root={tmp_path / 'data'}", "--output-dir",
                 str(tmp_path / "out"), "--run-name", name, *more]
 

@@ -26,9 +26,9 @@ pytest.importorskip("tensorboard", reason="the tracking tests read event files w
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from fedsuite import superlink  # noqa: E402
-from fedsuite.recording import RunRecorder, scalars  # noqa: E402
-from fedsuite.rundir import read_metrics  # noqa: E402
+from fedsuite.deploy import superlink# noqa: E402
+from fedsuite.records.recording import RunRecorder, scalars  # noqa: E402
+from fedsuite.records.rundir import read_metrics  # noqa: E402
 
 #: the records a run writes, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
 pytestmark = pytest.mark.inprocess

@@ -50,7 +50,7 @@ def _run_simulation_engine():
     from flwr.simulation.run_simulation import _run_simulation
 
     # its arguments are bound in test_every_call_to_an_internal_fits_its_signature
-    assert hasattr(EventType, "FLWR_SIMULATION_RUN_LEAVE")  # the exit_event fedsuite.simulation passes
+    assert hasattr(EventType, "FLWR_SIMULATION_RUN_LEAVE")  # the exit_event fedsuite.launch.simulation passes
     return _run_simulation
 
 
@@ -101,7 +101,7 @@ def _superlink_node_id():
 def _task_identity():
     from flwr.supercore.task_identity import TaskIdentity
 
-    for field in ("task_id", "run_id", "node_id"):  # set as class attributes by fedsuite.simulation.run
+    for field in ("task_id", "run_id", "node_id"):  # set as class attributes by fedsuite.launch.simulation.run
         prop = inspect.getattr_static(type(TaskIdentity), field)
         assert isinstance(prop, property) and prop.fset is not None, field
     return TaskIdentity
@@ -130,13 +130,13 @@ def function_body(fn: Callable) -> str:
 def _flower_client_app_actor():
     from flwr.simulation.ray_transport.ray_actor import ClientAppActor
 
-    from fedsuite.ray_actor import ClientAppActor as Ours
+    from fedsuite.launch.ray_actor import ClientAppActor as Ours
 
     flowers, ours = ClientAppActor.__ray_actor_class__, Ours.__ray_actor_class__
     assert parameters(ours.run) == parameters(flowers.run)
     assert parameters(ours.__init__) == parameters(flowers.__init__)
     assert function_body(ours.run) == function_body(flowers.run), (
-        "Flower's ClientAppActor.run changed: fedsuite.ray_actor.ClientAppActor.run is its copy, update it")
+        "Flower's ClientAppActor.run changed: fedsuite.launch.ray_actor.ClientAppActor.run is its copy, update it")
     return ClientAppActor
 
 
@@ -183,7 +183,7 @@ def _max_array_chunk_size():
 def _ray_node():
     from ray._private.node import Node
 
-    from fedsuite.simulation import skip_api_server, skip_daemon
+    from fedsuite.launch.simulation import skip_api_server, skip_daemon
 
     # the replacements take what the methods take (their first parameter is the node either way)
     assert parameters(Node.start_api_server)[1:] == parameters(skip_api_server)[1:]

@@ -16,8 +16,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fedsuite.plots import pyplot
-from fedsuite.rundir import read_metrics, summary
+from fedsuite.records.plots import pyplot
+from fedsuite.records.rundir import read_metrics, summary
 
 HERE = Path(__file__).resolve().parent
 STUDY = HERE / "results" / "rho-cifar10"

@@ -1,0 +1,1 @@
+"""Queues of runs: sweeps, Ray Tune searches, the papers' reproductions."""
