@@ -18,12 +18,12 @@ from __future__ import annotations
 import torch
 
 from fedsuite.data import to_float
-from fedsuite.training import ClientRule, LocalData
-from fedsuite.wire import ARRAYS_KIND, STATISTICS, Record, Records
+from fedsuite.method.training import ClientRule, LocalData
+from fedsuite.method.wire import ARRAYS_KIND, STATISTICS, Record, Records
 
 #: the entries of a statistics reply's record: N_{i,c} [C], μ_{i,c} [C, D], Σ_{i,c} [C, D, D]
 COUNTS, MEANS, COVS = "counts", "means", "covs"
-#: CCVR's records (``fedsuite.wire.Records``): every statistics reply holds the three entries
+#: CCVR's records (``fedsuite.method.wire.Records``): every statistics reply holds the three entries
 RECORDS = Records(statistics=(Record(STATISTICS, ARRAYS_KIND, entries=(COUNTS, MEANS, COVS)),))
 
 

@@ -4,7 +4,7 @@ Clustered sampling changes only *which* clients train (``strategies/clusamp.py``
 is FedAvg's: w ← w − η (∇ℓ(w; b) + λ_wd w) from the received w^t.
 """
 
-from fedsuite.training import ClientRule
+from fedsuite.method.training import ClientRule
 
 
 class CluSampClient(ClientRule):

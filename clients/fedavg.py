@@ -3,10 +3,10 @@
     w ← w^t;  for each mini-batch b:  w ← w − η (∇ℓ(w; b) + λ_wd w)   [momentum m, fresh each round]
     return w_{i,K}
 
-This is exactly :class:`fedsuite.training.ClientRule`; the subclass exists so the method is a pair of files.
+This is exactly :class:`fedsuite.method.training.ClientRule`; the subclass exists so the method is a pair of files.
 """
 
-from fedsuite.training import ClientRule
+from fedsuite.method.training import ClientRule
 
 
 class FedAvgClient(ClientRule):

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import torch
 
-from fedsuite.training import SGD, ClientRule, LocalResult, LocalTask
-from fedsuite.wire import ARRAYS_KIND, TRAINABLE_LAYOUT, Record, Records
+from fedsuite.method.training import SGD, ClientRule, LocalResult, LocalTask
+from fedsuite.method.wire import ARRAYS_KIND, TRAINABLE_LAYOUT, Record, Records
 
 STATE_NAME = "feddyn-h"
 #: the extra ArrayRecord of a reply whose start point w_{i,0} differs from w^t: r_i = w_{i,0} − w^t
 START_OFFSET = "start-offset"
-#: FedDyn's records (``fedsuite.wire.Records``): r_i over the trainable parameters, present exactly
+#: FedDyn's records (``fedsuite.method.wire.Records``): r_i over the trainable parameters, present exactly
 #: when the start point moved (relaxed initialisation with a non-zero offset), checked when present
 RECORDS = Records(reply=(Record(START_OFFSET, ARRAYS_KIND, TRAINABLE_LAYOUT, optional=True),))
 

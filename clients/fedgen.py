@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedsuite.seeding import GLOBAL_TORCH_RNG
-from fedsuite.training import ClientRule, LocalResult, LocalTask
-from fedsuite.wire import ARRAYS_KIND, CONFIG_KIND, Record, Records
+from fedsuite.method.seeding import GLOBAL_TORCH_RNG
+from fedsuite.method.training import ClientRule, LocalResult, LocalTask
+from fedsuite.method.wire import ARRAYS_KIND, CONFIG_KIND, Record, Records
 
 #: the extra ArrayRecord the server sends: the generator's weights
 GENERATOR = "generator"
@@ -36,7 +36,7 @@ GEN_BATCH = "fedgen-gen-batch"
 #: the extra ArrayRecord of every reply: the client's label counts n_{i,c}, as its entry :data:`COUNTS` [C]
 LABEL_COUNTS = "label-counts"
 COUNTS = "counts"
-#: FedGen's records (``fedsuite.wire.Records``): the generator (from round 2 on, when the server has
+#: FedGen's records (``fedsuite.method.wire.Records``): the generator (from round 2 on, when the server has
 #: trained one: optional) and the three config keys in every message; the label counts in every reply
 RECORDS = Records(
     message=(Record(GENERATOR, ARRAYS_KIND, optional=True), Record(ALPHA, CONFIG_KIND), Record(BETA, CONFIG_KIND),
@@ -58,7 +58,7 @@ class Generator(nn.Module):
     @classmethod
     def from_state(cls, state: dict[str, torch.Tensor], num_classes: int) -> "Generator":
         hidden, inp = state["fc.weight"].shape
-        with GLOBAL_TORCH_RNG:  # its throwaway initialisation draws from the global RNG (fedsuite.seeding)
+        with GLOBAL_TORCH_RNG:  # its throwaway initialisation draws from the global RNG (fedsuite.method.seeding)
             gen = cls(int(inp) - num_classes, num_classes, int(state["out.weight"].shape[0]), int(hidden))
         gen.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
         return gen

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedsuite.training import ClientRule, LocalTask
+from fedsuite.method.training import ClientRule, LocalTask
 
 
 def calibration_shift(counts: torch.Tensor, tau: float, min_count: float = 1e-8) -> torch.Tensor:

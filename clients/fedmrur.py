@@ -24,7 +24,7 @@ so d² ≥ 0 without clamping, there is no cancellation of large numbers for any
 denominator is ≥ 2β > 0, and d² and its gradient are exactly 0 at z = ẑ (so ∇R = 0 at the first
 local step). ``manifold="euclidean"`` uses d² = ‖z − ẑ‖² instead (Table 8).
 
-Activity (``fedsuite.activity``, component :data:`HYPERBOLIC`). How much the regulariser acted in
+Activity (``fedsuite.method.activity``, component :data:`HYPERBOLIC`). How much the regulariser acted in
 a round is its share of the step, on the round's last local step k = K − 1 (first SAM pass, at w):
 
     share = ‖∇_w (γ R_b)(w)‖ / ‖∇_w CE(head(Φ(w; x)), y)‖     (joint L2 norms over all parameters)
@@ -46,20 +46,20 @@ import torch
 import torch.nn.functional as F
 
 from clients.sam import MOMENTUM_RECORDS, SamMomentumClient
-from fedsuite.activity import Component, joint_norm, ratio
-from fedsuite.training import LocalResult, LocalTask
-from fedsuite.wire import METRICS_KIND, Record, Records
+from fedsuite.method.activity import Component, joint_norm, ratio
+from fedsuite.method.training import LocalResult, LocalTask
+from fedsuite.method.wire import METRICS_KIND, Record, Records
 
 EXP_CLAMP = 50.0
 
 #: the regulariser's diagnostics in every reply with the regulariser on (FedMRURClient's docstring)
 D2_MEAN, D2_MAX, R_MEAN = "fedmrur-d2-mean", "fedmrur-d2-max", "fedmrur-R-mean"
-#: FedMRUR's records (``fedsuite.wire.Records``): the family's momentum records, plus the three
+#: FedMRUR's records (``fedsuite.method.wire.Records``): the family's momentum records, plus the three
 #: diagnostics, required where ``[fedmrur] hyperbolic`` is on
 RECORDS = MOMENTUM_RECORDS + Records(reply=tuple(
     Record(key, METRICS_KIND, when=lambda cfg: cfg.method_params.hyperbolic) for key in (D2_MEAN, D2_MAX, R_MEAN)))
 
-#: FedMRUR's hyperbolic regulariser as a distinguishing component (``fedsuite.activity``): its share
+#: FedMRUR's hyperbolic regulariser as a distinguishing component (``fedsuite.method.activity``): its share
 #: of the step, measured on each round's last local step (module docstring). Inert below 1e-3: the
 #: term moves the step by less than a thousandth of the cross-entropy's own gradient.
 HYPERBOLIC = Component(
@@ -103,7 +103,7 @@ def euclidean_sq_dist(z: torch.Tensor, z_hat: torch.Tensor) -> torch.Tensor:
 
 
 def gradient_share(term: torch.Tensor, base: torch.Tensor, params: list[torch.nn.Parameter]) -> float:
-    """‖∇_w term‖ / ‖∇_w base‖ over ``params`` jointly (``fedsuite.activity.ratio``: 0/0 = 0), from
+    """‖∇_w term‖ / ‖∇_w base‖ over ``params`` jointly (``fedsuite.method.activity.ratio``: 0/0 = 0), from
     the graph both scalars hang on, which stays usable (``retain_graph``): the caller still
     backpropagates their sum. ``p.grad`` is not touched (``torch.autograd.grad`` returns gradients);
     a parameter neither depends on counts as a zero gradient."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from fedsuite.training import ClientRule, LocalTask
+from fedsuite.method.training import ClientRule, LocalTask
 
 
 class FedProxClient(ClientRule):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from fedsuite.training import ClientRule, LocalTask
+from fedsuite.method.training import ClientRule, LocalTask
 
 
 def restriction_scale(counts: torch.Tensor, alpha: float, scaling: str = "hard") -> torch.Tensor:

@@ -23,11 +23,11 @@ from typing import Callable
 
 import torch
 
-from fedsuite.arrays import tensor_norm
-from fedsuite.training import SGD, ClientRule, LocalTask, clip_grad
-from fedsuite.wire import ARRAYS_KIND, MOMENTUM, NUM_STEPS_RECORD, TRAINABLE_LAYOUT, Record, Records
+from fedsuite.method.arrays import tensor_norm
+from fedsuite.method.training import SGD, ClientRule, LocalTask, clip_grad
+from fedsuite.method.wire import ARRAYS_KIND, MOMENTUM, NUM_STEPS_RECORD, TRAINABLE_LAYOUT, Record, Records
 
-#: the records of the family's methods with client momentum (FedCM, MoFedSAM, FedMRUR; ``fedsuite.wire.Records``):
+#: the records of the family's methods with client momentum (FedCM, MoFedSAM, FedMRUR; ``fedsuite.method.wire.Records``):
 #: m^t over the trainable parameters from round 2 on (m^0 = 0 is not sent: optional), and in every
 #: reply the local steps K_i, from which the server builds m^{t+1} (strategies/momentum.py)
 MOMENTUM_RECORDS = Records(message=(Record(MOMENTUM, ARRAYS_KIND, TRAINABLE_LAYOUT, optional=True),),

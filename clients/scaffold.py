@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from fedsuite.training import ClientRule, LocalResult, LocalTask
-from fedsuite.wire import ARRAYS_KIND, TRAINABLE_LAYOUT, Record, Records
+from fedsuite.method.training import ClientRule, LocalResult, LocalTask
+from fedsuite.method.wire import ARRAYS_KIND, TRAINABLE_LAYOUT, Record, Records
 
 #: the extra ArrayRecord the server sends: c, the server control variate
 SERVER_CV = "server-cv"
 #: the extra ArrayRecord the client replies: Δc_i = c_i⁺ − c_i
 DELTA_CV = "delta-cv"
-#: SCAFFOLD's records (``fedsuite.wire.Records``): c in every training message, Δc_i in every reply,
+#: SCAFFOLD's records (``fedsuite.method.wire.Records``): c in every training message, Δc_i in every reply,
 #: both over the trainable parameters
 RECORDS = Records(message=(Record(SERVER_CV, ARRAYS_KIND, TRAINABLE_LAYOUT),),
                   reply=(Record(DELTA_CV, ARRAYS_KIND, TRAINABLE_LAYOUT),))

@@ -5,6 +5,6 @@
 # failed). Arguments: the run config, as `flwr run --run-config` takes it, e.g.
 #   submit.sh "num_clients=2 fraction=1.0 rounds=2 output_dir='/runs' data_root='/data'"
 # The ServerApp runs on the SuperLink's machine and writes the run directory under output_dir there.
-# The logic is fedsuite's own (fedsuite/superlink.py, `fedsuite submit`), which the tests use too.
+# The logic is fedsuite's own (fedsuite/deploy/superlink.py, `fedsuite submit`), which the tests use too.
 set -eu
-exec python3 -m fedsuite.cli submit /opt/fedsuite-app fedsuite --run-config "${1:-}"
+exec python3 -m fedsuite.cli.main submit /opt/fedsuite-app fedsuite --run-config "${1:-}"

@@ -38,7 +38,7 @@ until python3 -c "import socket; socket.create_connection(('127.0.0.1', 9092), 1
     sleep 1
 done
 export FLWR_HOME=/tmp/superlink-cli
-python3 -m fedsuite.cli connection "$FLWR_HOME" 127.0.0.1:9092 --root-certificates "$C/ca.crt" --name local
+python3 -m fedsuite.cli.main connection "$FLWR_HOME" 127.0.0.1:9092 --root-certificates "$C/ca.crt" --name local
 count=0
 for key in "$ALLOWED"/*.pub; do
     [ -f "$key" ] || continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fedsuite.wire import ClientReply
+from fedsuite.method.wire import ClientReply
 
 Weighting = Literal["uniform", "examples"]
 

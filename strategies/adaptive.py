@@ -1,7 +1,7 @@
 """Server side shared by the adaptive server optimisers of Reddi et al. (ICLR 2021): FedAdam,
 FedYogi, FedAdagrad. Each round takes the validated, data-size-weighted mean x̄_t of the client
 models (FedAvg's rule, ``FedSuiteStrategy.aggregate``) and applies one step of its optimiser
-(``fedsuite.server_opt``) to w^t with Δ̄_t = x̄_t − w^t; the moments m_t, v_t are the method's
+(``fedsuite.method.server_opt``) to w^t with Δ̄_t = x̄_t − w^t; the moments m_t, v_t are the method's
 server state (``state_dict``: ``m_t``, ``v_t``). A method of the family says only its step.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
-from fedsuite.server_opt import Moments
-from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import ClientReply, NDArrays
+from fedsuite.method.server_opt import Moments
+from fedsuite.method.strategy import FedSuiteStrategy
+from fedsuite.method.wire import ClientReply, NDArrays
 
 
 class AdaptiveStrategy(FedSuiteStrategy):

@@ -31,15 +31,15 @@ from flwr.app import ArrayRecord
 from pydantic import Field
 
 from clients.ccvr import COUNTS, COVS, MEANS, RECORDS, CCVRClient
-from fedsuite.arrays import NDArrays
-from fedsuite.params import Params
-from fedsuite.registry import register_method
-from fedsuite.seeding import round_rng
-from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.training import SGD
-from fedsuite.wire import to_record
+from fedsuite.method.arrays import NDArrays
+from fedsuite.method.params import Params
+from fedsuite.method.registry import register_method
+from fedsuite.method.seeding import round_rng
+from fedsuite.method.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.method.training import SGD
+from fedsuite.method.wire import to_record
 
-#: the virtual features' draw of a calibration round (fedsuite.seeding.round_rng)
+#: the virtual features' draw of a calibration round (fedsuite.method.seeding.round_rng)
 VIRTUAL_TAG = 0xCC7
 
 

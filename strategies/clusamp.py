@@ -32,14 +32,14 @@ import numpy as np
 from pydantic import Field
 
 from clients.clusamp import CluSampClient
-from fedsuite.params import Params
-from fedsuite.arrays import NDArrays, weighted_mean
-from fedsuite.registry import register_method
-from fedsuite.seeding import round_rng
-from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.wire import ClientReply
+from fedsuite.method.params import Params
+from fedsuite.method.arrays import NDArrays, weighted_mean
+from fedsuite.method.registry import register_method
+from fedsuite.method.seeding import round_rng
+from fedsuite.method.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.method.wire import ClientReply
 
-#: the m cluster draws of a round (fedsuite.seeding.round_rng)
+#: the m cluster draws of a round (fedsuite.method.seeding.round_rng)
 DRAW_TAG = 0xC1A5
 
 

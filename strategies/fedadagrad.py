@@ -5,7 +5,7 @@
     v_t = v_{t−1} + Δ̄_t²                              (element-wise, m_0 = v_0 = 0)
     w^{t+1} = w^t + η m_t / (√v_t + τ)
 
-The step is ``fedsuite.server_opt.adagrad_step`` (its docstring: arithmetic, integer buffers); the
+The step is ``fedsuite.method.server_opt.adagrad_step`` (its docstring: arithmetic, integer buffers); the
 rule is the paper's Algorithm 2, no bias correction. None of the four papers evaluates FedAdagrad,
 so the defaults are η = 0.1, β₁ = 0 (Adagrad without momentum), τ = 1e-3, within Reddi et al.'s
 grids. State: m_t, v_t (``state_dict``: ``m_t``, ``v_t``).
@@ -14,9 +14,9 @@ grids. State: m_t, v_t (``state_dict``: ``m_t``, ``v_t``).
 from pydantic import Field
 
 from clients.fedavg import FedAvgClient
-from fedsuite.params import Params
-from fedsuite.registry import register_method
-from fedsuite.server_opt import adagrad_step
+from fedsuite.method.params import Params
+from fedsuite.method.registry import register_method
+from fedsuite.method.server_opt import adagrad_step
 from strategies.adaptive import AdaptiveStrategy
 
 

@@ -4,7 +4,7 @@
     m_t = β₁ m_{t−1} + (1 − β₁) Δ̄_t,   v_t = β₂ v_{t−1} + (1 − β₂) Δ̄_t²   (element-wise, m_0 = v_0 = 0)
     w^{t+1} = w^t + η_t m_t / (√v_t + τ)
 
-The step is ``fedsuite.server_opt.adam_step`` (its docstring: arithmetic, integer buffers).
+The step is ``fedsuite.method.server_opt.adam_step`` (its docstring: arithmetic, integer buffers).
 η_t = η by default (``bias_correction=False``): FedInit's reference code (FL-Simulator; the paper
 does not say) applies **no bias correction**, nor does Reddi et al.'s Algorithm 2, so the defaults
 reproduce the FedAdam baseline the FedInit paper compares with. ``bias_correction=True`` gives
@@ -17,9 +17,9 @@ State: m_t, v_t (``state_dict``: ``m_t``, ``v_t``).
 from pydantic import Field
 
 from clients.fedavg import FedAvgClient
-from fedsuite.params import Params
-from fedsuite.registry import register_method
-from fedsuite.server_opt import adam_lr, adam_step
+from fedsuite.method.params import Params
+from fedsuite.method.registry import register_method
+from fedsuite.method.server_opt import adam_lr, adam_step
 from strategies.adaptive import AdaptiveStrategy
 
 

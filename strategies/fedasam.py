@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from clients.fedasam import FedASAMClient
-from fedsuite.registry import register_method
+from fedsuite.method.registry import register_method
 from strategies.momentum import FamilyParams, MomentumStrategy
 
 

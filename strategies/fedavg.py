@@ -6,8 +6,8 @@ Sends: the global model w^t and ``lr`` (η_l^t). All behaviour is ``FedSuiteStra
 """
 
 from clients.fedavg import FedAvgClient
-from fedsuite.registry import register_method
-from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.method.registry import register_method
+from fedsuite.method.strategy import FedSuiteStrategy
 
 
 class FedAvgStrategy(FedSuiteStrategy):

@@ -4,7 +4,7 @@
     v_t = g_t (t = 1),   v_t = β v_{t−1} + g_t (t > 1)       (PyTorch SGD-momentum convention)
     w^{t+1} = w^t − η v_t
 
-The step is ``fedsuite.server_opt.momentum_step`` (its docstring: arithmetic, integer buffers).
+The step is ``fedsuite.method.server_opt.momentum_step`` (its docstring: arithmetic, integer buffers).
 v_1 = g_1 rather than (1 − β) g_1: heavy-ball momentum without dampening, as ``torch.optim.SGD``
 and Hsu et al.'s description. η = 1 and β = 0 are FedAvg, bit for bit (the mean is returned
 as is). None of the four papers evaluates FedAvgM; defaults follow Hsu et al. (η = 1, β = 0.9).
@@ -14,11 +14,11 @@ State: v_t, and the unrounded w^t of integer buffers (``state_dict``: ``momentum
 from pydantic import Field
 
 from clients.fedavg import FedAvgClient
-from fedsuite.params import Params
-from fedsuite.registry import register_method
-from fedsuite.server_opt import Momentum, momentum_step
-from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import ClientReply, NDArrays
+from fedsuite.method.params import Params
+from fedsuite.method.registry import register_method
+from fedsuite.method.server_opt import Momentum, momentum_step
+from fedsuite.method.strategy import FedSuiteStrategy
+from fedsuite.method.wire import ClientReply, NDArrays
 
 
 class FedAvgMParams(Params):

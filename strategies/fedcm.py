@@ -9,7 +9,7 @@ Sends w^t and, from round 2 on, m^t as the ArrayRecord "momentum" (2× FedAvg's 
 
 from clients.fedcm import FedCMClient
 from clients.sam import MOMENTUM_RECORDS
-from fedsuite.registry import register_method
+from fedsuite.method.registry import register_method
 from strategies.momentum import MomentumParams, MomentumStrategy
 
 

@@ -22,11 +22,11 @@ import numpy as np
 from pydantic import Field
 
 from clients.feddyn import RECORDS, START_OFFSET, FedDynClient
-from fedsuite.params import Params
-from fedsuite.arrays import NDArrays, copy_arrays, weighted_mean
-from fedsuite.registry import register_method
-from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import ClientReply
+from fedsuite.method.params import Params
+from fedsuite.method.arrays import NDArrays, copy_arrays, weighted_mean
+from fedsuite.method.registry import register_method
+from fedsuite.method.strategy import FedSuiteStrategy
+from fedsuite.method.wire import ClientReply
 from strategies._baselines import reply_weights
 
 

@@ -16,11 +16,11 @@ import numpy as np
 from pydantic import Field
 
 from clients.fedavg import FedAvgClient
-from fedsuite.params import Params
-from fedsuite.arrays import NDArrays, server_step, weighted_mean
-from fedsuite.registry import register_method
-from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import ClientReply
+from fedsuite.method.params import Params
+from fedsuite.method.arrays import NDArrays, server_step, weighted_mean
+from fedsuite.method.registry import register_method
+from fedsuite.method.strategy import FedSuiteStrategy
+from fedsuite.method.wire import ClientReply
 
 
 class FedExPParams(Params):

@@ -33,12 +33,12 @@ from pydantic import Field
 from clients.fedgen import (
     ALPHA, BETA, COUNTS, GEN_BATCH, GENERATOR, LABEL_COUNTS, RECORDS, FedGenClient, Generator,
 )
-from fedsuite.arrays import NDArrays
-from fedsuite.params import Params
-from fedsuite.registry import register_method
-from fedsuite.seeding import seed_for
-from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.wire import ARRAYS, CONFIG, ClientReply, to_record
+from fedsuite.method.arrays import NDArrays
+from fedsuite.method.params import Params
+from fedsuite.method.registry import register_method
+from fedsuite.method.seeding import seed_for
+from fedsuite.method.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.method.wire import ARRAYS, CONFIG, ClientReply, to_record
 
 
 class FedGenParams(Params):

@@ -7,14 +7,14 @@
 The server rule is FedAvg's unchanged: in delta mode the clients upload w^t + Δ_i, so FedAvg's
 model mean *is* w^t + mean Δ_i. FedAvg weights by n_i where the paper writes 1/|S|; the paper's
 partition gives every client the same n_i, so the two coincide. FedInit is a registration, not
-code: FedAvg's two rules with the ``relaxed_init`` plug-in (``fedsuite/plugins/relaxed_init.py``)
+code: FedAvg's two rules with the ``relaxed_init`` plug-in (``fedsuite/method/plugins/relaxed_init.py``)
 switched on. β defaults to 0.1 (the paper's best on CIFAR-10, Table 6); set it, and the storage /
 aggregation / first-visit / staleness options, in ``[relaxed_init]`` (``--relaxed-init β``). Sends: the global model and ``lr``;
 in ``relaxed_init.storage = "server-state"`` mode also each client's own ``"start"`` = w_{i,0}.
 """
 
 from clients.fedavg import FedAvgClient
-from fedsuite.registry import register_method
+from fedsuite.method.registry import register_method
 from strategies.fedavg import FedAvgStrategy
 
 #: β of method ``fedinit`` unless ``relaxed_init.beta`` / ``--relaxed-init`` says otherwise

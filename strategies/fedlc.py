@@ -9,9 +9,9 @@ Config ``[fedlc]``: ``tau`` (τ, default 1.0, the FedNLR paper's value). See ``c
 from pydantic import Field
 
 from clients.fedlc import FedLCClient
-from fedsuite.params import Params
-from fedsuite.registry import register_method
-from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.method.params import Params
+from fedsuite.method.registry import register_method
+from fedsuite.method.strategy import FedSuiteStrategy
 
 
 class FedLCParams(Params):

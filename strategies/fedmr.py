@@ -42,11 +42,11 @@ import numpy as np
 from pydantic import Field
 
 from clients.fedavg import FedAvgClient
-from fedsuite.arrays import NDArrays, uniform_mean, weighted_mean
-from fedsuite.registry import register_method
-from fedsuite.seeding import round_rng
-from fedsuite.strategy import ServerSetup
-from fedsuite.wire import ClientReply
+from fedsuite.method.arrays import NDArrays, uniform_mean, weighted_mean
+from fedsuite.method.registry import register_method
+from fedsuite.method.seeding import round_rng
+from fedsuite.method.strategy import ServerSetup
+from fedsuite.method.wire import ClientReply
 from strategies.pool import POOL_RECORDS, PERM_TAG, PoolParams, PoolStrategy
 
 # ------------------------------------------------------------------------------------------------

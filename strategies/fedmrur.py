@@ -11,7 +11,7 @@ Ablations (Table 4): ``normalize=false`` → FedMRUR-H; ``hyperbolic=false`` (or
 FedMRUR-N; both → MoFedSAM. ``manifold="euclidean"`` is Table 8's Euclidean variant;
 ``momentum_source="mean"`` builds m from Δ̄ instead of Δ^{t+1}. Logged per round: d_t
 (``norm_factor``), ν, ‖Δ^{t+1}‖, ‖m‖, the clients' mean d², max d², mean R, and the regulariser's
-activity ``fedmrur-hyperbolic-share`` (component ``fedmrur.hyperbolic``, ``fedsuite.activity``).
+activity ``fedmrur-hyperbolic-share`` (component ``fedmrur.hyperbolic``, ``fedsuite.method.activity``).
 """
 
 from typing import Literal
@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import Field
 
 from clients.fedmrur import D2_MAX, D2_MEAN, EXP_CLAMP, HYPERBOLIC, R_MEAN, RECORDS, FedMRURClient
-from fedsuite.registry import register_method
+from fedsuite.method.registry import register_method
 from strategies.mofedsam import MoFedSAMParams
 from strategies.momentum import MomentumStrategy
 

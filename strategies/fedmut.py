@@ -32,11 +32,11 @@ import numpy as np
 from pydantic import Field
 
 from clients.fedavg import FedAvgClient
-from fedsuite.arrays import NDArrays
-from fedsuite.registry import register_method
-from fedsuite.seeding import round_rng
-from fedsuite.strategy import ServerSetup
-from fedsuite.wire import ClientReply
+from fedsuite.method.arrays import NDArrays
+from fedsuite.method.registry import register_method
+from fedsuite.method.seeding import round_rng
+from fedsuite.method.strategy import ServerSetup
+from fedsuite.method.wire import ClientReply
 from strategies.pool import POOL_RECORDS, MUT_TAG, PoolParams, PoolStrategy
 
 

@@ -5,7 +5,7 @@ Server (the paper's Eq. 19), unchanged FedAvg over the participating clients:
     w^{t+1} = Σ_{k∈K_t} D_k w^k / Σ_{k∈K_t} D_k
 
 Client: FedAvg's local SGD with η̂_{l,m} = η·s_{l,m} (Eq. 14-18), i.e. the ``neuron_lr`` plug-in
-(``fedsuite/plugins/neuron_lr.py``), which this registration switches on. Sends:
+(``fedsuite/method/plugins/neuron_lr.py``), which this registration switches on. Sends:
 the global model and ``lr``, exactly like FedAvg: FedNLR communicates exactly what FedAvg does.
 The ``neuron_lr`` plug-in is on even when ``[neuron_lr] preset`` is unset (then with
 ``[fednlr] preset``, default ``paper_main``); its server side writes the cohort means of the
@@ -20,8 +20,8 @@ from typing import Literal
 from pydantic import Field
 
 from clients.fedavg import FedAvgClient
-from fedsuite.params import Params
-from fedsuite.registry import register_method
+from fedsuite.method.params import Params
+from fedsuite.method.registry import register_method
 from strategies.fedavg import FedAvgStrategy
 
 

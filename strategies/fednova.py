@@ -17,10 +17,10 @@ partner but reports no such combination).
 
 
 from clients.fedavg import FedAvgClient
-from fedsuite.arrays import NDArrays, server_step, weighted_mean
-from fedsuite.registry import register_method
-from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import NUM_STEPS, NUM_STEPS_RECORD, ClientReply, Records
+from fedsuite.method.arrays import NDArrays, server_step, weighted_mean
+from fedsuite.method.registry import register_method
+from fedsuite.method.strategy import FedSuiteStrategy
+from fedsuite.method.wire import NUM_STEPS, NUM_STEPS_RECORD, ClientReply, Records
 
 
 def nova_norm(steps: float, momentum: float) -> float:

@@ -11,9 +11,9 @@ papers; the FedMRUR paper gives no μ, and its configs here use 0.1 (worth a swe
 from pydantic import Field
 
 from clients.fedprox import FedProxClient
-from fedsuite.params import Params
-from fedsuite.registry import register_method
-from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.method.params import Params
+from fedsuite.method.registry import register_method
+from fedsuite.method.strategy import FedSuiteStrategy
 
 
 class FedProxParams(Params):

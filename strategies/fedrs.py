@@ -12,9 +12,9 @@ from typing import Literal
 from pydantic import Field
 
 from clients.fedrs import FedRSClient
-from fedsuite.params import Params
-from fedsuite.registry import register_method
-from fedsuite.strategy import FedSuiteStrategy
+from fedsuite.method.params import Params
+from fedsuite.method.registry import register_method
+from fedsuite.method.strategy import FedSuiteStrategy
 
 
 class FedRSParams(Params):

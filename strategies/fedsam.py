@@ -9,7 +9,7 @@
 from pydantic import Field
 
 from clients.fedsam import FedSAMClient
-from fedsuite.registry import register_method
+from fedsuite.method.registry import register_method
 from strategies.momentum import FamilyParams, MomentumStrategy
 
 

@@ -5,7 +5,7 @@
     v_t = v_{t−1} − (1 − β₂) Δ̄_t² ⊙ sign(v_{t−1} − Δ̄_t²)      (element-wise, m_0 = v_0 = 0)
     w^{t+1} = w^t + η m_t / (√v_t + τ)
 
-The step is ``fedsuite.server_opt.yogi_step`` (its docstring: arithmetic, integer buffers). The rule
+The step is ``fedsuite.method.server_opt.yogi_step`` (its docstring: arithmetic, integer buffers). The rule
 is the paper's Algorithm 2 as written, which has no bias correction. None of the
 four papers evaluates FedYogi, so the defaults are η = 0.01, β₁ = 0.9, β₂ = 0.99, τ = 1e-3, within
 Reddi et al.'s grids. State: m_t, v_t (``state_dict``: ``m_t``, ``v_t``).
@@ -14,9 +14,9 @@ Reddi et al.'s grids. State: m_t, v_t (``state_dict``: ``m_t``, ``v_t``).
 from pydantic import Field
 
 from clients.fedavg import FedAvgClient
-from fedsuite.params import Params
-from fedsuite.registry import register_method
-from fedsuite.server_opt import yogi_step
+from fedsuite.method.params import Params
+from fedsuite.method.registry import register_method
+from fedsuite.method.server_opt import yogi_step
 from strategies.adaptive import AdaptiveStrategy
 
 

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from clients.mofedsam import MoFedSAMClient
 from clients.sam import MOMENTUM_RECORDS
-from fedsuite.registry import register_method
+from fedsuite.method.registry import register_method
 from strategies.momentum import MomentumParams, MomentumStrategy
 
 

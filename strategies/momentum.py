@@ -28,10 +28,10 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from pydantic import Field
 
-from fedsuite.params import Params
-from fedsuite.arrays import NDArrays, cast_like, norm, weighted_sum64
-from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.wire import MOMENTUM, NUM_STEPS, ClientReply, to_record
+from fedsuite.method.params import Params
+from fedsuite.method.arrays import NDArrays, cast_like, norm, weighted_sum64
+from fedsuite.method.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.method.wire import MOMENTUM, NUM_STEPS, ClientReply, to_record
 
 EPS0 = 1e-12
 

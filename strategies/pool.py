@@ -16,8 +16,8 @@ One round r (1-based, Flower's ``server_round``):
    w^glb = (1/K) Σ_i u_i, Indep's single slot, ...) and the next pool (``next_pool``:
    FedMR recombines, FedMut mutates, Indep keeps it).
 
-Wire check: every payload asks (``fedsuite.wire.CHECKSUM_REQUEST``) for ``received-checksum``, the
-CRC-32 of the "arrays" record the client received (``fedsuite.wire.record_checksum``); the server
+Wire check: every payload asks (``fedsuite.method.wire.CHECKSUM_REQUEST``) for ``received-checksum``, the
+CRC-32 of the "arrays" record the client received (``fedsuite.method.wire.record_checksum``); the server
 compares it with the checksum of what it sent to that client, counts a wrong one as a mismatch (a
 reply without one fails: it is a declared record, :data:`POOL_RECORDS`), logs every mismatch and writes ``checksum_mismatches`` and ``payload_checksums`` (one per
 slot) into the round's metrics row.
@@ -52,23 +52,23 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from pydantic import Field
 
-from fedsuite.params import Params
-from fedsuite.arrays import NDArrays, uniform_mean
-from fedsuite.seeding import round_rng
-from fedsuite.strategy import FedSuiteStrategy, ServerSetup
-from fedsuite.wire import (
+from fedsuite.method.params import Params
+from fedsuite.method.arrays import NDArrays, uniform_mean
+from fedsuite.method.seeding import round_rng
+from fedsuite.method.strategy import FedSuiteStrategy, ServerSetup
+from fedsuite.method.wire import (
     ARRAYS, CHECKSUM_REQUEST, CONFIG, RECEIVED_CHECKSUM, RECEIVED_CHECKSUM_RECORD, ClientReply, Records, record_checksum,
     to_record,
 )
 
 log = logging.getLogger("fedsuite")
 
-#: purpose tags of the per-round generators (``fedsuite.seeding.round_rng``)
+#: purpose tags of the per-round generators (``fedsuite.method.seeding.round_rng``)
 SLOT_TAG = 0x51_07
 PERM_TAG = 0x9E_C0
 MUT_TAG = 0x4D_07
 
-#: the records of every pool method (``fedsuite.wire.Records``; FedMR, FedMut, Indep, IndepAggr register
+#: the records of every pool method (``fedsuite.method.wire.Records``; FedMR, FedMut, Indep, IndepAggr register
 #: with them): every payload asks for the checksum of what the client received, so every reply holds it
 POOL_RECORDS = Records(reply=(RECEIVED_CHECKSUM_RECORD,))
 

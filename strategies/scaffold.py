@@ -18,11 +18,11 @@ import numpy as np
 from pydantic import Field
 
 from clients.scaffold import DELTA_CV, RECORDS, SERVER_CV, ScaffoldClient
-from fedsuite.params import Params
-from fedsuite.arrays import NDArrays, copy_arrays, server_step, weighted_mean
-from fedsuite.registry import register_method
-from fedsuite.strategy import FedSuiteStrategy
-from fedsuite.wire import ClientReply, to_record
+from fedsuite.method.params import Params
+from fedsuite.method.arrays import NDArrays, copy_arrays, server_step, weighted_mean
+from fedsuite.method.registry import register_method
+from fedsuite.method.strategy import FedSuiteStrategy
+from fedsuite.method.wire import ClientReply, to_record
 from strategies._baselines import reply_weights
 
 
