@@ -123,7 +123,7 @@ def test_version_of_a_repository_follows_its_commits_and_edits(tmp_path):
 
     (copy / "README.md").write_text("edited\n")  # outside the code: the run's code is still the commit
     assert provenance.git_state(copy)["dirty"] is False
-    with (copy / "fedsuite" / "provenance.py").open("a") as fh:
+    with (copy / "fedsuite" / "records" / "provenance.py").open("a") as fh:
         fh.write("# an edit\n")
     (copy / "strategies" / "scratch.py").write_text("x = 1\n")  # new, not ignored
     state = provenance.git_state(copy)

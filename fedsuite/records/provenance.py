@@ -56,7 +56,9 @@ MAX_CHANGES = 20
 
 def source_root() -> Path:
     """The folder the running fedsuite is imported from (a checkout's root, or ``site-packages``)."""
-    return Path(__file__).resolve().parent.parent
+    import fedsuite
+
+    return Path(fedsuite.__file__).resolve().parent.parent
 
 
 def fedsuite_version() -> str:

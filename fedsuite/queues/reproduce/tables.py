@@ -47,13 +47,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import fedsuite
 from fedsuite.method import registry
 from fedsuite.config import ConfigError, build_config, own_settings
 from fedsuite.queues.reproduce.queue import QueuedRun, ReproduceError
 from fedsuite.queues.reproduce.verdicts import paper_difference
 
 #: the tables files that ship with fedsuite: experiments/<paper>/tables.toml
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+EXPERIMENTS = Path(fedsuite.__file__).resolve().parent.parent / "experiments"
 SCALES = ("paper", "cpu")
 METRICS = ("accuracy", "rounds")
 
