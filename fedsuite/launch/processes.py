@@ -27,10 +27,8 @@ from pathlib import Path
 
 import psutil
 
-import fedsuite
-
 #: the folder holding this fedsuite (a checkout, or site-packages for an installed one)
-ROOT = str(Path(fedsuite.__file__).resolve().parent.parent)
+ROOT = str(Path(__file__).resolve().parents[2])  # fedsuite/launch/processes.py
 
 #: SIGTERM-to-SIGKILL grace when a run's processes are stopped. Everything a run produces is on disk
 #: before its processes are stopped (checkpoint and rows written atomically, summary.json last), so

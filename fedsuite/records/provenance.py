@@ -56,9 +56,7 @@ MAX_CHANGES = 20
 
 def source_root() -> Path:
     """The folder the running fedsuite is imported from (a checkout's root, or ``site-packages``)."""
-    import fedsuite
-
-    return Path(fedsuite.__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]  # fedsuite/records/provenance.py
 
 
 def fedsuite_version() -> str:

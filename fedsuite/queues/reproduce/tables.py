@@ -47,14 +47,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import fedsuite
 from fedsuite.method import registry
 from fedsuite.config import ConfigError, build_config, own_settings
 from fedsuite.queues.reproduce.queue import QueuedRun, ReproduceError
 from fedsuite.queues.reproduce.verdicts import paper_difference
 
 #: the tables files that ship with fedsuite: experiments/<paper>/tables.toml
-EXPERIMENTS = Path(fedsuite.__file__).resolve().parent.parent / "experiments"
+EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments"  # fedsuite/queues/reproduce/tables.py
 SCALES = ("paper", "cpu")
 METRICS = ("accuracy", "rounds")
 
