@@ -9,11 +9,18 @@ Public API::
     label_histogram(labels, parts, num_classes) -> np.ndarray  # [num_clients, num_classes]
 
 ``DATASETS`` and ``PARTITIONERS`` map names to functions for the registry.
+
+Modules: ``bundle`` (the DatasetBundle, its checks), ``loading`` (the dataset registry,
+``load_dataset`` and each dataset's defaults), one module per family of loaders (``mnist_cifar``,
+``image_folders``, ``federated``, ``npz``; ``hf`` for Hugging Face datasets) and what they share
+(``files``: missing files, downloads, the decode cache), ``augment``, ``partition`` (the
+partitioners, ``partition_indices``, ``label_histogram``).
 """
 
 from .augment import augment_batch, to_float
-from .datasets import AUGMENT_KINDS, DatasetBundle, DatasetError, read_idx
+from .bundle import AUGMENT_KINDS, DatasetBundle, DatasetError
 from .loading import DATASETS, load_dataset
+from .mnist_cifar import read_idx
 from .partition import PARTITIONERS, label_histogram, partition_indices
 
 __all__ = [

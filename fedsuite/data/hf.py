@@ -52,7 +52,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .datasets import DatasetBundle, DatasetError, _as_labels, _cached_decode, _channel_stats, _declared_classes
+from .bundle import DatasetBundle, DatasetError, _as_labels, _channel_stats, _declared_classes
+from .files import _cached_decode
 
 __all__ = ["HUB_PROBE_TIMEOUT_S", "load_hf"]
 
