@@ -12,9 +12,9 @@ Public API::
 
 Modules: ``bundle`` (the DatasetBundle, its checks), ``loading`` (the dataset registry,
 ``load_dataset`` and each dataset's defaults), one module per family of loaders (``mnist_cifar``,
-``image_folders``, ``federated``, ``npz``; ``hf`` for Hugging Face datasets) and what they share
-(``files``: missing files, downloads, the decode cache), ``augment``, ``partition`` (the
-partitioners, ``partition_indices``, ``label_histogram``).
+``image_folders``, ``federated``, ``npz``; ``hf``, ``hf_source``, ``hf_columns`` for Hugging Face
+datasets) and what they share (``files``: missing files, downloads, the decode cache), ``augment``,
+``partition`` (the partitioners, ``partition_indices``, ``label_histogram``).
 """
 
 from .augment import augment_batch, to_float
