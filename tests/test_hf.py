@@ -28,7 +28,7 @@ from PIL import Image
 
 from fedsuite.config import ConfigError, build_config
 from fedsuite.data import DATASETS, PARTITIONERS, DatasetError, load_dataset, partition_indices
-from fedsuite.data.hf import HUB_PROBE_TIMEOUT_S
+from fedsuite.data.hf_source import HUB_PROBE_TIMEOUT_S
 from tests.conftest import fedsuite_run
 
 datasets = pytest.importorskip("datasets")

@@ -50,7 +50,7 @@ FEDSUITE = Path(sys.executable).parent / "fedsuite"
 FORK_RACE = textwrap.dedent("""
     import subprocess, sys, threading, time
     import numpy as np
-    from fedsuite.data.datasets import load_synthetic
+    from fedsuite.data.federated import load_synthetic
 
     what, count, deadline = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
     done = threading.Event()
@@ -776,7 +776,7 @@ def test_paths_that_cannot_be_followed_and_files_that_cannot_be_read_are_one_lin
     assert not (tmp_path / "runs").exists()
     # an idx file the system will not read is not called corrupt (as root, permissions cannot make a
     # file unreadable; a folder in its place raises the same kind of error, IsADirectoryError)
-    from fedsuite.data.datasets import DatasetError, read_idx
+    from fedsuite.data import DatasetError, read_idx
 
     (tmp_path / "labels.gz").mkdir()
     with pytest.raises(DatasetError, match="cannot be read") as info:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .datasets import AUGMENT_KINDS
+from .bundle import AUGMENT_KINDS
 
 __all__ = ["augment_batch", "to_float"]
 

@@ -1,8 +1,36 @@
 """The dataset registry and its entry point: :data:`DATASETS` (name -> loader) and
 :func:`load_dataset`, cached per process, with the view options every dataset takes (augmentation,
-normalisation). The loaders live in :mod:`fedsuite.data.datasets` (torchvision's datasets, your own
-files) and :mod:`fedsuite.data.hf` (Hugging Face datasets), which builds on the former's helpers;
-this module imports both, so neither imports the other's registry."""
+normalisation). Every loader returns a :class:`~fedsuite.data.bundle.DatasetBundle`, checked here by
+:func:`~fedsuite.data.bundle.check_bundle`. The loaders live in one module per family:
+:mod:`fedsuite.data.mnist_cifar` (MNIST, Fashion-MNIST, CIFAR-10/100), :mod:`fedsuite.data.image_folders`
+(Tiny-ImageNet, CINIC-10, imagefolder), :mod:`fedsuite.data.federated` (synthetic, FEMNIST),
+:mod:`fedsuite.data.npz` and :mod:`fedsuite.data.hf` (Hugging Face datasets); they share
+:mod:`fedsuite.data.files` (missing files, downloads, the decode cache). Only this module imports
+them all, so no loader imports the registry.
+
+Defaults per dataset (override with ``augment=``, ``normalize=`` or ``mean=``/``std=``):
+
+=============  ==================  ==============================================================
+dataset        augment             normalisation (mean / std)
+=============  ==================  ==============================================================
+synthetic      none                none (float vectors)
+mnist          none                (0.1307,) / (0.3081,)
+fmnist         none                (0.2860,) / (0.3530,)
+cifar10        crop-flip           (0.491, 0.482, 0.447) / (0.247, 0.243, 0.262)   [FedInit's code]
+cifar100       crop-flip           (0.5071, 0.4867, 0.4408) / (0.2675, 0.2565, 0.2761) [FedInit's code]
+tinyimagenet   crop-flip (pad 8)   (0.4802, 0.4481, 0.3975) / (0.2302, 0.2265, 0.2262)
+cinic10        crop-flip           (0.4789, 0.4723, 0.4305) / (0.2421, 0.2383, 0.2587)
+femnist        none                (0.5,) / (0.5,) on inverted pixels = FedMR's (0.5 - x) / 0.5
+npz            none                per-channel statistics of x_train (uint8 images)
+imagefolder    none                per-channel statistics of x_train
+hf             none                per-channel statistics of x_train (Hugging Face datasets, hf.py)
+=============  ==================  ==============================================================
+
+``crop-flip`` is the recommended resolution of FedInit, FedMRUR and FedNLR (random crop with
+zero padding + horizontal flip). FedMR trains CIFAR without augmentation and normalises CIFAR-10
+with 0.5/0.5: use ``augment="none", normalize="half"`` for FedMR runs (and, for its CIFAR-100
+coarse setting, ``mean=(0.4914, 0.4822, 0.4465), std=(0.2023, 0.1994, 0.2010)``).
+"""
 
 from __future__ import annotations
 
@@ -16,10 +44,12 @@ from typing import Any
 
 from pydantic import ConfigDict, ValidationError, create_model
 
-from .datasets import (AUGMENT_KINDS, DatasetBundle, DatasetError, check_bundle, load_cifar10, load_cifar100,
-                       load_cinic10, load_femnist, load_fmnist, load_imagefolder, load_mnist, load_npz,
-                       load_synthetic, load_tinyimagenet)
+from .bundle import AUGMENT_KINDS, DatasetBundle, DatasetError, check_bundle
+from .federated import load_femnist, load_synthetic
 from .hf import load_hf
+from .image_folders import load_cinic10, load_imagefolder, load_tinyimagenet
+from .mnist_cifar import load_cifar10, load_cifar100, load_fmnist, load_mnist
+from .npz import load_npz
 
 #: name -> loader(root: Path, **options) -> DatasetBundle
 DATASETS: dict[str, Callable[..., DatasetBundle]] = {

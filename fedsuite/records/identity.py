@@ -14,7 +14,7 @@ identity, and a run of another learning rate, seed, partition, method, ... has a
   (the config's digest changes only when a fedsuite upgrade adds or renames a field; see below);
 * ``summary.json``: the same ``identity`` entry;
 * every client-state file (``fedsuite.method.state``): the digest under ``fedsuite.method.state.STATE_KEY``;
-* a partition cache (``fedsuite.data.partition``) carries the digest of its inputs and of its
+* a partition cache (``fedsuite.data.partition_cache``) carries the digest of its inputs and of its
   contents, and is recomputed when either does not match.
 
 **The check** (:func:`problem`): a record whose identity is not its run's is refused, one line
