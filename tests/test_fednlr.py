@@ -20,16 +20,18 @@ import fedsuite.method.plugins.neuron_lr
 from fedsuite.method.plugins.neuron_lr import (
     PRESETS,
     SPREAD,
-    NeuronLROptimizer,
     NeuronLRParams,
     NeuronLRPlan,
     NeuronLRPlugin,
+    make_plan,
+    scale_spread,
+)
+from fedsuite.method.plugins.neuron_lr_optimizer import NeuronLROptimizer
+from fedsuite.method.plugins.neuron_lr_scales import (
     activation_stats,
     discover_layers,
     layer_mus,
-    make_plan,
     scale_factors,
-    scale_spread,
     temperature,
 )
 from fedsuite import models
