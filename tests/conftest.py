@@ -377,6 +377,37 @@ def make_task(cfg_values: dict[str, Any] | None = None, *, pid: int = 0, server_
     return task, cfg
 
 
+def make_strategy(name: str = "fedavg", initial: dict[str, Any] | None = None, *, num_clients: int = 4,
+                  cohort: int | None = None, unit_round: bool = True, evaluate: bool = False,
+                  build_model: bool = False, run_dir: Path | None = None, **values: Any):
+    """Method ``name``'s server rule for a unit test, built without Flower as the ServerApp builds one
+    (``cfg.method.strategy(ServerSetup(...))``): FAST with ``num_clients`` partitions (node 1000 + p
+    holds partition p), a cohort of ``cohort`` (default: every client), :data:`UNIT_ROUND` unless
+    ``unit_round=False``, and ``values`` over them (dotted keys allowed). w^0 is a copy of ``initial``
+    (hand-built arrays or lists, taken as given) or, when None, the run's own (``initial_arrays``).
+    The setup's ``partition_size`` counts the run's real partition; ``evaluate=True`` and
+    ``build_model=True`` add the ServerApp's central evaluation on the test split and its model
+    builder, ``run_dir`` its run folder (all on ``strategy.setup``). The dataset is loaded only when
+    one of these needs it."""
+    from fedsuite import models
+    from fedsuite.engine import runtime
+    from fedsuite.method.strategy import ServerSetup
+    from fedsuite.method.training import arrays_evaluator
+
+    cfg = build_config(values=fast(**{"data_root": tempfile.gettempdir() + "/fedsuite-test-data", "strategy": name,
+                                      "num_clients": num_clients, "clients_per_round": cohort or num_clients,
+                                      **(UNIT_ROUND if unit_round else {}), **values}))
+    bundle = functools.cache(lambda: runtime.load_bundle(cfg))
+    w0 = models.initial_arrays(cfg, bundle()) if initial is None else initial
+    check = arrays_evaluator(models.make_model(cfg, bundle()), bundle().x_test, bundle().y_test, bundle(),
+                             cfg.eval_batch_size) if evaluate else None
+    setup = ServerSetup(cfg=cfg, node_to_pid={1000 + p: p for p in range(num_clients)},
+                        initial={k: np.array(v) for k, v in w0.items()}, evaluate=check, run_dir=run_dir,
+                        build_model=(lambda: models.make_model(cfg, bundle())) if build_model else None,
+                        partition_size=lambda pid: len(runtime.client_indices(cfg, bundle(), pid)))
+    return cfg.method.strategy(setup)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into groups
 def pytest_collection_modifyitems(items):
     """Keep each test file on one xdist worker (its tests share cached simulations). A test that

@@ -21,10 +21,8 @@ from clients.fedavg import FedAvgClient
 from clients.feddyn import FedDynClient
 from clients.fedprox import FedProxClient
 from clients.scaffold import ScaffoldClient, control_variate_update
-from conftest import FAST, UNIT_ROUND, assert_same_arrays, make_task
-from fedsuite.config import build_config
+from conftest import FAST, assert_same_arrays, make_strategy, make_task
 from fedsuite.method.replies import Reply
-from fedsuite.method.strategy import ServerSetup
 from fedsuite.method.training import run_local_training
 from fedsuite.method.wire import to_record
 from strategies.fedexp import fedexp_step_size
@@ -38,16 +36,9 @@ F32 = np.float32
 
 
 # ------------------------------------------------------------------------------------------------
-# helpers: a strategy on a hand-built 2-parameter "model", driven through its round's protocol
+# helpers: a strategy (conftest's ``make_strategy``) on a hand-built 2-parameter "model", driven
+# through its round's protocol
 # ------------------------------------------------------------------------------------------------
-
-
-def make_strategy(name: str, w0: dict, num_clients: int = 4, cohort: int | None = None, **values):
-    cfg = build_config(values={**FAST, "strategy": name, "num_clients": num_clients,
-                               "clients_per_round": cohort or num_clients, **UNIT_ROUND, **values})
-    setup = ServerSetup(cfg=cfg, node_to_pid={1000 + i: i for i in range(num_clients)},
-                        initial={k: np.asarray(v, F32) for k, v in w0.items()})
-    return cfg.method.strategy(setup)
 
 
 def play_round(strategy, server_round: int, current: dict, uploads: dict, n=None, steps=None, extras=None):
@@ -69,7 +60,7 @@ def play_round(strategy, server_round: int, current: dict, uploads: dict, n=None
     return sent, arrays
 
 
-W0 = {"w": [1.0, 2.0], "b": [0.5]}
+W0 = {"w": np.array([1.0, 2.0], F32), "b": np.array([0.5], F32)}
 
 
 def test_helpers_drive_the_strategys_round():
@@ -403,12 +394,10 @@ def drive_optimiser(case: str, rounds: int = 12) -> str:
     import hashlib
 
     name = case.split("-")[0]
-    cfg = build_config(values={**FAST, "strategy": name, "num_clients": 1, "clients_per_round": 1, **UNIT_ROUND,
-                               **GOLDEN_VALUES[case]})
     rng = np.random.default_rng(7)
     w = {"w": rng.normal(size=(20, 50)).astype(F32), "b": np.zeros(20, F32), "count": np.array(0, np.int64),
          "n": np.arange(4, dtype=np.int64)}
-    s = cfg.method.strategy(ServerSetup(cfg=cfg, node_to_pid={1000: 0}, initial=dict(w)))
+    s = make_strategy(name, w, num_clients=1, **GOLDEN_VALUES[case])
     digest = hashlib.sha256()
     for t in range(1, rounds + 1):
         assert list(s.configure_round(t, w)) == [0]
@@ -437,7 +426,7 @@ def test_fedexp_step_size_hand_computed_and_at_least_one():
 
 
 def test_fedexp_server_extrapolates_and_evaluates_the_two_iterate_average():
-    w0 = {"w": [0.0, 0.0, 0.0]}
+    w0 = {"w": np.zeros(3, F32)}
     s = make_strategy("fedexp", w0, num_clients=3)
     up = {0: {"w": [1, 0, 0]}, 1: {"w": [0, 1, 0]}, 2: {"w": [0, 0, 1]}}
     _, new = play_round(s, 1, w0, up)

@@ -17,9 +17,8 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ConfigRecord
 
-from conftest import FAST, UNIT_ROUND, assert_same_arrays, make_task
-from fedsuite.config import build_config
-from fedsuite.method.strategy import RoundLog, ServerSetup
+from conftest import assert_same_arrays, make_strategy, make_task
+from fedsuite.method.strategy import RoundLog
 from fedsuite.method.wire import ClientReply, to_record
 
 
@@ -37,23 +36,6 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def make_strategy(name: str, initial: dict | None = None, num_clients: int = 4, cohort: int = 2, **values):
-    import tempfile
-
-    from fedsuite import models
-    from fedsuite.engine import runtime
-
-    cfg = build_config(values={**FAST, "data_root": tempfile.gettempdir() + "/fedsuite-test-data", "strategy": name,
-                               "num_clients": num_clients, "clients_per_round": cohort, **UNIT_ROUND, **values})
-    bundle = runtime.load_bundle(cfg)
-    if initial is None:
-        initial = models.initial_arrays(cfg, bundle)
-    setup = ServerSetup(cfg=cfg, node_to_pid={1000 + i: i for i in range(num_clients)},
-                        initial={k: np.asarray(v) for k, v in initial.items()},
-                        partition_size=lambda pid: len(runtime.client_indices(cfg, bundle, pid)))
-    return cfg.method.strategy(setup)
 
 
 def reply(pid: int, arrays: dict, n: int, extras: dict | None = None) -> ClientReply:
@@ -329,7 +311,7 @@ def _teachers(strategy, k: int = 3):
 def test_fedgen_generator_training_reduces_teacher_loss_and_state_round_trips():
     from strategies.fedgen import label_weights, teacher_loss
 
-    s = make_strategy("fedgen", **{"fedgen.gen_lr": 1e-3, "fedgen.ensemble_epochs": 20})
+    s = make_strategy("fedgen", cohort=2, **{"fedgen.gen_lr": 1e-3, "fedgen.ensemble_epochs": 20})
     conf = s.train_config(3)
     assert conf["fedgen-alpha"] == pytest.approx(0.2 * 0.98**2) and conf["fedgen-gen-batch"] == 128
     assert "generator" not in s.client_payload(1, 0, to_record(s.template), ConfigRecord({})).array_records
@@ -353,7 +335,7 @@ def test_fedgen_generator_training_reduces_teacher_loss_and_state_round_trips():
     payload = s.client_payload(2, 0, to_record(s.template), ConfigRecord({}))
     assert set(payload["generator"].keys()) == set(s.generator.state_dict())
 
-    s2 = make_strategy("fedgen", **{"fedgen.gen_lr": 1e-3, "fedgen.ensemble_epochs": 20})
+    s2 = make_strategy("fedgen", cohort=2, **{"fedgen.gen_lr": 1e-3, "fedgen.ensemble_epochs": 20})
     s2.load_state_dict(s.state_dict())
     assert_same_arrays(s2.generator_arrays(), s.generator_arrays())
     s.train_generator(teachers, 2)

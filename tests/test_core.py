@@ -12,19 +12,15 @@ from flwr.app import MetricRecord, RecordDict
 from fedsuite.method.arrays import weighted_mean
 from fedsuite.config import build_config
 from fedsuite.method.replies import Reply, failure_reason
-from fedsuite.method.strategy import RoundFailure, RoundLog, ServerSetup
+from fedsuite.method.strategy import RoundFailure, RoundLog
 from fedsuite.method.wire import to_record
-from strategies.fedavg import FedAvgStrategy
-from tests.conftest import FAST, assert_same_arrays
+from tests.conftest import FAST, assert_same_arrays, make_strategy
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-def make_strategy(num_clients: int = 4, **values) -> FedAvgStrategy:
-    cfg = build_config(values={**FAST, "num_clients": num_clients, "clients_per_round": num_clients, **values})
-    initial = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32), "n": np.array(0, np.int64)}
-    node_to_pid = {1000 + p: p for p in range(num_clients)}
-    return FedAvgStrategy(ServerSetup(cfg=cfg, node_to_pid=node_to_pid, initial=initial))
+#: w^0 of the FedAvg rules below (conftest's ``make_strategy``, with the run's failure bound: no UNIT_ROUND)
+W0 = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32), "n": np.array(0, np.int64)}
 
 
 def client_reply(pid: int, arrays: dict, n: int, **metrics) -> tuple[int, Reply]:
@@ -39,7 +35,7 @@ def error_reply(pid: int, reason: str) -> tuple[int, Reply]:
 
 
 def test_fedavg_is_the_hand_computed_weighted_mean():
-    strategy = make_strategy()
+    strategy = make_strategy("fedavg", W0, unit_round=False)
     rng = np.random.default_rng(0)
     models = [{"w": rng.normal(size=(2, 3)).astype(np.float32), "b": rng.normal(size=3).astype(np.float32),
                "n": np.array(10 * (i + 1), np.int64)} for i in range(3)]
@@ -54,7 +50,7 @@ def test_fedavg_is_the_hand_computed_weighted_mean():
 
 
 def test_weighted_mean_is_order_independent_bitwise_after_sorting():
-    strategy = make_strategy()
+    strategy = make_strategy("fedavg", W0, unit_round=False)
     rng = np.random.default_rng(1)
     replies = [client_reply(i, {"w": rng.normal(size=(2, 3)).astype(np.float32), "b": np.ones(3, np.float32),
                                 "n": np.array(1)}, 5 + i) for i in range(4)]
@@ -64,7 +60,7 @@ def test_weighted_mean_is_order_independent_bitwise_after_sorting():
 
 
 def test_bad_replies_are_dropped_and_logged_with_partition_id(caplog):
-    strategy = make_strategy()
+    strategy = make_strategy("fedavg", W0, unit_round=False)
     strategy.round_log = RoundLog(round=1)
     good = {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32), "n": np.array(1)}
     nan = {**good, "w": np.full((2, 3), np.nan, np.float32)}
@@ -87,7 +83,7 @@ def test_round_failures_are_bounded_by_max_failed_fraction():
     good = {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32), "n": np.array(1)}
     replies = dict([client_reply(0, good, 10), client_reply(1, good, 10), error_reply(2, "boom")])
     for limit, fails in [(0.5, False), (0.25, True), (0.0, True)]:
-        strategy = make_strategy(max_failed_fraction=limit)
+        strategy = make_strategy("fedavg", W0, unit_round=False, max_failed_fraction=limit)
         strategy.round_log = RoundLog(round=1, cohort=[0, 1, 2, 3])  # client 3 never answers
         if fails:
             with pytest.raises(RoundFailure) as exc:
@@ -98,7 +94,7 @@ def test_round_failures_are_bounded_by_max_failed_fraction():
             arrays, _ = strategy.aggregate_round(1, replies)
             assert arrays is not None and strategy.round_log.failed == 2
             assert strategy.round_log.drop_reasons == {2: "client error: boom", 3: "no reply"}
-    strategy = make_strategy(max_failed_fraction=1.0)
+    strategy = make_strategy("fedavg", W0, unit_round=False, max_failed_fraction=1.0)
     strategy.round_log = RoundLog(round=1, cohort=[0])
     with pytest.raises(RoundFailure):
         strategy.aggregate_round(1, dict([error_reply(0, "boom")]))
@@ -112,8 +108,8 @@ def test_failure_reason_unwraps_flowers_clientapp_exception():
 
 
 def test_cohort_sampling_is_seeded_by_partition_id():
-    a = make_strategy(num_clients=20, clients_per_round=5)
-    b = make_strategy(num_clients=20, clients_per_round=5)
+    a = make_strategy("fedavg", W0, num_clients=20, cohort=5, unit_round=False)
+    b = make_strategy("fedavg", W0, num_clients=20, cohort=5, unit_round=False)
     assert [a.sample_cohort(r) for r in range(1, 6)] == [b.sample_cohort(r) for r in range(1, 6)]
     assert len({tuple(a.sample_cohort(r)) for r in range(1, 6)}) > 1
     assert all(len(set(a.sample_cohort(r))) == 5 for r in range(1, 6))
@@ -376,23 +372,17 @@ def test_every_method_sends_the_round_it_is_given(tmp_path):
     """The engine counts global rounds (a resume after round 3 asks for round 4): every method's
     round 4 sends the same cohort, config (server-round 4, lr decayed three times, slots) and arrays
     from two strategies built alike, whatever rounds the other has run (none here)."""
-    from fedsuite import models
     from fedsuite.method import registry
-    from fedsuite.engine import runtime
 
-    for name, spec in registry.methods().items():
-        cfg = build_config(values={**FAST, "strategy": name, "lr_decay": 0.9})
-        bundle = runtime.load_bundle(cfg)
+    for name in registry.methods():
         sent = []
         for offset in (0, 3):
-            setup = ServerSetup(cfg=cfg, node_to_pid={100 + p: p for p in range(cfg.num_clients)},
-                                initial=models.initial_arrays(cfg, bundle), run_dir=tmp_path / f"{name}-{offset}",
-                                build_model=lambda: models.make_model(cfg, bundle),
-                                partition_size=lambda pid: len(runtime.client_indices(cfg, bundle, pid)))
-            strategy = spec.strategy(setup)
+            strategy = make_strategy(name, num_clients=FAST["num_clients"], cohort=FAST["clients_per_round"],
+                                     unit_round=False, build_model=True, run_dir=tmp_path / f"{name}-{offset}",
+                                     lr_decay=0.9)
             sent.append(_dispatch(strategy, 4))
         assert sent[0] == sent[1], name
-        assert all(conf["server-round"] == 4 and conf["lr"] == pytest.approx(cfg.lr * 0.9**3)
+        assert all(conf["server-round"] == 4 and conf["lr"] == pytest.approx(FAST["lr"] * 0.9**3)
                    for _, conf, _ in sent[0]), name
 
 

@@ -24,18 +24,14 @@ from fedsuite.method.plugins.relaxed_init import (
     RelaxedInitServer,
     relaxed_start,
 )
-from fedsuite import models
 from fedsuite.method import registry
-from fedsuite.engine import runtime
 from fedsuite.method.arrays import weighted_mean
 from fedsuite.config import ConfigError, build_config
 from fedsuite.method.plugins import active_plugins
 from fedsuite.method.replies import Reply
-from fedsuite.method.strategy import ServerSetup
 from fedsuite.method.training import run_local_training
 from fedsuite.method.wire import to_ndarrays, to_record
-from strategies.fedavg import FedAvgStrategy
-from tests.conftest import FAST, assert_same_arrays, make_task
+from tests.conftest import FAST, assert_same_arrays, make_strategy, make_task
 
 
 #: the methods' maths, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
@@ -338,14 +334,10 @@ def test_zero_gradient_delta_keeps_model_average_extrapolates(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def _server(tmp_path, data_root, **extra):
-    cfg = build_config(values={**FAST, "data_root": str(data_root), "relaxed_init.beta": 0.1,
-                               "relaxed_init.storage": "server-state", **extra})
-    bundle = runtime.load_bundle(cfg)
-    setup = ServerSetup(cfg=cfg, node_to_pid={100 + i: i for i in range(cfg.num_clients)},
-                        initial=models.initial_arrays(cfg, bundle), run_dir=tmp_path,
-                        build_model=lambda: models.make_model(cfg, bundle))
-    return FedAvgStrategy(setup), setup
+#: FedAvg with relaxed_init in server-state mode as the ServerApp builds it (conftest's ``make_strategy``,
+#: with a ``run_dir`` and the ``data_root``): FAST's clients and cohort, the run's failure bound
+SERVER_STATE = {"num_clients": FAST["num_clients"], "cohort": FAST["clients_per_round"], "unit_round": False,
+                "build_model": True, "relaxed_init.beta": 0.1, "relaxed_init.storage": "server-state"}
 
 
 def _starts(strategy, server_round, arrays):
@@ -369,7 +361,8 @@ def _fake_round(strategy, server_round, arrays, seed):
 
 
 def test_server_state_bookkeeping_and_checkpoint(tmp_path, data_root):
-    s1, setup = _server(tmp_path / "run", data_root)
+    s1 = make_strategy("fedavg", run_dir=tmp_path / "run", data_root=str(data_root), **SERVER_STATE)
+    setup = s1.setup
     assert isinstance(s1.server_hooks[0], RelaxedInitServer)
     w0 = setup.initial
     starts1, raw1, w1 = _fake_round(s1, 1, w0, seed=1)
@@ -394,14 +387,14 @@ def test_server_state_bookkeeping_and_checkpoint(tmp_path, data_root):
         np.testing.assert_allclose(w2[k], w1[k] + d, atol=1e-6)
     # checkpoint from after round 1, restored into a fresh strategy (the round-2 files exist on disk):
     # round 2 is replayed exactly as s1 played it
-    s3, _ = _server(tmp_path / "run", data_root)
+    s3 = make_strategy("fedavg", run_dir=tmp_path / "run", data_root=str(data_root), **SERVER_STATE)
     s3.load_checkpoint_state(state)
     replay = _starts(s3, 2, w1)
     assert replay.keys() == starts2.keys()
     for pid in replay:
         assert_same_arrays(replay[pid], starts2[pid])
     # without a checkpoint, a fresh strategy resumes from the newest generation on disk
-    s4, _ = _server(tmp_path / "run", data_root)
+    s4 = make_strategy("fedavg", run_dir=tmp_path / "run", data_root=str(data_root), **SERVER_STATE)
     assert s4.server_hooks[0].index == {**{p: 1 for p in starts1}, **{p: 2 for p in starts2}}
 
 
@@ -423,14 +416,7 @@ def test_every_method_accepts_relaxed_init_or_says_why(name, tmp_path, data_root
         rule = spec.client(plugins=active_plugins(cfg))
         assert any(isinstance(p, RelaxedInit) for p in rule.plugins)
         # the server side is wired for this method's strategy (server-state mode)
-        cfg2 = build_config(values={**FAST, "data_root": str(data_root), "strategy": name,
-                                    "relaxed_init.beta": 0.1, "relaxed_init.storage": "server-state"})
-        bundle = runtime.load_bundle(cfg2)
-        setup = ServerSetup(cfg=cfg2, node_to_pid={100 + i: i for i in range(10)},
-                            initial=models.initial_arrays(cfg2, bundle), run_dir=tmp_path,
-                            build_model=lambda: models.make_model(cfg2, bundle),
-                            partition_size=lambda pid: len(runtime.client_indices(cfg2, bundle, pid)))
-        strategy = spec.strategy(setup)
+        strategy = make_strategy(name, run_dir=tmp_path, data_root=str(data_root), **SERVER_STATE)
         assert any(isinstance(h, RelaxedInitServer) for h in strategy.server_hooks)
     else:
         with pytest.raises(ConfigError, match=f"relaxed_init does not apply to {name}"):
@@ -465,9 +451,9 @@ def test_fedinit_enables_relaxed_init_at_registration():
     assert [(type(p), p.p.beta) for p in active_plugins(cfg)] == [(RelaxedInit, DEFAULT_BETA)] and DEFAULT_BETA == 0.1
     cfg = build_config(values={**FAST, "strategy": "fedinit", "relaxed_init.beta": 0.05})  # a user-set β wins
     assert [p.p.beta for p in active_plugins(cfg)] == [0.05]
-    cfg = build_config(values={**FAST, "strategy": "fedinit", "relaxed_init.storage": "server-state"})
-    setup = ServerSetup(cfg=cfg, node_to_pid={0: 0}, initial={"w": np.zeros(2, np.float32)})
-    assert [type(h) for h in cfg.method.strategy(setup).server_hooks] == [RelaxedInitServer]
+    strategy = make_strategy("fedinit", {"w": np.zeros(2, np.float32)}, num_clients=FAST["num_clients"],
+                             cohort=FAST["clients_per_round"], unit_round=False, **{"relaxed_init.storage": "server-state"})
+    assert [type(h) for h in strategy.server_hooks] == [RelaxedInitServer]
 
 
 def test_a_refused_plugin_is_an_error_on_the_flower_run_path(monkeypatch):

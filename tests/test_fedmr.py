@@ -8,8 +8,6 @@ training), then real Flower simulations (5 distinct configs, shared via the cach
 from __future__ import annotations
 
 import math
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,12 +17,10 @@ from flwr.app import MetricRecord, RecordDict
 from fedsuite.method.arrays import uniform_mean
 from fedsuite.config import build_config
 from fedsuite.method.replies import Reply
-from fedsuite.method.strategy import ServerSetup
 from fedsuite.method.wire import CHECKSUM_REQUEST, record_checksum, to_ndarrays, to_record
-from strategies.fedmr import FedMRStrategy, draw_permutations, make_units, recombine, segment_ids
-from strategies.fedmut import FedMutStrategy, mutate, mutation_beta, mutation_coefficients
-from strategies.indep import IndepAggrStrategy, IndepStrategy
-from tests.conftest import FAST, UNIT_ROUND, assert_same_arrays
+from strategies.fedmr import draw_permutations, make_units, recombine, segment_ids
+from strategies.fedmut import mutate, mutation_beta, mutation_coefficients
+from tests.conftest import FAST, assert_same_arrays, make_strategy
 
 
 #: the methods' maths, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
@@ -255,13 +251,9 @@ def test_fedmut_beta_schedule():
 NUM_CLIENTS, K = 10, 4
 
 
-def make_strategy(cls, strategy: str, seed: int = 7, **params):
-    values = {**FAST, "strategy": strategy, "num_clients": NUM_CLIENTS, "clients_per_round": K, "seed": seed, **UNIT_ROUND,
-              **{f"{strategy}.{k}": v for k, v in params.items()}}
-    cfg = build_config(values=values)
-    initial = random_model(np.random.default_rng(1000))
-    setup = ServerSetup(cfg=cfg, node_to_pid={500 + p: p for p in range(NUM_CLIENTS)}, initial=initial)
-    return cls(setup)
+#: the server rules below (conftest's ``make_strategy``): NUM_CLIENTS partitions, a cohort of K,
+#: w^0 the small model of :data:`SHAPES`
+POOL = {"initial": random_model(np.random.default_rng(1000)), "num_clients": NUM_CLIENTS, "cohort": K}
 
 
 def fake_train(received: dict[str, np.ndarray], pid: int, server_round: int) -> dict[str, np.ndarray]:
@@ -323,7 +315,7 @@ def payloads_pairwise_distinct(sent) -> bool:
 def test_payload_diversity_and_slots():
     """§8.2 item 10: R1 = 0: round 1 sends K identical payloads (copies of w^0) with slots 0..K-1;
     from round 2 on the payloads differ pairwise; each client gets exactly its slot's pool model."""
-    s = make_strategy(FedMRStrategy, "fedmr")
+    s = make_strategy("fedmr", **POOL)
     sent, _, _ = play_round(s, 1)
     assert sorted(slot for slot, _ in sent.values()) == list(range(K))
     assert payloads_identical(sent) and all(np.array_equal(a["head.weight"], s.template["head.weight"]) for _, a in sent.values())
@@ -338,7 +330,7 @@ def test_payload_diversity_and_slots():
 def test_stage_boundary_round_arithmetic():
     """§8.2 item 11, A4: R1 = 3: rounds 1..4 dispatch identical payloads, round 5 is the first with
     different ones; after rounds ≤ 3 every pool entry equals the returned (uniform-mean) global."""
-    s = make_strategy(FedMRStrategy, "fedmr", first_stage_rounds=3)
+    s = make_strategy("fedmr", **POOL, **{"fedmr.first_stage_rounds": 3})
     for r in range(1, 6):
         sent, uploaded, glob = play_round(s, r)
         if r <= 4:
@@ -355,7 +347,7 @@ def test_stage_boundary_round_arithmetic():
 
 
 def test_stage1_weighting_num_examples_is_fedavg_mean():
-    s = make_strategy(FedMRStrategy, "fedmr", first_stage_rounds=2, stage1_weighting="num_examples")
+    s = make_strategy("fedmr", **POOL, **{"fedmr.first_stage_rounds": 2, "fedmr.stage1_weighting": "num_examples"})
     sizes = {p: 5 + 7 * p for p in range(NUM_CLIENTS)}
     _, uploaded, glob = play_round(s, 1, sizes=sizes)
     from fedsuite.method.arrays import weighted_mean
@@ -367,7 +359,7 @@ def test_stage1_weighting_num_examples_is_fedavg_mean():
 
 def test_reordered_replies_give_the_same_pool():
     """§8.2 item 12: replies map to slots by partition id, so their order does not matter."""
-    a, b = make_strategy(FedMRStrategy, "fedmr"), make_strategy(FedMRStrategy, "fedmr")
+    a, b = make_strategy("fedmr", **POOL), make_strategy("fedmr", **POOL)
     for r in (1, 2, 3):
         _, _, ga = play_round(a, r)
         _, _, gb = play_round(b, r, shuffle=r)
@@ -379,7 +371,7 @@ def test_reordered_replies_give_the_same_pool():
 def test_failed_slot_keeps_dispatched_model():
     """§8.2 item 13, A21: a slot without reply keeps the model it was sent; the pool keeps size K and
     the global is the uniform mean over all K slots, the failed one included."""
-    s = make_strategy(FedMRStrategy, "fedmr")
+    s = make_strategy("fedmr", **POOL)
     play_round(s, 1)
     cohort = s.sample_cohort(2)
     lost = cohort[1]
@@ -390,7 +382,7 @@ def test_failed_slot_keeps_dispatched_model():
         slots[slot] = uploaded.get(pid, arrays)
     assert_same_arrays(glob, uniform_mean(slots, s.template))
     # Indep does not recombine: the failed slot literally still holds what it was sent
-    ind = make_strategy(IndepStrategy, "indep")
+    ind = make_strategy("indep", **POOL)
     play_round(ind, 1)
     sent, uploaded, _ = play_round(ind, 2, drop={lost})
     for pid, (slot, arrays) in sent.items():
@@ -400,7 +392,7 @@ def test_failed_slot_keeps_dispatched_model():
 def test_global_is_mean_of_pool_before_and_after_recombination():
     """§8.2 item 14 / Lemma 4.4: the returned global = uniform mean of the uploaded pool = mean of
     the recombined pool; integer buffers are cast back."""
-    s = make_strategy(FedMRStrategy, "fedmr")
+    s = make_strategy("fedmr", **POOL)
     for r in (1, 2, 3):
         sent, uploaded, glob = play_round(s, r)
         by_slot = [uploaded[pid] for pid, _ in sorted(sent.items(), key=lambda kv: kv[1][0])]
@@ -411,7 +403,7 @@ def test_global_is_mean_of_pool_before_and_after_recombination():
 
 def test_bytes_per_round_equal_fedavg():
     """§8.2 item 15: K model downloads and K uploads per round, like FedAvg."""
-    s = make_strategy(FedMRStrategy, "fedmr")
+    s = make_strategy("fedmr", **POOL)
     model_bytes = sum(len(a.data) for a in to_record(s.template).values())
     for r in (1, 2):
         play_round(s, r)
@@ -422,7 +414,7 @@ def test_bytes_per_round_equal_fedavg():
 def test_checksum_mismatch_is_detected():
     """Every payload asks for the client's checksum; a wrong one is a mismatch, and a reply without
     one (a declared record of the pool methods, ``POOL_RECORDS``) is a failed reply naming it."""
-    s = make_strategy(FedMRStrategy, "fedmr")
+    s = make_strategy("fedmr", **POOL)
     contents = configure(s, 1)
     assert all(c["config"][CHECKSUM_REQUEST] is True for c in contents.values())
     replies = {pid: reply_to(pid, c, fake_train(to_ndarrays(c["arrays"]), 0, 1), 10, checksum=(12345 if i == 0 else None))
@@ -438,13 +430,13 @@ def test_checksum_mismatch_is_detected():
 def test_state_dict_round_trip_resumes_exactly(tmp_path):
     """Pool + per-round seeded draws: a strategy restored from a checkpoint after round 2 plays
     rounds 3-4 exactly like the uninterrupted one (also for FedMut's w_old)."""
-    for cls, name, params in ((FedMRStrategy, "fedmr", {"first_stage_rounds": 1}), (FedMutStrategy, "fedmut", {})):
-        a = make_strategy(cls, name, **params)
+    for name, params in (("fedmr", {"fedmr.first_stage_rounds": 1}), ("fedmut", {})):
+        a = make_strategy(name, **POOL, **params)
         for r in (1, 2):
             play_round(a, r)
         torch.save({"strategy": a.state_dict(), "arrays": a.global_arrays}, tmp_path / f"{name}.pt")
         ckpt = torch.load(tmp_path / f"{name}.pt", weights_only=False)
-        b = make_strategy(cls, name, **params)
+        b = make_strategy(name, **POOL, **params)
         b.load_state_dict(ckpt["strategy"])
         b.global_arrays = ckpt["arrays"]
         for r in (3, 4):
@@ -457,14 +449,14 @@ def test_state_dict_round_trip_resumes_exactly(tmp_path):
 
 
 def test_seed_changes_permutations_and_slot_deal():
-    a, b = make_strategy(FedMRStrategy, "fedmr", seed=1), make_strategy(FedMRStrategy, "fedmr", seed=2)
+    a, b = make_strategy("fedmr", **POOL, seed=1), make_strategy("fedmr", **POOL, seed=2)
     assert a.assign_slots(5, a.sample_cohort(5)) != b.assign_slots(5, b.sample_cohort(5)) or a.sample_cohort(5) != b.sample_cohort(5)
 
 
 def test_no_training_keeps_every_pool_model_at_w0():
     """§8.3 item 18 (lr = 0): clients return what they received, so every payload, pool model and
     global stays w^0 in both stages."""
-    s = make_strategy(FedMRStrategy, "fedmr", first_stage_rounds=1)
+    s = make_strategy("fedmr", **POOL, **{"fedmr.first_stage_rounds": 1})
     for r in (1, 2, 3):
         contents = configure(s, r)
         for c in contents.values():
@@ -500,7 +492,7 @@ def test_experiment_configs_load():
 def test_fedmr_p1_is_indep_like():
     """§8.3 item 19: with segment_fraction = 1.0 every dispatched model is bit-identical to one
     model uploaded in the previous round."""
-    s = make_strategy(FedMRStrategy, "fedmr", segment_fraction=1.0)
+    s = make_strategy("fedmr", **POOL, **{"fedmr.segment_fraction": 1.0})
     _, uploaded, _ = play_round(s, 1)
     sent, _, _ = play_round(s, 2)
     for _, arrays in sent.values():
@@ -510,7 +502,7 @@ def test_fedmr_p1_is_indep_like():
 def test_indep_and_indep_aggr_share_the_pool():
     """Indep keeps slot lineages (slot i is re-sent exactly what it uploaded) and reports slot
     ``eval_slot``; IndepAggr trains the identical pool and reports its uniform mean."""
-    ind, agg = make_strategy(IndepStrategy, "indep", eval_slot=2), make_strategy(IndepAggrStrategy, "indep-aggr")
+    ind, agg = make_strategy("indep", **POOL, **{"indep.eval_slot": 2}), make_strategy("indep-aggr", **POOL)
     prev = None
     for r in (1, 2, 3):
         sent_i, up_i, gi = play_round(ind, r)
@@ -524,13 +516,13 @@ def test_indep_and_indep_aggr_share_the_pool():
         assert_same_arrays(gi, ind.pool[2])
         assert_same_arrays(ga, uniform_mean(agg.pool, agg.template))
     with pytest.raises(ValueError, match="eval_slot"):
-        make_strategy(IndepStrategy, "indep", eval_slot=K)
+        make_strategy("indep", **POOL, **{"indep.eval_slot": K})
 
 
 def test_fedmut_strategy_round():
     """FedMut: the returned global is the uniform mean of the uploads; the next pool is
     w_glb + α c Δ with Δ = w_glb − w_old; after T_mut rounds (β = 0) its mean is w_glb."""
-    s = make_strategy(FedMutStrategy, "fedmut", mut_bound=1)
+    s = make_strategy("fedmut", **POOL, **{"fedmut.mut_bound": 1})
     w0 = s.template
     sent, uploaded, glob = play_round(s, 1)
     assert payloads_identical(sent)
@@ -550,8 +542,8 @@ def test_fedmut_strategy_round():
 
 def test_fedmut_radius_zero_is_uniform_aggregation():
     """α = 0: every mutated model is w_glb, so FedMut is FedMR's stage 1 (uniform FedAvg) round for round."""
-    mut = make_strategy(FedMutStrategy, "fedmut", radius=0.0)
-    mr = make_strategy(FedMRStrategy, "fedmr", first_stage_rounds=10)
+    mut = make_strategy("fedmut", **POOL, **{"fedmut.radius": 0.0})
+    mr = make_strategy("fedmr", **POOL, **{"fedmr.first_stage_rounds": 10})
     for r in (1, 2, 3):
         sm, _, gm = play_round(mut, r)
         sr, _, gr = play_round(mr, r)
@@ -645,14 +637,11 @@ def test_sim_fedmr_seeded_runs_identical(simulate):
         assert_same_arrays(ma, mb)
 
 
-@pytest.mark.parametrize("cls,name", [(FedMRStrategy, "fedmr"), (FedMutStrategy, "fedmut"), (IndepStrategy, "indep")])
-def test_pool_methods_keep_neuron_lr_diagnostics(cls, name):
+@pytest.mark.parametrize("name", ["fedmr", "fedmut", "indep"])
+def test_pool_methods_keep_neuron_lr_diagnostics(name):
     """A pool method with ``--neuron-lr`` writes both its own columns (checksums, slots) and the
     plug-in's cohort means of the clients' ``nlr-*`` metrics into the round's metrics row."""
-    values = {**FAST, "strategy": name, "num_clients": NUM_CLIENTS, "clients_per_round": K, "seed": 7, **UNIT_ROUND,
-              "neuron_lr.preset": "paper_main"}
-    s = cls(ServerSetup(cfg=build_config(values=values), node_to_pid={500 + p: p for p in range(NUM_CLIENTS)},
-                        initial=random_model(np.random.default_rng(1000))))
+    s = make_strategy(name, **POOL, **{"neuron_lr.preset": "paper_main"})
     replies = {}
     for pid, content in configure(s, 1).items():
         reply = reply_to(pid, content, fake_train(to_ndarrays(content["arrays"]), pid, 1), 10)
@@ -693,31 +682,16 @@ def test_pool_distances_closed_form_and_zero_for_equal_models():
     assert pool_distances([model], keys) == (0.0, {k: 0.0 for k in keys})
 
 
-def diagnostics_strategy(**params):
-    """A FedMR server rule over the FAST synthetic task with the ServerApp's real evaluation
-    (``arrays_evaluator`` on the test split), diagnostics on."""
-    from fedsuite.engine import runtime
-    from fedsuite.models import initial_arrays, make_model
-    from fedsuite.method.training import arrays_evaluator
-
-    values = {**FAST, "strategy": "fedmr", "num_clients": NUM_CLIENTS, "clients_per_round": K, **UNIT_ROUND,
-              "data_root": str(Path(tempfile.gettempdir()) / "fedsuite-test-data"), "fedmr.diagnostics": True,
-              **{f"fedmr.{k}": v for k, v in params.items()}}
-    cfg = build_config(values=values)
-    bundle = runtime.load_bundle(cfg)
-    evaluate = arrays_evaluator(make_model(cfg, bundle), bundle.x_test, bundle.y_test, bundle, cfg.eval_batch_size)
-    setup = ServerSetup(cfg=cfg, node_to_pid={500 + p: p for p in range(NUM_CLIENTS)},
-                        initial=initial_arrays(cfg, bundle), evaluate=evaluate)
-    return FedMRStrategy(setup), evaluate
-
-
 def test_pool_diagnostics_columns():
     """Round 1, clients return what they got (K equal models): every distance and movement is exactly
     0 and every pool model scores the pool mean's accuracy. Round 2 (stage 1, R1 = 2; distinct
     uploads): K accuracies, the pool mean's accuracy is that of the returned global (the model the
     ServerApp evaluates), the models sent next are all that global. Round 3 (stage 2): the models
     sent next are the recombined ones, scored one by one; movement is ||v_s − w_s|| per slot."""
-    s, evaluate = diagnostics_strategy(first_stage_rounds=2)
+    # FedMR over the FAST synthetic task with the ServerApp's real evaluation on the test split
+    s = make_strategy("fedmr", num_clients=NUM_CLIENTS, cohort=K, evaluate=True,
+                      **{"fedmr.diagnostics": True, "fedmr.first_stage_rounds": 2})
+    evaluate = s.setup.evaluate
     contents = configure(s, 1)
     s.aggregate_round(1, {pid: reply_to(pid, c, to_ndarrays(c["arrays"]), 10) for pid, c in contents.items()})
     col = round_columns(s)
@@ -744,8 +718,8 @@ def test_pool_diagnostics_columns():
         if r == 2:
             assert col["next_accuracy"] == [col["pool_mean_accuracy"]] * K
     with pytest.raises(ValueError, match="evaluate"):
-        make_strategy(FedMRStrategy, "fedmr", diagnostics=True)  # a setup without evaluation
-    off = make_strategy(FedMRStrategy, "fedmr")  # off by default: no evaluation, no columns
+        make_strategy("fedmr", **POOL, **{"fedmr.diagnostics": True})  # a setup without evaluation
+    off = make_strategy("fedmr", **POOL)  # off by default: no evaluation, no columns
     play_round(off, 1)
     assert not any(c.startswith(("pool_", "next_", "client_movement")) for c in round_columns(off))
 

@@ -22,12 +22,9 @@ from clients.fedsam import FedSAMClient
 from clients.mofedsam import MoFedSAMClient
 from clients.sam import asam_perturbation, mix_momentum, sam_perturbation
 from fedsuite.method.arrays import tensor_norm, weighted_mean
-from fedsuite.config import build_config
-from fedsuite.method.strategy import ServerSetup
 from fedsuite.method.training import ClientRule, LocalData, run_local_training
 from fedsuite.method.wire import MOMENTUM, ClientReply
-from strategies.fedmrur import FedMRURStrategy
-from tests.conftest import UNIT_ROUND, assert_same_arrays, make_task
+from tests.conftest import assert_same_arrays, make_strategy, make_task
 
 
 #: the methods' maths, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
@@ -409,10 +406,8 @@ def test_sam_family_reductions():
 # ------------------------------------------------------------------------------------------------
 
 
-def _strategy(values: dict | None = None, template: dict | None = None) -> FedMRURStrategy:
-    cfg = build_config(values={"strategy": "fedmrur", "num_clients": 10, **UNIT_ROUND, **(values or {})})
-    template = template or {"a": np.zeros(3), "b": np.zeros((2, 2))}
-    return cfg.method.strategy(ServerSetup(cfg=cfg, node_to_pid={i: i for i in range(10)}, initial=template))
+#: w^0 of the server rules below (conftest's ``make_strategy``, 10 clients)
+TEMPLATE = {"a": np.zeros(3), "b": np.zeros((2, 2))}
 
 
 def _reply(pid, arrays, n=10, steps=5):
@@ -425,7 +420,7 @@ def _flat(arrays) -> np.ndarray:
 
 def test_normalised_aggregate_has_mean_norm_and_direction_of_sum():
     rng = np.random.default_rng(0)
-    s = _strategy()
+    s = make_strategy("fedmrur", TEMPLATE, num_clients=10)
     w_t = {"a": rng.normal(size=3), "b": rng.normal(size=(2, 2))}
     s.global_arrays = w_t
     deltas = [{k: rng.normal(size=v.shape) * (i + 1) for k, v in w_t.items()} for i in range(4)]
@@ -442,7 +437,7 @@ def test_normalised_aggregate_has_mean_norm_and_direction_of_sum():
 
 
 def test_normalised_aggregate_special_cases():
-    s = _strategy()
+    s = make_strategy("fedmrur", TEMPLATE, num_clients=10)
     s.global_arrays = {"a": np.zeros(3), "b": np.zeros((2, 2))}
     e1 = {"a": np.array([2.0, 0, 0]), "b": np.zeros((2, 2))}
     e2 = {"a": np.array([0, 2.0, 0]), "b": np.zeros((2, 2))}
@@ -464,13 +459,13 @@ def test_plain_aggregate_equals_fedavg_and_uniform_mean():
     t32 = {"a": rng.normal(size=5).astype(np.float32), "b": rng.normal(size=(3, 2)).astype(np.float32)}
     replies = [_reply(i, {k: (v + rng.normal(size=v.shape)).astype(np.float32) for k, v in t32.items()}, n=7 + 13 * i)
                for i in range(3)]
-    s = _strategy({"fedmrur.normalize": False, "fedmrur.weighting": "examples"}, template=t32)
+    s = make_strategy("fedmrur", t32, num_clients=10, **{"fedmrur.normalize": False, "fedmrur.weighting": "examples"})
     assert_same_arrays(s.aggregate(1, replies), weighted_mean([r.arrays for r in replies],
                                                               [r.num_examples for r in replies], t32))
-    s = _strategy({"fedmrur.normalize": False}, template=t32)  # paper: unweighted 1/S (A26)
+    s = make_strategy("fedmrur", t32, num_clients=10, **{"fedmrur.normalize": False})  # paper: unweighted 1/S (A26)
     assert_same_arrays(s.aggregate(1, replies), weighted_mean([r.arrays for r in replies], [1, 1, 1], t32))
     # global lr: w^t + η_g Δ̄
-    s = _strategy({"fedmrur.normalize": False, "fedmrur.server_lr": 2.0}, template=t32)
+    s = make_strategy("fedmrur", t32, num_clients=10, **{"fedmrur.normalize": False, "fedmrur.server_lr": 2.0})
     mean = weighted_mean([r.arrays for r in replies], [1, 1, 1], t32)
     for k in t32:
         np.testing.assert_allclose(s.aggregate(1, replies)[k], t32[k] + 2.0 * (mean[k] - t32[k]), rtol=1e-5, atol=1e-6)
@@ -482,7 +477,8 @@ def test_momentum_recursion_linear_loss(normalize, decay):
     """Spec §8.3 item 19: one client, constant gradient c, ρ = γ = wd = 0, no clipping:
     Δ = −K η_t (α c + (1−α) m^t)  ⇒  m^t = c (1 − (1−α)^t); the conversion uses round t's lr."""
     alpha, k_steps, lr = 0.1, 5, 0.1
-    s = _strategy({"fedmrur.normalize": normalize, "fedmrur.alpha": alpha, "lr": lr, "lr_decay": decay})
+    s = make_strategy("fedmrur", TEMPLATE, num_clients=10,
+                      **{"fedmrur.normalize": normalize, "fedmrur.alpha": alpha, "lr": lr, "lr_decay": decay})
     c = {"a": np.array([1.0, -2.0, 0.5]), "b": np.array([[0.3, 0.0], [-1.0, 2.0]])}
     w = {k: np.zeros_like(v) for k, v in c.items()}
     for t in range(1, 4):
@@ -501,7 +497,7 @@ def test_momentum_is_sent_and_checkpointed():
 
     from fedsuite.method.wire import to_record
 
-    s = _strategy()
+    s = make_strategy("fedmrur", TEMPLATE, num_clients=10)
     w0 = to_record(s.global_arrays)
     assert MOMENTUM not in s.client_payload(1, 0, w0, ConfigRecord({})).array_records  # m^0 = 0 omitted
     s.aggregate(1, [_reply(0, {"a": np.ones(3), "b": np.ones((2, 2))}), _reply(1, {"a": -np.ones(3) * 0.5,
@@ -511,7 +507,7 @@ def test_momentum_is_sent_and_checkpointed():
     assert_same_arrays(sent, s.momentum)
     assert {k: v.shape for k, v in sent.items()} == {k: v.shape for k, v in s.template.items()}
     # state round-trip
-    s2 = _strategy()
+    s2 = make_strategy("fedmrur", TEMPLATE, num_clients=10)
     s2.load_state_dict(s.state_dict())
     assert_same_arrays(s2.momentum, s.momentum)
     assert_same_arrays({k: v.numpy() for k, v in s2.client_payload(2, 3, w0, ConfigRecord({}))[MOMENTUM].items()},

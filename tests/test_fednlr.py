@@ -20,26 +20,25 @@ import fedsuite.method.plugins.neuron_lr
 from fedsuite.method.plugins.neuron_lr import (
     PRESETS,
     SPREAD,
-    NeuronLROptimizer,
     NeuronLRParams,
     NeuronLRPlan,
     NeuronLRPlugin,
+    make_plan,
+    scale_spread,
+)
+from fedsuite.method.plugins.neuron_lr_optimizer import NeuronLROptimizer
+from fedsuite.method.plugins.neuron_lr_scales import (
     activation_stats,
     discover_layers,
     layer_mus,
-    make_plan,
     scale_factors,
-    scale_spread,
     temperature,
 )
-from fedsuite import models
 from fedsuite.method import registry
-from fedsuite.engine import runtime
 from fedsuite.models import build_model, count_parameters
 from fedsuite.method.plugins import active_plugins
-from fedsuite.method.strategy import ServerSetup
 from fedsuite.method.training import run_local_training
-from tests.conftest import assert_same_arrays, make_task
+from tests.conftest import FAST, assert_same_arrays, make_strategy, make_task
 
 
 #: the methods' maths, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
@@ -519,13 +518,10 @@ def _method_round(method: str, preset: str | None):
     values = {"strategy": method}
     if preset:
         values["neuron_lr.preset"] = preset
-    task0, cfg = make_task(values)
-    bundle = runtime.load_bundle(cfg)
+    task0, _ = make_task(values)
     initial = {k: v.numpy().copy() for k, v in task0.received.items()}
-    setup = ServerSetup(cfg=cfg, node_to_pid={pid: pid for pid in range(cfg.num_clients)}, initial=initial,
-                        build_model=lambda: models.make_model(cfg, bundle),
-                        partition_size=lambda pid: len(runtime.client_indices(cfg, bundle, pid)))
-    strategy = cfg.method.strategy(setup)
+    strategy = make_strategy(method, initial, num_clients=FAST["num_clients"], cohort=FAST["clients_per_round"],
+                             unit_round=False, build_model=True, **values)
     pid, content = next(iter(strategy.configure_round(1, initial).items()))  # what the first client receives
     extras = {name: {k: torch.from_numpy(a.numpy().copy()) for k, a in rec.items()}
               for name, rec in content.array_records.items() if name != "arrays"}

@@ -10,8 +10,6 @@ without the record, the others with everything their method declares.
 
 from __future__ import annotations
 
-import tempfile
-
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
@@ -21,11 +19,9 @@ from clients.feddyn import START_OFFSET
 from clients.fedgen import ALPHA, BETA, GEN_BATCH, LABEL_COUNTS
 from clients.fedmrur import D2_MAX, D2_MEAN, R_MEAN
 from clients.scaffold import DELTA_CV, SERVER_CV
-from conftest import FAST, UNIT_ROUND
-from fedsuite.config import build_config
+from conftest import make_strategy
 from fedsuite.method.registry import methods
 from fedsuite.method.replies import Reply, check_reply
-from fedsuite.method.strategy import ServerSetup
 from fedsuite.method.wire import (
     ARRAYS, ARRAYS_KIND, CONFIG, METRICS, METRICS_KIND, MODEL_LAYOUT, NUM_EXAMPLES, NUM_STEPS, RECEIVED_CHECKSUM,
     STATISTICS, TRAIN_LOSS, TRAIN_MESSAGE, TRAINABLE_LAYOUT, Record, Records, message_problem, record_checksum,
@@ -34,19 +30,8 @@ from fedsuite.method.wire import (
 
 pytestmark = pytest.mark.inprocess
 
-NUM_CLIENTS, COHORT = 4, 3
-
-
-def make_strategy(name: str, **values):
-    from fedsuite import models
-    from fedsuite.engine import runtime
-
-    cfg = build_config(values={**FAST, "data_root": tempfile.gettempdir() + "/fedsuite-test-data", "strategy": name,
-                               "num_clients": NUM_CLIENTS, "clients_per_round": COHORT, **UNIT_ROUND, **values})
-    bundle = runtime.load_bundle(cfg)
-    setup = ServerSetup(cfg=cfg, node_to_pid={1000 + i: i for i in range(NUM_CLIENTS)},
-                        initial={k: np.asarray(v) for k, v in models.initial_arrays(cfg, bundle).items()})
-    return cfg.method.strategy(setup)
+#: the strategies below (conftest's ``make_strategy``): 4 clients, 3 a round
+CLIENTS = {"num_clients": 4, "cohort": 3}
 
 
 def complete_reply(strategy, sent: RecordDict, without: str | None = None, replace: dict | None = None) -> Reply:
@@ -106,7 +91,7 @@ def test_every_required_reply_record_of_every_method_is_covered():
 
 @pytest.mark.parametrize("method, record", REQUIRED)
 def test_a_reply_missing_a_declared_record_is_a_failed_reply_naming_it(method, record):
-    strategy = make_strategy(method, **({"fedgen.ensemble_epochs": 1} if method == "fedgen" else {}))
+    strategy = make_strategy(method, **CLIENTS, **({"fedgen.ensemble_epochs": 1} if method == "fedgen" else {}))
     assert record in {r.name for r in strategy.reply_records}
     victim, reason = round_with_one_doctored_reply(strategy, without=record)
     assert reason is not None and repr(record) in reason, reason
@@ -115,7 +100,7 @@ def test_a_reply_missing_a_declared_record_is_a_failed_reply_naming_it(method, r
 
 def test_fedmrur_declares_its_diagnostics_only_with_the_regulariser_on():
     """``hyperbolic=false`` (FedMRUR-N): the client reports no distances, and a reply without them is fine."""
-    strategy = make_strategy("fedmrur", **{"fedmrur.hyperbolic": False})
+    strategy = make_strategy("fedmrur", **CLIENTS, **{"fedmrur.hyperbolic": False})
     assert not {D2_MEAN, D2_MAX, R_MEAN} & {r.name for r in strategy.reply_records}
     _, reason = round_with_one_doctored_reply(strategy, without=NUM_STEPS)
     assert repr(NUM_STEPS) in reason
@@ -125,21 +110,21 @@ def test_fedmrur_declares_its_diagnostics_only_with_the_regulariser_on():
 def test_a_misshapen_trainable_record_is_a_failed_reply_naming_it(method, record):
     """SCAFFOLD's Δc_i and FedDyn's start offset r_i (optional: checked when present) must cover the
     trainable parameters with their shapes: one parameter short, or one of the wrong shape, fails the reply."""
-    strategy = make_strategy(method)
+    strategy = make_strategy(method, **CLIENTS)
     keys = strategy.record_trainable
     short = {k: np.zeros_like(strategy.template[k]) for k in keys[1:]}
     _, reason = round_with_one_doctored_reply(strategy, replace={record: short})
     assert reason == f"record {record!r}: array names differ from the trainable parameters'"
     wrong = {k: np.zeros_like(strategy.template[k]) for k in keys}
     wrong[keys[0]] = np.zeros(3, np.float32)
-    strategy = make_strategy(method)
+    strategy = make_strategy(method, **CLIENTS)
     _, reason = round_with_one_doctored_reply(strategy, replace={record: wrong})
     assert reason.startswith(f"record {record!r}: array {keys[0]!r} has shape (3,)"), reason
 
 
 def test_feddyn_reads_a_present_start_offset():
     """A complete FedDyn reply with r_i = 0 gives the same model as one without the record (no offset)."""
-    a, b = make_strategy("feddyn"), make_strategy("feddyn")
+    a, b = make_strategy("feddyn", **CLIENTS), make_strategy("feddyn", **CLIENTS)
     sent = a.configure_round(1, dict(a.template))
     b.configure_round(1, dict(b.template))
     zero = {k: np.zeros_like(a.template[k]) for k in a.record_trainable}
@@ -150,7 +135,7 @@ def test_feddyn_reads_a_present_start_offset():
 
 def test_a_ccvr_statistics_reply_missing_an_entry_fails_naming_it():
     """CCVR's statistics record must hold counts, means and covs (its declaration), else the reply fails."""
-    strategy = make_strategy("ccvr")
+    strategy = make_strategy("ccvr", **CLIENTS)
     declared = strategy.records.statistics
     assert [r.name for r in declared] == [STATISTICS] and declared[0].entries == (COUNTS, MEANS, COVS)
     full = {COUNTS: np.ones(3, np.int64), MEANS: np.zeros((3, 2), np.float32), COVS: np.zeros((3, 2, 2), np.float32)}
@@ -171,7 +156,7 @@ def test_a_ccvr_statistics_reply_missing_an_entry_fails_naming_it():
 def test_a_message_missing_a_declared_record_is_refused_by_the_client(method, key):
     """What the server sends carries every declared message record; without one, the ClientApp's
     check (``message_problem``, run before training) names it, and the client's reply fails with it."""
-    strategy = make_strategy(method)
+    strategy = make_strategy(method, **CLIENTS)
     declared = TRAIN_MESSAGE + strategy.records.message
     for content in strategy.configure_round(1, dict(strategy.template)).values():
         assert message_problem(content, declared, strategy.cfg) is None

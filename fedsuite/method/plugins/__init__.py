@@ -2,7 +2,9 @@
 client half and its server half (contract: :mod:`fedsuite.method.plugins.base`).
 
 * ``relaxed_init`` (:mod:`fedsuite.method.plugins.relaxed_init`): FedInit's relaxed initialisation;
-* ``neuron_lr`` (:mod:`fedsuite.method.plugins.neuron_lr`): FedNLR's neuron-wise learning rates.
+* ``neuron_lr`` (:mod:`fedsuite.method.plugins.neuron_lr`): FedNLR's neuron-wise learning rates, with
+  its maths in :mod:`~fedsuite.method.plugins.neuron_lr_scales` (Eqs. 14-17) and
+  :mod:`~fedsuite.method.plugins.neuron_lr_optimizer` (Eq. 18).
 """
 
 from __future__ import annotations

@@ -13,9 +13,13 @@ classifier included, in forward order l = 1..L):
               u_m = (h̄_{l,m} − min h̄_l) / (max h̄_l − min h̄_l)                          (15)
     η̂_{l,m} = η · s_{l,m}    (mean_m s = 1, max s / min s = μ_l)
 
-and the rule's optimizer steps neuron m's weight row/filter and bias with η̂_{l,m}
-(:class:`NeuronLROptimizer` below; Eq. 18 and its meaning under momentum/weight decay are documented
-there). Choices the paper leaves open, and how they are made here:
+and the rule's optimizer steps neuron m's weight row/filter and bias with η̂_{l,m} (Eq. 18).
+The plug-in's parts: this module holds its parameters, the round's plan (:func:`make_plan`), the
+client half (:class:`NeuronLRPlugin`) and the server half (:class:`NeuronLRDiagnostics`);
+:mod:`fedsuite.method.plugins.neuron_lr_scales` the maths of Eqs. 14-17 (μ_l, T_l, s, the
+activation statistics); :mod:`fedsuite.method.plugins.neuron_lr_optimizer` the optimizer wrapper
+of Eq. 18 (:class:`NeuronLROptimizer`, with its meaning under momentum and weight decay). Choices
+the paper leaves open, and how they are made:
 
 * Eq. 15's printed denominator Σ_i q_{l,m} (which would make every rate η) is read as Σ_i q_{l,i}:
   scales have mean 1, as the paper's §7.3 says; the proof of Lemma 4, which normalises the rates to
@@ -61,7 +65,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal
+from typing import Iterable, Literal
 
 import torch
 from pydantic import Field
@@ -71,6 +75,10 @@ from fedsuite.method.activity import Component, ratio
 from fedsuite.method.params import Params
 from fedsuite.data import to_float
 from fedsuite.method.plugins.base import ClientPlugin, ServerHooks
+from fedsuite.method.plugins.neuron_lr_optimizer import NeuronLROptimizer
+from fedsuite.method.plugins.neuron_lr_scales import (
+    NeuronLayer, activation_stats, discover_layers, layer_mus, scale_factors, temperature,
+)
 from fedsuite.method.replies import metric_means
 from fedsuite.method.rounds import RoundLog, ServerSetup
 from fedsuite.method.training import SGD, LocalTask
@@ -91,9 +99,6 @@ SPREAD = Component(
     name="neuron_lr", measure="neuron-lr-spread", threshold=1e-3,
     meaning="std(s) / mean(s) of the neuron-wise learning-rate scales over all neurons; inert below 1e-3 (the "
             "neurons' rates differ from one common rate by less than a thousandth)")
-
-WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm)
 
 
 class NeuronLRParams(Params):
@@ -126,29 +131,6 @@ class NeuronLRParams(Params):
         )
 
 
-# ------------------------------------------------------------------------------------------------
-# pure maths (Eqs. 15-17)
-# ------------------------------------------------------------------------------------------------
-
-
-def layer_mus(sizes: list[int], mu0: float, a1: float, a2: float, log_base: float = 10.0,
-              depth_mode: str = "l_over_L") -> list[float]:
-    """μ_l = μ_0 + a_1·d_l + a_2·log_base(M_l), d_l = l/L (or 1/L), l = 1..L (Eq. 17; 1/L as printed in the paper's final formula)."""
-    L = len(sizes)
-    out = []
-    for l, m in enumerate(sizes, start=1):
-        depth = l / L if depth_mode == "l_over_L" else 1.0 / L
-        out.append(mu0 + a1 * depth + a2 * math.log(m) / math.log(log_base))
-    return out
-
-
-def _degenerate(h: torch.Tensor, mu: float) -> bool:
-    if h.numel() <= 1 or not mu > 1 or not bool(torch.isfinite(h).all()):
-        return True
-    spread = float(h.max() - h.min())
-    return spread <= max(1e-12, 1e-8 * float(h.abs().max()))
-
-
 def scale_spread(scales: Iterable[torch.Tensor]) -> float:
     """spread = std(s) / mean(s) over every neuron of every layer pooled (population std, float64;
     the module's activity measure). 0.0 exactly when all scales are equal, and for no neurons."""
@@ -158,261 +140,6 @@ def scale_spread(scales: Iterable[torch.Tensor]) -> float:
         return 0.0
     mean = s.mean()
     return ratio(float(((s - mean) ** 2).mean().sqrt()), float(mean))
-
-
-def temperature(hbar: torch.Tensor, mu: float) -> float:
-    """T_l = (max h̄ − min h̄) / ln μ (Eq. 16); ``inf`` (a flat softmax) for a degenerate layer."""
-    h = torch.as_tensor(hbar, dtype=torch.float64)
-    if _degenerate(h, mu):
-        return math.inf
-    return float(h.max() - h.min()) / math.log(mu)
-
-
-def scale_factors(hbar: torch.Tensor, mu: float) -> torch.Tensor:
-    """s = M·μ^u / Σ μ^u with u = (h̄ − min)/(max − min) (Eq. 15 in a numerically stable closed form).
-
-    float64; mean 1, max/min = μ, monotone in h̄, invariant to h̄ → a·h̄ + b (a > 0). Degenerate
-    layers (constant or non-finite h̄, M = 1, μ ≤ 1) give s ≡ 1 exactly.
-    """
-    h = torch.as_tensor(hbar, dtype=torch.float64).flatten()
-    if _degenerate(h, mu):
-        return torch.ones_like(h)
-    u = (h - h.min()) / (h.max() - h.min())
-    w = torch.exp(u * math.log(mu))
-    return h.numel() * w / w.sum()
-
-
-# ------------------------------------------------------------------------------------------------
-# neuron layers and activation statistics (Eq. 14)
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class NeuronLayer:
-    name: str  # module name in the model
-    size: int  # M_l: out_features / out_channels
-    is_classifier: bool = False
-
-
-def _size(module: nn.Module) -> int:
-    return module.out_features if isinstance(module, nn.Linear) else module.out_channels
-
-
-def _channels(module: nn.Module) -> int:
-    return module.num_channels if isinstance(module, nn.GroupNorm) else module.num_features
-
-
-def discover_layers(model: nn.Module, example: torch.Tensor) -> tuple[list[NeuronLayer], dict[str, str]]:
-    """Weighted layers in forward-execution order (dummy forward on ``example``), the last one being
-    the classifier, and ``{norm module name: weighted layer name}`` for norms that inherit a scale."""
-    names = {m: n for n, m in model.named_modules()}
-    order: list[nn.Module] = []
-    inherit: dict[str, str] = {}
-    last: list[nn.Module] = []
-
-    def hook(module, _inp, _out):
-        if isinstance(module, WEIGHTED):
-            if module not in order:
-                order.append(module)
-            last[:] = [module]
-        elif last and names[module] not in inherit and getattr(module, "weight", None) is not None:
-            if _channels(module) == _size(last[0]):
-                inherit[names[module]] = names[last[0]]
-
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, WEIGHTED + NORMS)]
-    was_training = model.training
-    try:
-        model.eval()
-        with torch.no_grad():
-            model(example)
-    finally:
-        model.train(was_training)
-        for h in handles:
-            h.remove()
-    layers = [NeuronLayer(names[m], _size(m)) for m in order]
-    if layers:
-        layers[-1].is_classifier = True
-    return layers, inherit
-
-
-def _per_sample_mean(out: torch.Tensor, module: nn.Module) -> torch.Tensor:
-    """[N, M] per-sample activation per neuron: conv -> mean over spatial dims, linear -> over middle dims."""
-    out = out.double()
-    if isinstance(module, nn.Linear):
-        return out.reshape(out.shape[0], -1, out.shape[-1]).mean(1)
-    return out.flatten(2).mean(2)
-
-
-@torch.no_grad()
-def activation_stats(model: nn.Module, layers: list[NeuronLayer], batches: Iterable[torch.Tensor],
-                     classifier_activation: str = "logits") -> list[torch.Tensor]:
-    """h̄_l (float64, length M_l) per layer: Σ over samples of the per-sample mean activation / #samples.
-
-    Hidden layers: ReLU(output); classifier: logits, ReLU(logits) or softmax. The model
-    is put in eval mode for the pass and restored afterwards.
-    """
-    modules = dict(model.named_modules())
-    sums = [torch.zeros(layer.size, dtype=torch.float64) for layer in layers]
-    counts = [0] * len(layers)
-
-    def make_hook(i: int, layer: NeuronLayer):
-        def hook(module, _inp, out):
-            if layer.is_classifier:
-                act = {"logits": out, "relu": torch.relu(out), "softmax": torch.softmax(out.double(), -1)}[
-                    classifier_activation
-                ]
-            else:
-                act = torch.relu(out)
-            per = _per_sample_mean(act, module)
-            sums[i] += per.sum(0).cpu()
-            counts[i] += per.shape[0]
-
-        return hook
-
-    handles = [modules[layer.name].register_forward_hook(make_hook(i, layer)) for i, layer in enumerate(layers)]
-    was_training = model.training
-    try:
-        model.eval()
-        for xb in batches:
-            model(xb)
-    finally:
-        model.train(was_training)
-        for h in handles:
-            h.remove()
-    return [s / max(c, 1) for s, c in zip(sums, counts)]
-
-
-# ------------------------------------------------------------------------------------------------
-# the optimizer wrapper (Eq. 18)
-# ------------------------------------------------------------------------------------------------
-#
-# Neuron-wise learning rates for any SGD-type optimizer (FedNLR Eq. 18).
-#
-# FedNLR's local step gives every output neuron m of layer l its own learning rate
-# η̂_{l,m} = η · s_{l,m} (Eq. 15):
-#
-#     w_{l,m} ← w_{l,m} − η̂_{l,m} · ∇_{w_{l,m}} f_k(w)                                    (18)
-#
-# ``w_{l,m}`` is row/filter m of the weight plus bias b_m (a bias shares its neuron's rate), so a scale tensor
-# ``s`` of shape ``[M, 1, ..., 1]`` (weights) or ``[M]`` (biases) broadcasts over the output
-# dimension. The paper used plain SGD; with momentum μ, dampening τ and weight decay λ the
-# plug-in scales the *whole* update direction (our extension):
-#
-#     d_t = g_t + λ w_t                     (weight decay, proximal and correction terms included)
-#     b_t = μ b_{t−1} + (1 − τ) d_t         (b_1 = d_1; torch.optim.SGD's momentum buffer)
-#     w_{t+1} = w_t − η · s ⊙ b_t           (nesterov: s ⊙ (d_t + μ b_t))
-#
-# Because the scales are fixed for the whole round (computed once from the received model)
-# and the buffer recursion is linear, this is exactly what the inner SGD does when it is fed the
-# pre-scaled direction s ⊙ (g_t + λ w_t) with its own weight decay switched off for that step:
-# the buffer then holds s ⊙ b_t. :class:`NeuronLROptimizer` does precisely that, so it is an SGD
-# whose learning rate is the tensor η·s per parameter, while momentum state, parameter groups and
-# ``zero_grad`` stay the inner optimizer's own.
-#
-# Composition (the paper reports FedNLR inside FedDyn's local solver; the rest follows): whatever the client rule put into ``p.grad`` before
-# ``opt.step()`` — a proximal/FedDyn term, SCAFFOLD's ``− c_i + c`` correction, a SAM/ASAM
-# gradient taken at a perturbed point by the rule's own two-pass ``step`` — is multiplied by s,
-# and weight decay with it. Gradient clipping (done by the rule before ``step``) acts on the
-# unscaled gradient.
-#
-# Exactness: the only extra float operations are ``g.add(p, alpha=λ)`` (the very op
-# ``torch.optim.SGD`` uses for weight decay) and ``× s``. With s ≡ 1 the product is exact in
-# IEEE arithmetic, so the result equals the inner optimizer bit for bit (tests/test_fednlr.py).
-#
-# Only optimizers whose update is linear in the gradient can take a per-neuron learning rate this
-# way: fedsuite's ``SGD``, ``torch.optim.SGD`` (and subclasses), or any optimizer class that sets
-# ``neuron_lr_compatible = True``. Adaptive optimizers (Adam: the update is invariant to a
-# per-element gradient scale) are refused with a clear error.
-
-
-class NeuronLROptimizer:
-    """Wrap an SGD-type ``inner`` optimizer so that parameter ``p`` is stepped with lr ``lr · scales[p]``.
-
-    ``scales`` maps parameters to tensors broadcastable to their shape (``[M, 1, ...]`` or ``[M]``);
-    parameters without an entry keep scale 1 (their gradient is passed through untouched, apart
-    from folding in weight decay, which gives the same numbers as the inner optimizer).
-    """
-
-    def __init__(self, inner: Any, scales: dict[torch.Tensor, torch.Tensor]) -> None:
-        if not (isinstance(inner, torch.optim.SGD) or getattr(inner, "neuron_lr_compatible", False)):
-            raise TypeError(
-                f"neuron_lr needs an SGD-type optimizer (update linear in the gradient); the client rule "
-                f"made {type(inner).__name__}. Set `neuron_lr_compatible = True` on the optimizer class "
-                "if its update is η·(linear function of the gradient)."
-            )
-        for group in inner.param_groups:
-            if group.get("maximize", False):
-                raise ValueError("neuron_lr does not support maximize=True optimizers")
-        self.inner = inner
-        self._scales: dict[torch.Tensor, torch.Tensor] = {}
-        for group in inner.param_groups:
-            for p in group["params"]:
-                s = scales.get(p)
-                if s is not None:
-                    s = s.detach().to(device=p.device, dtype=p.dtype)
-                    torch.broadcast_shapes(s.shape, p.shape)  # fails loudly on a wrong layout
-                    self._scales[p] = s
-
-    # --- the optimizer interface the loop and rules use -----------------------------------------
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.inner.param_groups
-
-    @property
-    def state(self) -> Any:
-        return self.inner.state
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.inner.zero_grad(set_to_none=set_to_none)
-
-    def __getattr__(self, name: str) -> Any:  # anything else (e.g. SAM helpers) is the inner's
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def scale_of(self, p: torch.Tensor) -> torch.Tensor | None:
-        """s for parameter ``p`` (None = 1)."""
-        return self._scales.get(p)
-
-    def lr_tensor(self, p: torch.Tensor) -> torch.Tensor:
-        """η̂ for parameter ``p``: the group's lr times its scale, broadcastable to ``p``."""
-        lr = next(g["lr"] for g in self.param_groups if any(q is p for q in g["params"]))
-        s = self._scales.get(p)
-        return torch.as_tensor(lr, dtype=p.dtype, device=p.device) if s is None else lr * s
-
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One step: d = s ⊙ (g + λ w) into ``p.grad``, the inner step with λ = 0, then restore grads."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        originals: list[tuple[torch.Tensor, torch.Tensor]] = []
-        saved_wd: list[tuple[dict[str, Any], Any]] = []
-        try:
-            with torch.no_grad():
-                for group in self.param_groups:
-                    wd = group.get("weight_decay", 0.0)
-                    for p in group["params"]:
-                        g = p.grad
-                        if g is None:
-                            continue
-                        d = g.add(p, alpha=wd) if wd != 0 else g  # torch.optim.SGD's own weight-decay op
-                        s = self._scales.get(p)
-                        if s is not None:
-                            d = d.mul(s)
-                        if d is not g:
-                            originals.append((p, g))
-                            p.grad = d
-                    if wd != 0:
-                        saved_wd.append((group, wd))
-                        group["weight_decay"] = 0.0
-            self.inner.step()
-        finally:
-            for group, wd in saved_wd:
-                group["weight_decay"] = wd
-            for p, g in originals:
-                p.grad = g
-        return loss
 
 
 # ------------------------------------------------------------------------------------------------
