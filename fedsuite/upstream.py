@@ -97,7 +97,7 @@ INTERNALS: dict[str, Internal] = {
         "limit; Flower does not publish it"),
     # --- Ray: a private Ray without the daemons a simulation never uses (simulation.lean_private_ray) -
     "RayNode": Internal(
-        "ray._private.node", "Node", "simulation.lean_private_ray (and search._tune through it)",
+        "ray._private.node", "Node", "simulation.lean_private_ray (and search_tune.run_tune through it)",
         "its start_api_server, start_monitor and start_log_monitor are replaced by no-ops: ray.init has no "
         "switch for these daemons (about 1.4 CPU-s and up to 1.4 s of every start)"),
     "ray_services": Internal(

@@ -319,7 +319,8 @@ def test_fedsuite_report_and_a_sweeps_report_show_the_clients_accuracies(simulat
     import csv
 
     from fedsuite.records.results import report, report_table
-    from fedsuite.queues.sweep import SweepRun, write_report
+    from fedsuite.queues.sweep import SweepRun
+    from fedsuite.queues.sweep_report import write_report
 
     values = {"federated_eval": "cohort", "rounds": 3}
     runs = [simulate(**values, seed=seed) for seed in (7, 8)]

@@ -202,7 +202,8 @@ def test_a_sweep_over_a_runs_folder_is_refused(tmp_path, args, fragment):
 def test_a_grid_value_given_as_an_inline_table_is_that_table(tmp_path):
     """``--grid 'dataset_options={alpha=1}'`` ran as ``dataset_options=1``; a section given whole
     (``fedprox={mu=0.1}``) likewise."""
-    from fedsuite.queues.sweep import parse_grid, plan, setting_label
+    from fedsuite.queues.study import setting_label
+    from fedsuite.queues.sweep import parse_grid, plan
 
     grid = parse_grid(["dataset_options={alpha=1.0},{alpha=2.0}", "fedprox={mu=0.1}"])
     runs = plan(None, ["strategy=fedprox", f"data_root={tmp_path}"], grid, [0], tmp_path / "sweep")

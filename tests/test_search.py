@@ -28,8 +28,8 @@ from typer.testing import CliRunner
 from fedsuite.records import rundir
 from fedsuite.cli.main import app
 from fedsuite.records.rundir import read_metrics
-from fedsuite.queues.search import Range, parse_space
-from fedsuite.queues.sweep import SweepError
+from fedsuite.queues.search_space import Range, parse_space
+from fedsuite.queues.study import SweepError
 from tests.conftest import fedsuite_run, fedsuite_start, tree_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -263,7 +263,7 @@ def test_a_trials_run_gets_the_settings_its_strategy_uses(tmp_path):
     strategy runs without that key (its record's setting says so), as a grid's run gets only its
     own method's settings; the key is checked against the strategy that uses it."""
     from fedsuite.launch.runner import resolve_config
-    from fedsuite.queues.search import check_space, trial_run
+    from fedsuite.queues.search_space import check_space, trial_run
 
     space = parse_space(["strategy=choice:fedavg,fedprox", "fedprox.mu=uniform:0:1"])
     assert check_space(space, ["rounds=3"], None) == 3

@@ -29,7 +29,8 @@ import pytest
 
 from fedsuite.records import rundir
 from fedsuite.records.rundir import read_metrics
-from fedsuite.queues.sweep import parse_grid, split_values
+from fedsuite.queues.study import split_values
+from fedsuite.queues.sweep import parse_grid
 from tests.conftest import fedsuite_run, tree_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -272,7 +273,8 @@ def test_each_run_gets_the_settings_of_its_own_method(tmp_path):
     A grid key that some of its settings' runs would not use is refused: those runs would be one
     run under several names."""
     from fedsuite.launch.runner import resolve_config
-    from fedsuite.queues.sweep import SweepError, plan
+    from fedsuite.queues.study import SweepError
+    from fedsuite.queues.sweep import plan
 
     runs = plan(None, ["fedprox.mu=0.1", "relaxed_init.storage=server-state"],
                 {"strategy": ["fedavg", "fedprox", "fedinit"]}, [0], tmp_path)

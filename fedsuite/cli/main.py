@@ -581,9 +581,9 @@ def sweep(
 
             if jobs < 1 or last < 1:
                 fail("--jobs and --last must be at least 1")
-            from fedsuite.queues.sweep import study_folder
+            from fedsuite.queues.study import study_folder
 
-            # not the grid's default folder: a grid and a search do not share one (fedsuite.queues.sweep.study_in)
+            # not the grid's default folder: a grid and a search do not share one (fedsuite.queues.study.study_in)
             folder = study_folder(output_dir, name if name is not None else
                                   f"{config.stem}-search" if config is not None else "search")
             code = run_search(search, space, samples, grace_rounds, config, set_, seed_list or [0], folder, jobs,
