@@ -269,7 +269,7 @@ def test_reproduce_help_lists_every_target_without_building_one():
 
     from fedsuite.queues.reproduce.tables import load_targets
 
-    code = ("import sys; from fedsuite.cli.main import reproduce_targets; print(' '.join(reproduce_targets())); "
+    code = ("import sys; from fedsuite.cli.options import reproduce_targets; print(' '.join(reproduce_targets())); "
             "print(sorted(m for m in ('torch', 'flwr', 'ray', 'fedsuite.method.plugins', 'strategies') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -159,7 +159,7 @@ def test_fedsuite_list_points_at_nothing_outside_the_repository():
     """What ``fedsuite list`` prints (methods' summaries, the first docstring line of each dataset,
     partitioner and model), and each method's paper and hyperparameter descriptions."""
     from fedsuite.method import registry
-    from fedsuite.cli.main import first_line
+    from fedsuite.cli.show import first_line
     from fedsuite.cli.hyperparams import paper_value
 
     texts = {}

@@ -37,9 +37,11 @@ from fedsuite.launch.processes import fedsuite_first
 
 #: what a run's command process imports before its first round, imported once here; ``fedsuite.cli.main``
 #: itself is not: each child runs it as ``python -m`` does, as ``__main__`` (which it could not be
-#: once imported under its own name)
-PRELOAD = ("torch", "typer", "rich.table", "fedsuite.cli.support", "fedsuite.method.registry", "fedsuite.launch.runner",
-           "fedsuite.launch.start", "fedsuite.engine.round_engine", "fedsuite.engine.client_app", "fedsuite.engine.runtime", "matplotlib.pyplot")
+#: once imported under its own name), and imports there only the command modules it adds to the app
+PRELOAD = ("torch", "typer", "rich.table", "fedsuite.cli.support", "fedsuite.cli.options", "fedsuite.cli.show",
+           "fedsuite.cli.deploy", "fedsuite.cli.queues", "fedsuite.method.registry", "fedsuite.launch.runner",
+           "fedsuite.launch.start", "fedsuite.engine.round_engine", "fedsuite.engine.client_app", "fedsuite.engine.runtime",
+           "matplotlib.pyplot")
 
 
 class WarmRun:

@@ -1,6 +1,6 @@
 """``fedsuite reproduce``: a paper's table as one resumable, parallel queue of runs, and its report.
 
-``fedsuite reproduce TARGET`` (:func:`run_reproduce`; the options are ``fedsuite.cli.main.reproduce``'s)
+``fedsuite reproduce TARGET`` (:func:`run_reproduce`; the options are ``fedsuite.cli.queues.reproduce``'s)
 plans one ``fedsuite simulate`` run per (row, method, seed) of a paper's table under ``--output-dir``,
 checks that every dataset the runs need is on disk, works through the queue with ``--jobs``
 simulations at once, and writes the report. One idea per module:
