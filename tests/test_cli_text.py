@@ -96,6 +96,14 @@ def _help(path: tuple[str, ...]) -> str:
     return text
 
 
+def test_help_lists_the_commands_in_one_order():
+    """``fedsuite --help`` lists ``simulate`` (``fedsuite.cli.main``), then the commands of each group
+    in the order ``main`` adds the groups to the app: ``show``, ``deploy``, ``queues``."""
+    names = [names for names, _ in _records(_help(())) if not names.startswith("-")]
+    assert names == ["simulate", "list", "partition", "report", "certs", "connection", "submit", "gateway", "sweep",
+                     "reproduce"]
+
+
 @pytest.mark.parametrize("path", list(COMMANDS), ids=lambda p: " ".join(("fedsuite", *p)))
 def test_every_help_shows_every_parameter_as_written(path):
     command = COMMANDS[path]
