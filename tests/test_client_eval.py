@@ -30,7 +30,7 @@ from fedsuite.engine import client_app
 from fedsuite.launch import start as launch
 from fedsuite.engine import runtime
 from fedsuite.engine.client_eval import FINETUNE_TAG, evaluate_clients
-from fedsuite.records.client_records import CLIENT_FIELDS, FEDERATED_COLUMNS
+from fedsuite.method.client_records import CLIENT_FIELDS, FEDERATED_COLUMNS
 from fedsuite.config import ConfigError, build_config
 from fedsuite.models import make_model
 from fedsuite.method.replies import Reply, check_reply

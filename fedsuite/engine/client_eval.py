@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ConfigRecord, MessageType, RecordDict
 
-from fedsuite.records.client_records import STATISTICS
+from fedsuite.method.client_records import STATISTICS
 from fedsuite.models import draws_global_rng
 from fedsuite.method.rounds import DROP_NOT_CONNECTED, DROP_TIMEOUT, RoundFailure
 from fedsuite.method.seeding import global_seed, seed_for
