@@ -1,7 +1,7 @@
 """The server's side of a FedAvg round at paper model size, against a plain PyTorch loop.
 
-fedsuite: ``FedAvgStrategy.aggregate_train`` on K Flower reply Messages, as the ServerApp calls it
-each round: each reply's layout checked, its arrays decoded once from Flower's wire format and
+fedsuite: FedAvg's ``aggregate_train`` (``fedsuite.engine.flower_strategy.MethodStrategy`` over
+``FedAvgStrategy``) on K Flower reply Messages, as Flower's loop calls it each round: each reply's layout checked, its arrays decoded once from Flower's wire format and
 checked for NaN/inf, the data-size-weighted mean accumulated in float64 and cast back
 (``fedsuite.method.arrays.weighted_mean``), the new model encoded as an ArrayRecord.
 
@@ -27,6 +27,7 @@ import torch
 from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedsuite.config import build_config
+from fedsuite.engine.flower_strategy import MethodStrategy
 from fedsuite.models import MODELS, build_model, count_parameters
 from fedsuite.method.strategy import ServerSetup
 from fedsuite.upstream import TaskIdentity
@@ -86,7 +87,7 @@ def main() -> None:
     initial = {k: v.numpy().copy() for k, v in model.state_dict().items()}
     k = args.clients
     cfg = build_config(values={"dataset": "synthetic", "model": args.model, "num_clients": k, "clients_per_round": k})
-    strategy = FedAvgStrategy(ServerSetup(cfg=cfg, node_to_pid={1000 + p: p for p in range(k)}, initial=initial))
+    strategy = MethodStrategy(FedAvgStrategy(ServerSetup(cfg=cfg, node_to_pid={1000 + p: p for p in range(k)}, initial=initial)))
     rng = np.random.default_rng(0)
     def trained(v: np.ndarray, p: int) -> np.ndarray:  # a client's model: noise on floats, counts on integers
         if np.issubdtype(v.dtype, np.floating):

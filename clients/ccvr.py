@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from fedsuite.data import to_float
 from fedsuite.method.training import ClientRule, LocalData
 from fedsuite.method.wire import ARRAYS_KIND, STATISTICS, Record, Records
 
@@ -28,16 +27,17 @@ RECORDS = Records(statistics=(Record(STATISTICS, ARRAYS_KIND, entries=(COUNTS, M
 
 
 @torch.no_grad()
-def feature_statistics(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bundle, num_classes: int,
+def feature_statistics(model: torch.nn.Module, data: LocalData, num_classes: int,
                        batch_size: int = 1000) -> dict[str, torch.Tensor]:
-    """Per-class count, mean and unbiased covariance of ``model.features`` (float64 sums)."""
+    """Per-class count, mean and unbiased covariance of ``model.features`` over ``data`` (float64 sums)."""
     model.eval()
+    y = data.y
     dim = int(model.head.in_features)
     s1 = torch.zeros(num_classes, dim, dtype=torch.float64)
     s2 = torch.zeros(num_classes, dim, dim, dtype=torch.float64)
     counts = torch.bincount(y.to(torch.long).cpu(), minlength=num_classes)
     for start in range(0, int(y.shape[0]), batch_size):
-        f = model.features(to_float(x[start : start + batch_size], bundle)).to(torch.float64).cpu()
+        f = model.features(data.inputs(slice(start, start + batch_size))).to(torch.float64).cpu()
         yb = y[start : start + batch_size].to(torch.long).cpu()
         s1.index_add_(0, yb, f)
         for c in torch.unique(yb).tolist():
@@ -55,4 +55,4 @@ class CCVRClient(ClientRule):
 
     def statistics(self, model: torch.nn.Module, data: LocalData, cfg) -> dict[str, torch.Tensor]:
         num_classes = int(model.head.out_features)
-        return feature_statistics(model, data.x, data.y, data.bundle, num_classes, cfg.eval_batch_size)
+        return feature_statistics(model, data, num_classes, cfg.eval_batch_size)

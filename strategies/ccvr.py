@@ -118,7 +118,7 @@ class CCVRStrategy(FedSuiteStrategy):
         return server_round == self.cfg.rounds or (every > 0 and server_round % every == 0)
 
     def after_aggregate(self, server_round: int) -> None:
-        if self.transport is not None and self.calibrate_now(server_round):
+        if self.channel is not None and self.calibrate_now(server_round):
             stats = self.gather_statistics(server_round, to_record(self.global_arrays))
             if stats:
                 self.calibrate(server_round, self.global_arrays, stats)
@@ -126,7 +126,7 @@ class CCVRStrategy(FedSuiteStrategy):
     def gather_statistics(self, server_round: int, arrays: ArrayRecord) -> list[NDArrays]:
         """The statistics round: a statistics query about w^{t+1} to every client (or the cohort);
         per-class statistics back (``CCVRClient.statistics``)."""
-        pids = sorted(self.pid_to_node) if self.params.stats_clients == "all" else self.round_log.cohort
+        pids = self.partition_ids if self.params.stats_clients == "all" else self.round_log.cohort
         return list(self.query_statistics(server_round, pids, arrays).values())
 
     def calibrate(self, server_round: int, base: NDArrays, stats: list[NDArrays]) -> None:

@@ -145,7 +145,7 @@ class CluSampStrategy(FedSuiteStrategy):
 
     def __init__(self, setup: ServerSetup) -> None:
         super().__init__(setup)
-        self.pids = sorted(self.pid_to_node)
+        self.pids = self.partition_ids
         self.index = {pid: k for k, pid in enumerate(self.pids)}
         names = [k for k, _ in setup.build_model().named_parameters()] if setup.build_model else None
         self.grad_keys = [k for k, v in self.template.items() if (k in names if names else np.issubdtype(v.dtype, np.floating))]

@@ -228,7 +228,7 @@ def test_ccvr_evaluation_arrays_and_state_round_trip():
 
     s = make_strategy("ccvr", num_clients=4, cohort=2, **{"ccvr.virtual_per_class": 200, "ccvr.epochs": 2})
     task, _ = make_task({"strategy": "ccvr"}, pid=0)
-    stats = {k: v.numpy() for k, v in feature_statistics(task.model, task.data.x, task.data.y, task.data.bundle, 10).items()}
+    stats = {k: v.numpy() for k, v in feature_statistics(task.model, task.data, 10).items()}
     base = {k: v.detach().numpy().copy() for k, v in task.model.state_dict().items()}
     s.round_log = RoundLog()
     s.calibrate(2, base, [stats])

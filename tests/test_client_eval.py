@@ -30,14 +30,15 @@ from fedsuite.engine import client_app
 from fedsuite.launch import start as launch
 from fedsuite.engine import runtime
 from fedsuite.engine.client_eval import FINETUNE_TAG, evaluate_clients
-from fedsuite.records.client_records import CLIENT_FIELDS, FEDERATED_COLUMNS
+from fedsuite.method.client_records import CLIENT_FIELDS, FEDERATED_COLUMNS
 from fedsuite.config import ConfigError, build_config
 from fedsuite.models import make_model
 from fedsuite.method.replies import Reply, check_reply
 from fedsuite.records.rundir import read_clients, read_metrics
 from fedsuite.method.seeding import seed_for
 from fedsuite.method.strategy import FedSuiteStrategy, RoundFailure, ServerSetup
-from fedsuite.engine.transport import InProcessTransport
+from fedsuite.engine.nodes import NodeMap
+from fedsuite.engine.transport import InProcessTransport, Link
 from fedsuite.method.wire import (
     EVAL_ACCURACY, EVAL_LOSS, METRICS, NUM_EXAMPLES, PARTITION_ID, PERSONAL_ACCURACY, PERSONAL_LOSS,
 )
@@ -236,7 +237,8 @@ def test_an_evaluation_reply_without_its_metrics_is_a_failed_reply_with_its_reas
         w = {"w": np.zeros(2, np.float32)}
         strategy.configure_round(1, w)
         cohort = strategy.round_log.cohort
-        transport = InProcessTransport({}, 4, {MessageType.EVALUATE: handler})
+        transport = Link(InProcessTransport({}, 4, {MessageType.EVALUATE: handler}), NodeMap({p: p for p in range(4)}),
+                         4, cfg.round_timeout_s)
         if limit == 0:
             with pytest.raises(RoundFailure, match="federated evaluation: metrics lack 'personal-accuracy'"):
                 evaluate_clients(strategy, 1, w, transport)

@@ -328,7 +328,7 @@ def test_a_flower_users_own_serverapp_runs_a_fedsuite_method(tmp_path, data_root
 
 def test_in_flowers_loop_the_evaluation_goes_to_the_cohort_and_a_reply_without_its_metrics_fails(
         data_root, monkeypatch):
-    """The strategy's ``configure_evaluate`` / ``aggregate_evaluate`` (Flower's loop): in an evaluated
+    """The Flower adapter's ``configure_evaluate`` / ``aggregate_evaluate`` (``MethodStrategy``, Flower's loop): in an evaluated
     round, one ``EVALUATE`` message per cohort client, to its node, holding the evaluated model; the
     replies give the engine's columns as a ``MetricRecord`` (the std of one client left out: None)
     and the clients' rows; a reply without its personalised metrics is a failed reply that fails
@@ -338,6 +338,7 @@ def test_in_flowers_loop_the_evaluation_goes_to_the_cohort_and_a_reply_without_i
     from flwr.common.constant import SUPERLINK_NODE_ID
     from flwr.supercore.task_identity import TaskIdentity
 
+    from fedsuite.engine.flower_strategy import MethodStrategy
     from fedsuite.method.strategy import FedSuiteStrategy, RoundFailure, ServerSetup
     from fedsuite.method.wire import (
         ARRAYS, EVAL_ACCURACY, EVAL_LOSS, METRICS, NUM_EXAMPLES, PARTITION_ID, PERSONAL_ACCURACY, PERSONAL_LOSS,
@@ -359,11 +360,12 @@ def test_in_flowers_loop_the_evaluation_goes_to_the_cohort_and_a_reply_without_i
         cfg = inprocess_config(data_root, num_clients=4, clients_per_round=2, rounds=3, eval_every=2,
                      federated_eval=federated_eval, finetune_steps=1 if federated_eval != "off" else 0,
                      max_failed_fraction=limit)
-        strategy = FedSuiteStrategy(ServerSetup(cfg=cfg, node_to_pid={100 + p: p for p in range(4)}, initial=w))
-        strategy.configure_round(1, w)
+        method = FedSuiteStrategy(ServerSetup(cfg=cfg, node_to_pid={100 + p: p for p in range(4)}, initial=w))
+        strategy = MethodStrategy(method)
+        method.configure_round(1, w)
         assert list(strategy.configure_evaluate(1, to_record(w), ConfigRecord(), None)) == []  # 1 % 2 != 0
         assert strategy.aggregate_evaluate(1, []) is None
-        strategy.configure_round(2, w)
+        method.configure_round(2, w)
         cohort = strategy.round_log.cohort
         messages = list(strategy.configure_evaluate(2, to_record(w), ConfigRecord(), None))
         if federated_eval == "off":

@@ -28,7 +28,8 @@ more than ``max_failed_fraction`` of the clients asked, or none answering, fails
 The server's half is two halves, :func:`request_evaluation` (the messages' contents) and
 :func:`collect_evaluation` (the replies' validation and the columns): the engine runs both around one
 exchange (:func:`evaluate_clients`); in Flower's own loop (a ServerApp of one's own that calls ``start`` on a
-method) the strategy's ``configure_evaluate`` and ``aggregate_evaluate`` run them around Flower's.
+method) the engine's Flower ``Strategy`` adapter's ``configure_evaluate`` and ``aggregate_evaluate``
+(``fedsuite.engine.flower_strategy``) run them around Flower's.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ConfigRecord, MessageType, RecordDict
 
-from fedsuite.records.client_records import STATISTICS
+from fedsuite.method.client_records import STATISTICS
 from fedsuite.models import draws_global_rng
 from fedsuite.method.rounds import DROP_NOT_CONNECTED, DROP_TIMEOUT, RoundFailure
 from fedsuite.method.seeding import global_seed, seed_for
@@ -54,20 +55,20 @@ from fedsuite.method.wire import (
 )
 
 if TYPE_CHECKING:
+    from fedsuite.method.channel import Channel
     from fedsuite.method.replies import Reply
     from fedsuite.method.rounds import RoundLog
-    from fedsuite.engine.transport import Transport
 
 
 class EvaluatedStrategy(Protocol):
-    """What federated evaluation reads of the method's strategy (``fedsuite.method.strategy.FedSuiteStrategy``,
-    which imports this module: named here by its shape, so that the import runs one way)."""
+    """What federated evaluation reads of the method's strategy (``fedsuite.method.strategy.FedSuiteStrategy``)."""
 
     cfg: Any
     round_log: RoundLog
-    nodes: Any
 
     def local_lr(self, server_round: int) -> float: ...
+
+    def reachable(self, pid: int) -> bool: ...
 
     def receive(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -142,26 +143,27 @@ class EvaluationRequest:
 
 
 def evaluate_clients(strategy: EvaluatedStrategy, server_round: int, arrays: NDArrays,
-                     transport: Transport) -> dict[str, Any]:
+                     channel: Channel) -> dict[str, Any]:
     """Round ``server_round``'s federated evaluation of ``arrays`` (see module) through
-    ``transport``: :func:`request_evaluation`, the exchange, :func:`collect_evaluation`."""
+    ``channel`` (the run's ``fedsuite.engine.transport.Link``): :func:`request_evaluation`, the
+    exchange, :func:`collect_evaluation`."""
     request = request_evaluation(strategy, server_round, arrays)
-    replies = (transport.exchange(MessageType.EVALUATE, request.asked, strategy.nodes, strategy.cfg.round_timeout_s)
-               if request.asked else {})
+    replies = channel.exchange(MessageType.EVALUATE, request.asked, strategy.cfg.round_timeout_s) if request.asked else {}
     return collect_evaluation(strategy, request, replies)
 
 
 def request_evaluation(strategy: EvaluatedStrategy, server_round: int, arrays: NDArrays) -> EvaluationRequest:
     """The first half of a federated evaluation: the clients to ask (the round's cohort, or every
     client, per ``federated_eval``), each connected one's content (:func:`evaluation_content`, its
-    bytes counted into the round's log); a client whose node is not connected is a failure."""
+    bytes counted into the round's log); a client the strategy cannot reach now (its node is not
+    connected: ``FedSuiteStrategy.reachable``) is a failure."""
 
     cfg, round_log = strategy.cfg, strategy.round_log
     pids = sorted(round_log.cohort) if cfg.federated_eval == "cohort" else list(range(cfg.num_clients))
     content = evaluation_content(strategy, server_round, arrays)
     request = EvaluationRequest(server_round, pids)
     for pid in pids:
-        if strategy.nodes.node_of(pid) is None:
+        if not strategy.reachable(pid):
             request.problems[pid] = DROP_NOT_CONNECTED
             continue
         round_log.count_bytes(pid, sent=record_nbytes(content))

@@ -1,5 +1,5 @@
 """fedsuite's run records for a method run in Flower's own loop (``Strategy.start``), in a ServerApp
-of one's own (``fedsuite.engine.server_app.method_strategy``).
+of one's own (``fedsuite.engine.server_app.method_strategy``: ``fedsuite.engine.flower_strategy.MethodStrategy``).
 
 Flower's loop calls, each round: ``configure_train``, the exchange, ``aggregate_train``, then the
 federated evaluation (``configure_evaluate``/``aggregate_evaluate``), then ``evaluate_fn`` with the
@@ -31,7 +31,8 @@ EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
 class LoopRecords:
-    """The records of one run of ``strategy`` in Flower's loop, in ``run_dir`` (see module)."""
+    """The records of one run of ``strategy`` (a ``MethodStrategy``: its ``cfg`` and its method's
+    ``round_log``) in Flower's loop, in ``run_dir`` (see module)."""
 
     def __init__(self, strategy, run_dir: Path) -> None:
         self.strategy = strategy

@@ -5,7 +5,9 @@ A node says its partition id in answer to a QUERY (:func:`partition_query`; the 
 with the MetricRecord ``"info"`` holding ``"partition-id"``, ``fedsuite.method.wire``). The ServerApp asks
 every node once at the start (:class:`Handshake`: a missing or failed answer, or two nodes claiming
 one partition, fail the run; fewer nodes than clients are said in one line, :func:`shortfall`).
-The strategy then keeps a :class:`NodeMap` and calls :meth:`NodeMap.refresh` before every round:
+The engine then keeps a :class:`NodeMap` (in the run's ``fedsuite.engine.transport.Link``, or in
+the Flower ``Strategy`` adapter, ``fedsuite.engine.flower_strategy``) and calls :meth:`NodeMap.refresh`
+before every round:
 a SuperNode that joined late or restarted under a new node id is asked the same question and gets
 work again (a failed answer is logged, not fatal).
 Sampling is by partition id; a partition whose node is gone stays in the map and is sent nothing.

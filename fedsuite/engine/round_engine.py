@@ -15,8 +15,9 @@ give the same ``metrics.jsonl`` (wall time aside), checkpoint and client state t
    ``fedsuite.method.training.arrays_evaluator``); log the method's warnings for this config
    (``MethodSpec.risks``); resume from ``checkpoint.pt`` if present (refused if it is another run's:
    ``fedsuite.records.identity``; every checkpoint and ``summary.json`` record the run's identity);
-4. the rounds: ``strategy.train_round`` (cohort, payloads, replies, server rule) once a round, the
-   global round counted here; after each round the global model is evaluated centrally
+4. the rounds: the node map refreshed (``fedsuite.engine.transport.Link.refresh``), then
+   ``strategy.train_round`` (cohort, payloads, replies, server rule) through the run's ``Link``
+   (the transport and the node map) once a round, the global round counted here; after each round the global model is evaluated centrally
    (``cfg.evaluates``: every ``eval_every`` rounds and at the last), and with ``federated_eval`` on
    the clients evaluate the same model on their own data (``fedsuite.engine.client_eval``); the checkpoint
    is rewritten with that round's metrics row and its clients' rows inside it, then the rows are
@@ -61,7 +62,8 @@ from fedsuite.method.rounds import RoundFailure, RoundLog, ServerSetup
 from fedsuite.method.strategy import FedSuiteStrategy
 from fedsuite.method.state import prune_committed
 from fedsuite.method.training import arrays_evaluator
-from fedsuite.engine.transport import InProcessTransport, Transport
+from fedsuite.engine.nodes import NodeMap
+from fedsuite.engine.transport import InProcessTransport, Link, Transport
 from fedsuite.method.wire import NDArrays
 
 log = logging.getLogger("fedsuite")
@@ -192,6 +194,7 @@ def run_rounds(cfg, run_dir: Path, transport: Transport, connect: Connect, recor
     ident = identity.checkpoint_identity(cfg) if ident is None else ident
     t0 = time.perf_counter()
     strategy, initial, evaluate_arrays = build_strategy(cfg, run_dir, connect(), timing)
+    link = Link(transport, NodeMap(strategy.setup.node_to_pid), cfg.num_clients, cfg.round_timeout_s)
     done, arrays = 0, initial
     ckpt_path = run_dir / "checkpoint.pt"
     this = starts[-1]
@@ -217,14 +220,15 @@ def run_rounds(cfg, run_dir: Path, transport: Transport, connect: Connect, recor
     for server_round in range(done + 1, cfg.rounds + 1):
         started = time.perf_counter()
         log.info("round %d/%d", server_round, cfg.rounds)
-        arrays, _ = strategy.train_round(server_round, arrays, transport)
+        link.refresh()  # a SuperNode that reconnected under a new node id gets work again
+        arrays, _ = strategy.train_round(server_round, arrays, link)
         info = strategy.round_log
         test = {}
         if cfg.evaluates(server_round):
             evaluated = strategy.evaluation_arrays(arrays)
             test = evaluate_arrays(evaluated)
             if cfg.federated_eval != "off":  # the same model, on the clients' own data (fedsuite.engine.client_eval)
-                info.add(evaluate_clients(strategy, server_round, evaluated, transport))
+                info.add(evaluate_clients(strategy, server_round, evaluated, link))
         row = round_row(server_round, test, info, time.perf_counter() - started)
         # one atomic step: the checkpoint carries its round's row; the row is appended after it,
         # and a resume rewrites metrics.jsonl to end with the checkpoint's row (RunRecorder.rewind)

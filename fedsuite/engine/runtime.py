@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from fedsuite.config import BaseRunConfig, from_run_config
 from fedsuite.data import load_dataset, partition_indices
 from fedsuite.errors import ConfigError, DataError
 from fedsuite.method.seeding import seed_for
+from fedsuite.records.rundir import default_run_dir
 
 RUN_DIR_KEY = "run_dir"
 
@@ -74,14 +74,6 @@ def records_asked(run_config: dict[str, Any]) -> bool:
 
 #: :func:`split_run_config`'s results, by run config
 _SPLIT: dict[tuple, tuple[BaseRunConfig, Path]] = {}
-
-
-def run_name(cfg: BaseRunConfig) -> str:
-    return cfg.run_name or f"{cfg.strategy}-{cfg.dataset}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def default_run_dir(cfg: BaseRunConfig) -> Path:
-    return (Path(cfg.output_dir).expanduser() / run_name(cfg)).resolve()
 
 
 def data_root(cfg: BaseRunConfig) -> Path:

@@ -3,13 +3,13 @@
 It is the round engine (``fedsuite.engine.round_engine.execute``: config, data, rounds, checkpoints, records)
 with Flower's grid as its transport (``fedsuite.engine.transport.FlowerTransport``). Before the rounds it
 sends the handshake (``fedsuite.engine.nodes.Handshake``: one QUERY to every node, which maps Flower node
-ids to partition ids; the strategy's ``fedsuite.engine.nodes.NodeMap`` re-maps before every round, so a
+ids to partition ids; the engine's ``fedsuite.engine.nodes.NodeMap`` re-maps before every round, so a
 SuperNode that reconnects under a new node id gets work again); the engine loads the data while
 the clients start and answer.
 
 :func:`method_strategy` is for a Flower user's own ServerApp: the fedsuite method its run config
-names, as a Flower ``Strategy`` to ``start`` in their own loop (with fedsuite's ClientApp,
-``fedsuite.client_app:app``, as the app's ClientApp).
+names, as a Flower ``Strategy`` to ``start`` in their own loop (``fedsuite.engine.flower_strategy``;
+with fedsuite's ClientApp, ``fedsuite.client_app:app``, as the app's ClientApp).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from fedsuite.engine import round_engine as engine
 from fedsuite.launch import reaper
 from fedsuite.engine import runtime
 from fedsuite.engine.flower_loop import LoopRecords
+from fedsuite.engine.flower_strategy import MethodStrategy
 from fedsuite.engine.nodes import Handshake
-from fedsuite.method.strategy import FedSuiteStrategy
 from fedsuite.engine.transport import FlowerTransport
 from fedsuite.upstream import InMemoryGrid
 from fedsuite.method.wire import to_record
@@ -61,11 +61,13 @@ def main(grid: Grid, context: Context) -> None:
         raise RuntimeError(f"{len(failed)} run(s) of the batch failed (see each one's error.txt): {', '.join(failed)}")
 
 
-def method_strategy(grid: Grid, context: Context) -> tuple[FedSuiteStrategy, ArrayRecord]:
+def method_strategy(grid: Grid, context: Context) -> tuple[MethodStrategy, ArrayRecord]:
     """The method that ``context.run_config`` names (fedsuite's config keys, as in
-    ``[tool.flwr.app.config]``), built for ``grid``'s nodes, and w^0: for a ServerApp of one's own,
-    e.g. ``strategy.start(grid=grid, initial_arrays=w0)`` (``FedSuiteStrategy.start``: Flower's loop,
-    with fedsuite's central evaluation as its ``evaluate_fn``, ``central_evaluation``). The nodes
+    ``[tool.flwr.app.config]``), built for ``grid``'s nodes, as a Flower ``Strategy``
+    (``fedsuite.engine.flower_strategy.MethodStrategy``; the method's server half is its ``method``),
+    and w^0: for a ServerApp of one's own, e.g. ``strategy.start(grid=grid, initial_arrays=w0)``
+    (``MethodStrategy.start``: Flower's loop, with fedsuite's central evaluation as its
+    ``evaluate_fn``, ``central_evaluation``). The nodes
     must run fedsuite's ClientApp with the same run config; it waits until ``num_clients`` nodes
     have said which partition they hold, and says so in one line when there are fewer
     (``fedsuite.engine.nodes.Handshake``: a simulation with fewer SuperNodes fails at once).
@@ -82,7 +84,8 @@ def method_strategy(grid: Grid, context: Context) -> tuple[FedSuiteStrategy, Arr
     tune_grid(grid)
     watch_flower_simulation()
     handshake = Handshake(grid, cfg.num_clients)
-    strategy, initial, _ = engine.build_strategy(cfg, run_dir, handshake.partition_ids)
+    method, initial, _ = engine.build_strategy(cfg, run_dir, handshake.partition_ids)
+    strategy = MethodStrategy(method)
     if records:
         strategy.loop_records = LoopRecords(strategy, run_dir)
     return strategy, to_record(initial)

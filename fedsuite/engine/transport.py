@@ -15,6 +15,9 @@ replies bit for bit on the CPU.
 A ``fedsuite.method.replies.Reply`` is what came back: the content, or the informative part of an error's reason
 (``fedsuite.method.replies.failure_reason``). A partition missing from :meth:`Transport.exchange`'s result
 did not answer within the timeout.
+
+A method sees neither a transport nor the node map: it gets a :class:`Link` (the method contract's
+``fedsuite.method.channel.Channel``), a transport together with the run's ``NodeMap``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from flwr.app import Context, Message, RecordDict
 
 from fedsuite.engine.nodes import Exchange, NodeMap
+from fedsuite.method.channel import Channel
 from fedsuite.method.replies import Reply, failure_reason
 
 if TYPE_CHECKING:
@@ -99,6 +103,27 @@ class FlowerTransport(Transport):
         if not sent.sent:
             return {}
         return self.replies(sent, self.grid.send_and_receive(sent.messages(), timeout=timeout))
+
+
+class Link(Channel):
+    """A run's clients as its method reaches them (``fedsuite.method.channel.Channel``): ``transport``
+    and the run's node map ``nodes`` (made once a run from ``ServerSetup.node_to_pid``, which it
+    keeps current). :meth:`refresh` (the engine's, before every round) asks the transport which
+    nodes are connected now and which partition each new one holds; the run's ``num_clients`` and
+    ``round_timeout_s`` bound it."""
+
+    def __init__(self, transport: Transport, nodes: NodeMap, num_clients: int, timeout: float) -> None:
+        self.transport, self.nodes = transport, nodes
+        self.num_clients, self.timeout = num_clients, timeout
+
+    def refresh(self) -> None:
+        self.transport.refresh(self.nodes, self.num_clients, self.timeout)
+
+    def reachable(self, pid: int) -> bool:
+        return self.nodes.node_of(pid) is not None
+
+    def exchange(self, message_type: str, contents: dict[int, RecordDict], timeout: float) -> dict[int, Reply]:
+        return self.transport.exchange(message_type, contents, self.nodes, timeout)
 
 
 #: a ClientApp handler without Flower's Message around it: (message content, the client's Context)

@@ -120,7 +120,7 @@ class Run:
     @property
     def clients(self) -> pd.DataFrame:
         """``clients.jsonl`` as a DataFrame: one row per client and round it took part in (sampled,
-        or evaluated under ``federated_eval = "all"``), columns ``fedsuite.records.client_records.CLIENT_FIELDS``
+        or evaluated under ``federated_eval = "all"``), columns ``fedsuite.method.client_records.CLIENT_FIELDS``
         (``round``, ``partition_id``, ``sampled``, ``num_examples``, ``num_steps``, ``train_loss``,
         ``train_seconds``, ``bytes_sent``, ``bytes_received``, ``failure``, and the client's own
         evaluation: ``eval_examples``, ``eval_accuracy``, ``eval_loss``, ``personal_accuracy``,
@@ -128,7 +128,7 @@ class Run:
         fedsuite recorded it has none: an empty frame with those columns)."""
         import pandas as pd
 
-        from fedsuite.records.client_records import CLIENT_FIELDS
+        from fedsuite.method.client_records import CLIENT_FIELDS
         from fedsuite.records.rundir import read_clients
 
         try:

@@ -93,7 +93,7 @@ def run_simulation(config: Path | None, overrides: Sequence[str], values: dict[s
 
             cfg = resolve_config(config, overrides, values, resume)
             runtime.check_hardware(cfg)
-            run_dir, total_rounds = runtime.default_run_dir(cfg), cfg.rounds
+            run_dir, total_rounds = rundir.default_run_dir(cfg), cfg.rounds
             if run_dir.exists() and not resume and not rundir.start_debris(run_dir):
                 raise ConfigError(f"run directory {run_dir} exists; choose another {spelling.option('run_name')} "
                                   f"or pass {spelling.flag('resume')}")

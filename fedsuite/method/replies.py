@@ -1,6 +1,13 @@
 """What the server reads from a client's reply: one validator for every message type, the reason of
-an error reply, and the example-weighted mean of the clients' metrics. A :class:`Reply` is what a
-transport (``fedsuite.engine.transport``) hands back for one partition: the content, or an error.
+an error reply, and the example-weighted mean of the clients' metrics.
+
+A reply has two stages, two types: a :class:`Reply` is what the channel (``fedsuite.method.channel``)
+hands back for one partition, of any message type: the content as it came (undecoded records), or
+an error. A training reply that :func:`check_reply` accepts becomes a ``fedsuite.method.wire.ClientReply``
+(``FedSuiteStrategy.parse_replies``): its arrays decoded and checked, its ``num-examples`` and
+metrics as numbers, its extra records decoded; that is what a server rule aggregates. A rejected or
+error reply never becomes one (its reason goes into the round's log); evaluation and statistics
+replies are read straight from their checked :class:`Reply`.
 
 :func:`check_reply` serves training replies (``"arrays"`` + ``"metrics"``, checked against the
 model's names and shapes) and statistics replies (``"statistics"``) alike. It reads the records'
@@ -24,8 +31,9 @@ from fedsuite.method.wire import (
 
 @dataclass(frozen=True)
 class Reply:
-    """A client's answer: its ``content``, or ``error`` (why it failed: the informative part of the
-    reason, ``fedsuite.method.replies.failure_reason``)."""
+    """A client's answer as the channel hands it back, not yet checked: its ``content``, or ``error``
+    (why it failed: the informative part of the reason, :func:`failure_reason`). An accepted training
+    reply becomes a ``fedsuite.method.wire.ClientReply`` (see module)."""
 
     content: RecordDict | None = None
     error: str | None = None

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fedsuite.method.arrays import NDArrays, trainable_keys
-from fedsuite.records.client_records import CLIENT_FIELDS
+from fedsuite.method.client_records import CLIENT_FIELDS
 
 
 
@@ -73,7 +73,7 @@ class RoundLog:
         self.columns.update(columns)
 
     def note(self, pid: int, **fields: Any) -> None:
-        """Set fields of client ``pid``'s row of this round (``fedsuite.records.client_records.CLIENT_FIELDS``).
+        """Set fields of client ``pid``'s row of this round (``fedsuite.method.client_records.CLIENT_FIELDS``).
         A training reply's ``num_steps``, ``train_loss`` and ``train_seconds`` are None where its
         ClientApp (another than fedsuite's) does not report them: they describe the reply, the server
         rule does not need them."""

@@ -123,6 +123,11 @@ class LocalData:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
+    def inputs(self, index: slice | torch.Tensor) -> torch.Tensor:
+        """The examples ``x[index]`` as the model takes them: uint8 images as float32
+        ``(x / 255 - mean) / std`` per channel (``fedsuite.data.to_float``), anything else unchanged."""
+        return to_float(self.x[index], self.bundle)
+
     def batches(self, batch_size: int, generator: torch.Generator):
         """Shuffled mini-batches (last partial batch kept), normalised and augmented on device.
 
@@ -132,7 +137,7 @@ class LocalData:
         order = torch.randperm(n, generator=generator, device=generator.device).to(self.x.device)
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
-            xb = to_float(self.x[idx], self.bundle)
+            xb = self.inputs(idx)
             if self.augment != "none":
                 xb = augment_batch(xb, self.augment, generator)
             yield xb, self.y[idx]

@@ -151,7 +151,10 @@ def evaluation_keys(finetune_steps: int) -> tuple[str, ...]:
 
 @dataclass
 class ClientReply:
-    """A validated training reply."""
+    """An accepted training reply, what a server rule aggregates: the checked and decoded form of a
+    channel's ``fedsuite.method.replies.Reply`` (``FedSuiteStrategy.parse_replies``): the partition id,
+    the model ``arrays``, n_i (``num_examples``), the scalar ``metrics`` and the method's extra
+    ArrayRecords (``extras``, by record name), all decoded."""
 
     partition_id: int
     arrays: NDArrays

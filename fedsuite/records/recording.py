@@ -1,5 +1,5 @@
 """A run's record as the ServerApp writes it (:class:`RunRecorder`): ``metrics.jsonl`` row by row,
-``clients.jsonl`` (one row per client and round: ``fedsuite.records.client_records.CLIENT_FIELDS``), the
+``clients.jsonl`` (one row per client and round: ``fedsuite.method.client_records.CLIENT_FIELDS``), the
 TensorBoard event files beside them, and at the end ``accuracy.png``, ``diagnostics.png``,
 ``clients.png`` (federated evaluation) and ``summary.json`` (the run directory's layout:
 ``fedsuite.records.results``; its ``activity``: how much each of the run's distinguishing components
@@ -17,7 +17,7 @@ import numpy as np
 
 from fedsuite.method.activity import Component, summarize_activity
 from fedsuite.config import flat_config
-from fedsuite.records.client_records import FEDERATED_COLUMNS
+from fedsuite.method.client_records import FEDERATED_COLUMNS
 from fedsuite.records.plots import (has_client_evaluations, has_pool_diagnostics, plot_accuracy, plot_clients,
                             plot_pool_diagnostics)
 from fedsuite.records.results import write_json
@@ -143,7 +143,7 @@ class RunRecorder:
 def summarize(rows: list[dict[str, Any]], components: Sequence[Component] = ()) -> dict[str, Any]:
     """``summary.json`` from a run's ``metrics.jsonl`` rows: rounds, final and best accuracy, failed
     replies, time per round, for a run with federated evaluation its last evaluated round's columns
-    (``federated_evaluation``: ``fedsuite.records.client_records.FEDERATED_COLUMNS``) and, for a run with
+    (``federated_evaluation``: ``fedsuite.method.client_records.FEDERATED_COLUMNS``) and, for a run with
     distinguishing ``components``, their ``activity``
     (``fedsuite.method.activity.summarize_activity``; left out when no round recorded a measure)."""
     evals = [(r["round"], r["test_accuracy"]) for r in rows if r.get("test_accuracy") is not None]

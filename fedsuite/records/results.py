@@ -9,9 +9,9 @@ A run directory holds::
                      count), failure_reasons ({partition id: reason}) (+ method metrics, and
                      the cohort mean of each activity measure of the run's components:
                      ``fedsuite.method.activity``; with ``federated_eval``, the clients' accuracies:
-                     ``fedsuite.records.client_records.FEDERATED_COLUMNS``)
+                     ``fedsuite.method.client_records.FEDERATED_COLUMNS``)
     clients.jsonl    one line per client and round it took part in: its training reply and its own
-                     evaluation (``fedsuite.records.client_records.CLIENT_FIELDS``)
+                     evaluation (``fedsuite.method.client_records.CLIENT_FIELDS``)
     summary.json     final/best accuracy, rounds, total time, status, failed_replies and
                      rounds_with_failures (totals), failure (round, partition ids, first error)
                      when the run stopped on too many failed replies, provenance (what produced
@@ -99,7 +99,7 @@ def run_value(evals: Sequence[tuple[int, float]], metric: str, last: int = 1,
 
 
 #: the federated-evaluation readings of every report (``federated_eval``: the columns of
-#: ``fedsuite.records.client_records.FEDERATED_COLUMNS`` a report shows), column -> the report's label
+#: ``fedsuite.method.client_records.FEDERATED_COLUMNS`` a report shows), column -> the report's label
 CLIENT_READINGS = {
     "client_accuracy_mean": "client mean (%)",
     "client_accuracy_weighted": "client weighted (%)",

@@ -40,6 +40,13 @@ if TYPE_CHECKING:
     from fedsuite.config import BaseRunConfig
 
 
+def default_run_dir(cfg: BaseRunConfig) -> Path:
+    """The folder of a run whose config gives no ``run_dir``: ``output_dir``/``run_name``, the name
+    made from the method, dataset, seed and the time now when the config gives none."""
+    name = cfg.run_name or f"{cfg.strategy}-{cfg.dataset}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return (Path(cfg.output_dir).expanduser() / name).resolve()
+
+
 def read_metrics(run_dir: str | Path, tolerant: bool = False, torn_tail: bool = False) -> list[dict[str, Any]]:
     """The rows of ``metrics.jsonl``. A line that is not UTF-8 text holding a JSON object with an
     integer ``round`` raises :class:`ResultsError` naming file and line, or is skipped with
@@ -237,7 +244,6 @@ def resume_config(given: BaseRunConfig, config: Path | None, set_: list[str], va
     by a fedsuite that made the folder before its config) holds no run to continue: refused, with
     what to do (a fresh start of the same name runs the command line's config in it)."""
     from fedsuite.config import ConfigError, build_config
-    from fedsuite.engine.runtime import default_run_dir
 
     if given.run_name is None:
         raise ConfigError("--resume needs the run's --run-name (and --output-dir, if not the default)")

@@ -73,7 +73,6 @@ from torch import nn
 
 from fedsuite.method.activity import Component, ratio
 from fedsuite.method.params import Params
-from fedsuite.data import to_float
 from fedsuite.method.plugins.base import ClientPlugin, ServerHooks
 from fedsuite.method.plugins.neuron_lr_optimizer import NeuronLROptimizer
 from fedsuite.method.plugins.neuron_lr_scales import (
@@ -221,8 +220,8 @@ class NeuronLRPlugin(ClientPlugin):
         model = copy.deepcopy(task.model)
         model.load_state_dict(task.received)
         data, bs = task.data, self.p.stats_batch_size
-        batches = (to_float(data.x[i : i + bs], data.bundle) for i in range(0, len(data), bs))
-        plan = make_plan(model, batches, to_float(data.x[:1], data.bundle), self.p)
+        batches = (data.inputs(slice(i, i + bs)) for i in range(0, len(data), bs))
+        plan = make_plan(model, batches, data.inputs(slice(0, 1)), self.p)
         plan.param_scales = {k: v.to(task.device) for k, v in plan.param_scales.items()}
         self.plan = plan
         task.metrics[SPREAD.measure] = scale_spread(plan.scales)
