@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from flwr.app import Message, MessageType, RecordDict
-from flwr.serverapp import Grid
 
 from fedsuite.method.replies import failure_reason
-from fedsuite.upstream import InMemoryGrid
 from fedsuite.method.wire import INFO, PARTITION_ID
+
+if TYPE_CHECKING:
+    from flwr.serverapp import Grid
 
 log = logging.getLogger("fedsuite")
 
@@ -85,6 +87,10 @@ class Handshake:
     def __init__(self, grid: Grid, expected: int) -> None:
         self.grid, started = grid, time.monotonic()
         self.deadline = started + HANDSHAKE_TIMEOUT_S
+        # imported here: Flower's grid modules load its SuperLink state (about 0.4 s), which the
+        # in-process engine, importing this module without a grid, never needs
+        from fedsuite.upstream import InMemoryGrid
+
         simulation = isinstance(grid, InMemoryGrid)
         count, since, told = -1, started, None
         while (connected := len(list(grid.get_node_ids()))) < expected:
