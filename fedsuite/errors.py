@@ -8,10 +8,10 @@ complete); the Python API (``fedsuite.simulate``, ``fedsuite.load_run``) raises 
     ├── ConfigError    bad settings: an unknown key, a value out of range, hardware that is not there,
     │                  a run folder that exists or cannot be written (``fedsuite.config``)
     ├── DataError      the run's data is missing or cannot be partitioned as configured (``fedsuite.engine.runtime``)
-    ├── RunDirError    a run folder is in use by another fedsuite process (``fedsuite.records.rundir``)
+    ├── RunDirError    a run folder is in use by another fedsuite process (``fedsuite.records.claim``)
     ├── ResultsError   a run folder's files cannot be read back (``fedsuite.records.results``)
     │   └── RecordError    ... because they are damaged: a record file that is a link, a folder,
-    │                      unreadable, undecodable or inconsistent with the others (``fedsuite.records.rundir``);
+    │                      unreadable, undecodable or inconsistent with the others (``fedsuite.records.integrity``);
     │                      a ConfigError too, so ``--resume`` refuses it as bad input (exit 2)
     ├── RunFailed      a run started but did not complete; ``run_dir`` and ``run`` say what it left
     ├── CertError      credentials that cannot be made, read, or do not belong together (``fedsuite.deploy.certs``)
@@ -40,7 +40,7 @@ class DataError(FedsuiteError):
 
 
 class RunDirError(FedsuiteError, RuntimeError):
-    """A run directory cannot be used as asked (another process holds it: ``fedsuite.records.rundir.claimed``)."""
+    """A run directory cannot be used as asked (another process holds it: ``fedsuite.records.claim.claimed``)."""
 
 
 class ResultsError(FedsuiteError, ValueError):
@@ -50,7 +50,7 @@ class ResultsError(FedsuiteError, ValueError):
 class RecordError(ConfigError, ResultsError):
     """A run's record is damaged: one of its files (``config.json``, ``metrics.jsonl``,
     ``checkpoint.pt``, ``summary.json``, a client-state file) is a link, a folder, unreadable, not
-    decodable or inconsistent with the others (``fedsuite.records.rundir.check_record``). The message is one
+    decodable or inconsistent with the others (``fedsuite.records.integrity.check_record``). The message is one
     line naming the file, what is wrong with it and what the user can do. Both a
     :class:`ConfigError` (``--resume`` refuses it before anything starts, exit 2) and a
     :class:`ResultsError` (what the readers, ``fedsuite report`` and ``fedsuite.load_run``, raise)."""

@@ -33,7 +33,7 @@ from fedsuite.launch import start as launch
 from fedsuite.launch import processes
 from fedsuite.deploy import superlink
 from fedsuite.config import build_config
-from fedsuite.records.rundir import read_metrics
+from fedsuite.records.rows import read_metrics
 
 # One intra-op torch thread in every test process, as the clients train (num_cpus = 1). The suite
 # runs three xdist workers on CI's two cores; a worker with torch's default of one thread per core

@@ -39,7 +39,7 @@ import fedsuite
 from fedsuite.launch import processes
 from fedsuite.records import rundir
 from fedsuite.launch.api import OWN_KEYWORDS
-from fedsuite.records.rundir import read_metrics
+from fedsuite.records.rows import read_metrics
 
 from tests.conftest import FAST, assert_same_arrays, fedsuite_run
 

@@ -402,7 +402,7 @@ def test_report_reads_all_evaluations_of_a_run_with_fewer_than_last(tmp_path):
     round 0 (the initial model) is not one of them."""
     from fedsuite.config import build_config
     from fedsuite.records.results import evaluations, run_value
-    from fedsuite.records.rundir import read_metrics
+    from fedsuite.records.rows import read_metrics
 
     run = tmp_path / "run"
     run.mkdir()

@@ -34,7 +34,7 @@ from fedsuite.method.client_records import CLIENT_FIELDS, FEDERATED_COLUMNS
 from fedsuite.config import ConfigError, build_config
 from fedsuite.models import make_model
 from fedsuite.method.replies import Reply, check_reply
-from fedsuite.records.rundir import read_clients, read_metrics
+from fedsuite.records.rows import read_clients, read_metrics
 from fedsuite.method.seeding import seed_for
 from fedsuite.method.strategy import FedSuiteStrategy, RoundFailure, ServerSetup
 from fedsuite.engine.nodes import NodeMap

@@ -17,7 +17,7 @@ import pytest
 from fedsuite.launch import processes
 from fedsuite.deploy import superlink
 from fedsuite.engine.faults import FaultDraw
-from fedsuite.records.rundir import read_metrics
+from fedsuite.records.rows import read_metrics
 from tests.conftest import deployment_app
 
 

@@ -24,7 +24,7 @@ from conftest import FAST, assert_same_arrays, assert_same_client_state, assert_
 from fedsuite.launch import start as launch
 from fedsuite.launch import processes
 from fedsuite.config import build_config, to_run_config
-from fedsuite.records.rundir import read_clients, read_metrics
+from fedsuite.records.rows import read_clients, read_metrics
 from fedsuite.engine.runtime import RECORDS_KEY, RUN_DIR_KEY
 
 

@@ -26,7 +26,7 @@ import pytest
 
 from fedsuite.launch import processes
 from fedsuite.deploy import superlink
-from fedsuite.records.rundir import read_clients, read_metrics
+from fedsuite.records.rows import read_clients, read_metrics
 from tests.test_deployment import start_supernode
 
 pytestmark = pytest.mark.long

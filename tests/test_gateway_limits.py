@@ -36,7 +36,7 @@ from fedsuite.deploy import gateway
 from fedsuite.launch import processes
 from fedsuite.deploy import superlink
 from fedsuite.deploy.certs import Credentials, make_credentials
-from fedsuite.records.rundir import read_metrics
+from fedsuite.records.rows import read_metrics
 from tests.conftest import deployment_app
 from tests.test_multihost import wait_for_log
 

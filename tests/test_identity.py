@@ -33,7 +33,7 @@ from fedsuite.cli import main as cli
 from fedsuite.records import identity
 from fedsuite.records import rundir
 from fedsuite.data.partition import partition_indices
-from fedsuite.records.rundir import read_metrics
+from fedsuite.records.rows import read_metrics
 from fedsuite.method.state import STATE_KEY
 from tests.conftest import fedsuite_run, tree_snapshot
 

@@ -39,7 +39,7 @@ from fedsuite.deploy import gateway
 from fedsuite.launch import processes
 from fedsuite.deploy import superlink
 from fedsuite.deploy.certs import Credentials, make_credentials, make_supernode_key
-from fedsuite.records.rundir import read_metrics
+from fedsuite.records.rows import read_metrics
 from tests.conftest import deployment_app
 
 SUBNET = "10.15.0"

@@ -36,7 +36,7 @@ from fedsuite.cli import main as cli
 from fedsuite.records import provenance
 from fedsuite.queues.reproduce.report import write_report
 from fedsuite.queues.reproduce.tables import parse_tables, plan
-from fedsuite.records.rundir import read_metrics
+from fedsuite.records.rows import read_metrics
 from tests.test_reproduce import TINY
 
 #: the records a run writes, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)

@@ -23,7 +23,7 @@ import pytest
 from conftest import FAST, assert_same_arrays, assert_same_client_state, assert_same_state
 
 from fedsuite.method.registry import methods
-from fedsuite.records.rundir import read_clients
+from fedsuite.records.rows import read_clients
 
 METHODS = sorted(methods())
 

@@ -36,7 +36,7 @@ from fedsuite.launch import reaper
 from fedsuite.cli.main import app
 from fedsuite.config import build_config
 from fedsuite.data import DatasetError, load_dataset
-from fedsuite.records.rundir import read_metrics
+from fedsuite.records.rows import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 FEDSUITE = Path(sys.executable).parent / "fedsuite"

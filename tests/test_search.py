@@ -25,9 +25,9 @@ import pytest
 
 from typer.testing import CliRunner
 
-from fedsuite.records import rundir
+from fedsuite.records import integrity, rundir
 from fedsuite.cli.main import app
-from fedsuite.records.rundir import read_metrics
+from fedsuite.records.rows import read_metrics
 from fedsuite.queues.search_space import Range, parse_space
 from fedsuite.queues.study import SweepError
 from tests.conftest import fedsuite_run, fedsuite_start, tree_snapshot
@@ -86,7 +86,7 @@ def test_an_asha_search_stops_a_poor_trial_early_and_keeps_every_trials_run(tmp_
         # the run trains on while Tune decides, so the stop may land after its last round has run
         # but before its summary is written: partial all the same, and --resume finishes it
         assert rundir.state(run_dir) == "partial" and 1 <= int(row["rounds"]) <= 3
-        assert rundir.checkpointed_round(run_dir) == int(row["rounds"])
+        assert integrity.checkpointed_round(run_dir) == int(row["rounds"])
     # a stopped trial is a poor one: below every completed trial at the round it stopped
     assert max(float(r["reading"]) for r in stopped) < min(float(r["reading"]) for r in completed)
     report = (folder / "report.md").read_text()
@@ -250,7 +250,7 @@ def test_an_interrupted_search_exits_130_and_names_every_trial_that_did_not_comp
     (ran,) = [r for r in rows if r["run_dir"]]
     (never,) = [r for r in rows if not r["run_dir"]]
     run_dir = Path(ran["run_dir"])
-    assert rundir.state(run_dir) == "partial" and rundir.checkpointed_round(run_dir) == int(ran["rounds"]) >= 1
+    assert rundir.state(run_dir) == "partial" and integrity.checkpointed_round(run_dir) == int(ran["rounds"]) >= 1
     assert ran["outcome"] == f"interrupted at round {ran['rounds']} of 10", ran
     assert never["outcome"] == "never started" and never["trial"] == "-", never
     report = (folder / "report.md").read_text()

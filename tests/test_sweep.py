@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from fedsuite.records import rundir
-from fedsuite.records.rundir import read_metrics
+from fedsuite.records.rows import read_metrics
 from fedsuite.queues.study import split_values
 from fedsuite.queues.sweep import parse_grid
 from tests.conftest import fedsuite_run, tree_snapshot

@@ -28,7 +28,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from fedsuite.deploy import superlink# noqa: E402
 from fedsuite.records.recording import RunRecorder, scalars  # noqa: E402
-from fedsuite.records.rundir import read_metrics  # noqa: E402
+from fedsuite.records.rows import read_metrics  # noqa: E402
 
 #: the records a run writes, not how messages travel: the in-process engine (``simulate``, tests/conftest.py)
 pytestmark = pytest.mark.inprocess

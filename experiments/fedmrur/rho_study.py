@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 from fedsuite.records.plots import pyplot
-from fedsuite.records.rundir import read_metrics, summary
+from fedsuite.records.rows import read_metrics
+from fedsuite.records.rundir import summary
 
 HERE = Path(__file__).resolve().parent
 STUDY = HERE / "results" / "rho-cifar10"

@@ -25,6 +25,7 @@ from flwr.serverapp.strategy import Result
 from fedsuite.engine import round_engine as engine
 from fedsuite.records import identity
 from fedsuite.records import rundir
+from fedsuite.records.paths import folder_problem
 from fedsuite.errors import RunDirError
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
@@ -44,7 +45,7 @@ class LoopRecords:
     def check_folder(run_dir: Path) -> None:
         """Raise ``RunDirError`` (one line) when ``run_dir`` holds a run already, or nothing can be
         written there: a run's records never mix with another's."""
-        problem = rundir.folder_problem(run_dir)
+        problem = folder_problem(run_dir)
         if problem is None and rundir.state(run_dir) not in ("new", "debris"):
             problem = f"{run_dir} holds a run already ({rundir.state(run_dir)}): name another run_dir or run_name"
         if problem is not None:

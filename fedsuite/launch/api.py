@@ -129,7 +129,7 @@ class Run:
         import pandas as pd
 
         from fedsuite.method.client_records import CLIENT_FIELDS
-        from fedsuite.records.rundir import read_clients
+        from fedsuite.records.rows import read_clients
 
         try:
             rows = read_clients(self.dir, torn_tail=self.status == "partial")
@@ -184,7 +184,7 @@ def _folder(value: Any, field: str) -> Path:
 
 
 def metrics_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """``metrics.jsonl``'s rows (``fedsuite.records.rundir.read_metrics``) as a DataFrame, ``round`` first. A
+    """``metrics.jsonl``'s rows (``fedsuite.records.rows.read_metrics``) as a DataFrame, ``round`` first. A
     column whose recorded values are all integers (``round``, ``bytes_sent``, ``failed``, a method's
     counts) stays integer: ``int64``, or pandas' nullable ``Int64`` where some rows lack it (round 0
     has only the evaluation's), not the floats a missing value would make of it."""

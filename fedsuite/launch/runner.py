@@ -89,15 +89,17 @@ def run_simulation(config: Path | None, overrides: Sequence[str], values: dict[s
         prestart = engine_asked(config, overrides, values) != "inprocess"
         with launch.simulation_process() if prestart else nullcontext() as process:
             from fedsuite.records import rundir
+            from fedsuite.records.claim import start_debris
+            from fedsuite.records.paths import folder_problem
             from fedsuite.engine import runtime
 
             cfg = resolve_config(config, overrides, values, resume)
             runtime.check_hardware(cfg)
             run_dir, total_rounds = rundir.default_run_dir(cfg), cfg.rounds
-            if run_dir.exists() and not resume and not rundir.start_debris(run_dir):
+            if run_dir.exists() and not resume and not start_debris(run_dir):
                 raise ConfigError(f"run directory {run_dir} exists; choose another {spelling.option('run_name')} "
                                   f"or pass {spelling.flag('resume')}")
-            problem = rundir.folder_problem(run_dir)
+            problem = folder_problem(run_dir)
             if problem is not None:
                 raise ConfigError(f"output_dir: {problem}")
             outcome = _launch(cfg, run_dir, process, console)
@@ -226,7 +228,7 @@ def interrupted_message(run_dir: Path | None, rounds: int, spelling: Spelling) -
 
     if run_dir is None or not (run_dir / "config.json").is_file():
         # before the ServerApp recorded the run: launch.simulate removed what it had created, or left
-        # a start-up's debris, which the next start of the same run clears (rundir.start_debris)
+        # a start-up's debris, which the next start of the same run clears (claim.start_debris)
         return f"interrupted before the run started; nothing to continue: the same {spelling.invocation} starts it"
     return (f"interrupted after round {rundir.rounds_done(run_dir)} of {rounds}; continue the run with: "
             f"{spelling.resume(run_dir)}")

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import tomli_w
 
 from fedsuite.launch import reaper
-from fedsuite.records import rundir
+from fedsuite.records import claim, rundir
 from fedsuite.launch.processes import (STOP_GRACE_S, new_attempt, process_env, process_tree, run_env, stop_tree,
                                 terminate_all)
 
@@ -104,7 +104,7 @@ def watch(run_dir: Path, running: Callable[[], bool],
     Watchdog: progress is a new line in ``metrics.jsonl`` (round 0 = start-up done, then one per
     round); with ``stall_timeout_s > 0``, that long without progress raises :class:`StallError`
     (written to ``error.txt`` too)."""
-    from fedsuite.records.rundir import read_metrics
+    from fedsuite.records.rows import read_metrics
 
     summary = run_dir / "summary.json"
     seen = -1
@@ -179,31 +179,31 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     run_dir = run_dir.resolve()
     created = _make_run_dir(run_dir, cfg)
     # this process's run until it returns: a second one is refused
-    with rundir.claimed(run_dir, exclude=(process.pid,) if process is not None else ()):
+    with claim.claimed(run_dir, exclude=(process.pid,) if process is not None else ()):
         if cfg.engine == "inprocess":
             return _simulate_inprocess(cfg, run_dir, created, on_progress, before_start)
         return _simulate(cfg, run_dir, created, on_progress, before_start, process)
 
 
 def _make_run_dir(run_dir: Path, cfg: BaseRunConfig) -> Path | None:
-    """Make ``run_dir`` with its ``config.json`` in one step (``rundir.create_run_dir``: no kill leaves
+    """Make ``run_dir`` with its ``config.json`` in one step (``claim.create_run_dir``: no kill leaves
     a run folder without its config), and its missing parents; return the outermost folder this
     made, which is removed if the run is called off before it starts (None: ``run_dir`` existed)."""
     outermost = run_dir
     while not outermost.parent.exists():
         outermost = outermost.parent
     made = None if outermost.exists() else outermost
-    rundir.create_run_dir(run_dir, cfg.active_dump())
+    claim.create_run_dir(run_dir, cfg.active_dump())
     return made
 
 
 def _take_debris(cfg: BaseRunConfig, run_dir: Path) -> None:
-    """In a folder this process holds: a start-up's debris (``rundir.start_debris``: left by a fedsuite
+    """In a folder this process holds: a start-up's debris (``claim.start_debris``: left by a fedsuite
     that made the folder before its config) is cleared and the run's ``config.json`` recorded before
     anything else is written."""
-    if rundir.start_debris(run_dir):
-        rundir.clear_start_debris(run_dir)
-        rundir.record_config(run_dir, cfg.active_dump())
+    if claim.start_debris(run_dir):
+        claim.clear_start_debris(run_dir)
+        claim.record_config(run_dir, cfg.active_dump())
 
 
 def _simulate_inprocess(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
@@ -215,7 +215,7 @@ def _simulate_inprocess(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
     leaves the run partial, for ``--resume``; ``stall_timeout_s`` does not apply (nothing runs
     apart from this process to be stopped)."""
     from fedsuite.engine import round_engine as engine
-    from fedsuite.records.rundir import read_metrics
+    from fedsuite.records.rows import read_metrics
 
     _take_debris(cfg, run_dir)
     done = rundir.check_resumable(cfg, run_dir)
@@ -246,7 +246,7 @@ def _simulate(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
               on_progress: Callable[[list[dict[str, Any]]], None] | None,
               before_start: Callable[[], None] | None,
               process: subprocess.Popen | None) -> RunOutcome:
-    """:func:`simulate` in a run directory this process holds (``rundir.claimed``)."""
+    """:func:`simulate` in a run directory this process holds (``claim.claimed``)."""
     progress = None if on_progress is None else (lambda _run_dir, rows: on_progress(rows))
     return _simulate_runs([(cfg, run_dir)], [created] if created is not None else [], progress, before_start,
                           process)[0]
@@ -287,7 +287,7 @@ def simulate_batch(runs: list[tuple[BaseRunConfig, Path]],
     created = [folder for cfg, run_dir in resolved if (folder := _make_run_dir(run_dir, cfg)) is not None]
     with ExitStack() as held:
         for _, run_dir in resolved:
-            held.enter_context(rundir.claimed(run_dir))
+            held.enter_context(claim.claimed(run_dir))
         return _simulate_runs(resolved, created, on_progress, None, None)
 
 

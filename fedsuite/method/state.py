@@ -26,7 +26,7 @@ unversioned ``<name>.pt``/``values.json`` per name instead.
 ClientApp passes it), every file written carries it under :data:`STATE_KEY`, beside
 the arrays or the values (readers here never see that entry). ``--resume`` refuses a run whose
 client-state files of committed rounds carry another run's identity
-(``fedsuite.records.rundir.check_client_state``).
+(``fedsuite.records.integrity.check_client_state``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any, Iterable
 import torch
 from flwr.app import Context
 
-#: a versioned state file's name: ``<name>.r<round>.<pt|json>`` (``fedsuite.records.rundir.check_client_state``
+#: a versioned state file's name: ``<name>.r<round>.<pt|json>`` (``fedsuite.records.integrity.check_client_state``
 #: reads a run's client state by it too)
 VERSIONED = _VERSION = re.compile(r"^(?P<name>.+)\.r(?P<round>\d+)\.(?P<ext>pt|json)$")
 _VALUES = "values"

@@ -66,7 +66,7 @@ from typing import Any, Sequence
 
 from rich.text import Text
 
-from fedsuite.records import rundir
+from fedsuite.records.paths import folder_problem
 from fedsuite.config import BaseRunConfig, build_config, setting_keys
 from fedsuite.queues.search_report import read_trials, write_report
 from fedsuite.queues.search_space import check_space, parse_space, space_configs, trial_run
@@ -190,6 +190,6 @@ def _check_folder(folder: Path, config: Path | None, base_set: Sequence[str], se
                        "a search is not resumed as a whole: give the new search another --name")
         raise SweepError(f"{folder} already holds a search's trials (a search is not resumed as a whole; its runs "
                          "are): give another --name, or remove the folder")
-    problem = rundir.folder_problem(folder)
+    problem = folder_problem(folder)
     if problem is not None:
         raise SweepError(f"--output-dir: {problem}")

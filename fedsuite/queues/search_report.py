@@ -49,7 +49,7 @@ def write_report(trials: Sequence[dict[str, Any]], folder: Path, rounds: int, la
     interrupted one with the command that continues its run."""
     from fedsuite.records.plots import plot_groups
     from fedsuite.records.results import evaluations, run_value
-    from fedsuite.records.rundir import read_metrics
+    from fedsuite.records.rows import read_metrics
     from fedsuite.launch.runner import CLI
 
     samples = len(trials) if samples is None else samples

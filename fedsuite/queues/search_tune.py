@@ -49,7 +49,7 @@ def trainable(folder: Path, config: Path | None, base_set: Sequence[str], seed: 
     from fedsuite.launch import reaper
     from fedsuite.launch.processes import stop_tree
     from fedsuite.queues.reproduce.queue import simulate_command
-    from fedsuite.records.rundir import read_metrics
+    from fedsuite.records.rows import read_metrics
 
     class Trial(tune.Trainable, FedsuiteTrial):
         def setup(self, setting: dict[str, Any]) -> None:

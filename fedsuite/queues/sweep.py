@@ -54,7 +54,7 @@ from typing import Any, Sequence
 
 from rich.text import Text
 
-from fedsuite.records import rundir
+from fedsuite.records.paths import folder_problem
 from fedsuite.config import (BaseRunConfig, ConfigError, build_config, check_settings_used, load_toml, own_settings,
                              parse_value, setting_keys, unused_setting)
 from fedsuite.queues.reproduce.queue import (QueuedRun, check_recorded, completed, name_failed, other_folder, pending,
@@ -254,7 +254,7 @@ def _prepare(folder: Path, stripped: dict[str, Any] | None, runs_config: Path | 
     mtime; this makes and removes a probe folder in it): that the folder can be written, the folder
     (held with ``lock`` once it exists: a second sweep that made it too is refused here), and its
     ``base.toml`` (a config file's settings without its ``[sweep]`` section)."""
-    problem = rundir.folder_problem(folder)
+    problem = folder_problem(folder)
     if problem is not None:
         raise SweepError(f"--output-dir: {problem}")
     folder.mkdir(parents=True, exist_ok=True)

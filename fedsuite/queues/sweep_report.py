@@ -27,7 +27,7 @@ def collect(runs: Sequence[Any], last: int) -> list[dict[str, Any]]:
     their mean ± sample std, the mean best accuracy, the curves and, for runs with federated evaluation,
     the mean over seeds of their ``results.client_readings`` (``clients``)."""
     from fedsuite.records.results import best_accuracy, client_readings, evaluations, reading_columns, run_value
-    from fedsuite.records.rundir import read_metrics
+    from fedsuite.records.rows import read_metrics
 
     out: dict[str, dict[str, Any]] = {}
     for run in runs:

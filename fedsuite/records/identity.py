@@ -118,7 +118,7 @@ def state_problem(stored: Any, digests: list[str] | None, what: str) -> str | No
 
 def row_problem(ckpt_row: Any, rows: list[dict[str, Any]], done: int, what: str, metrics: str) -> str | None:
     """Why a checkpoint of round ``done`` whose metrics row is ``ckpt_row`` (as ``metrics.jsonl`` holds
-    rows: ``fedsuite.records.rundir.row_json``) does not belong with the
+    rows: ``fedsuite.records.rows.row_json``) does not belong with the
     run's ``metrics.jsonl`` ``rows`` (its row of that round differs: a checkpoint copied from
     another run), or None. A checkpoint without a row, or a round without a row (a kill between the
     checkpoint and its row), is no evidence either way."""

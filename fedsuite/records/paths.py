@@ -14,8 +14,8 @@ first (``--output-dir: ...``, ``run_name: ...``), so every refusal is one line n
   or cannot be followed;
 * :func:`as_path`: a value given as a path (Python API) that is not one (``config=123``).
 
-Light: the standard library and ``fedsuite.errors`` only (``fedsuite.config``, ``fedsuite.records.rundir``
-and ``fedsuite.deploy.certs`` import it).
+Light: the standard library and ``fedsuite.errors`` only (``fedsuite.config``, ``fedsuite.deploy.certs``
+and every command, queue and API function given a path import it).
 """
 
 from __future__ import annotations

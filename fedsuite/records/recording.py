@@ -21,7 +21,7 @@ from fedsuite.method.client_records import FEDERATED_COLUMNS
 from fedsuite.records.plots import (has_client_evaluations, has_pool_diagnostics, plot_accuracy, plot_clients,
                             plot_pool_diagnostics)
 from fedsuite.records.results import write_json
-from fedsuite.records.rundir import read_clients, read_metrics, row_json
+from fedsuite.records.rows import read_clients, read_metrics, row_json
 
 
 def tensorboard_installed() -> bool:

@@ -39,13 +39,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from fedsuite.records import rundir
+from fedsuite.records import integrity
 from fedsuite.config import RESUME_MUTABLE, flat_config
 from fedsuite.errors import ResultsError
 from fedsuite.records.plots import (has_pool_diagnostics, has_server_momentum, plot_groups, plot_pool_diagnostics,
                             plot_server_momentum)
 from fedsuite.records.provenance import report_lines, run_summaries
-from fedsuite.records.rundir import read_metrics
+from fedsuite.records.rows import read_metrics
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
@@ -142,24 +142,24 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     config_path = run_dir / "config.json"
     if not os.path.lexists(config_path):
         raise ResultsError(f"{run_dir} is not a fedsuite run directory (no config.json)")
-    rundir.record_file(config_path)
+    integrity.record_file(config_path)
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise rundir.damaged(None, f"{config_path} cannot be read ({exc.strerror})", rundir.READ_REMEDY) from None
+        raise integrity.damaged(None, f"{config_path} cannot be read ({exc.strerror})", integrity.READ_REMEDY) from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise ResultsError(f"{config_path} is not valid JSON ({exc})") from None
     needed = ("strategy", "model", "dataset", "partitioner")
     missing = [k for k in needed if not isinstance(config, dict) or k not in config]
     if missing:
         raise ResultsError(f"{config_path} is not a fedsuite run config: it lacks {', '.join(missing)}")
-    summary = rundir.recorded_summary(run_dir)
-    rows = rundir.recorded_rows(run_dir) or []
+    summary = integrity.recorded_summary(run_dir)
+    rows = integrity.recorded_rows(run_dir) or []
     if summary is not None:
-        problem = rundir.summary_mismatch(run_dir, summary, rows[-1]["round"] if rows else -1,
+        problem = integrity.summary_mismatch(run_dir, summary, rows[-1]["round"] if rows else -1,
                                           run_dir / "metrics.jsonl")
         if problem is not None:
-            raise rundir.damaged(None, problem, rundir.READ_REMEDY)
+            raise integrity.damaged(None, problem, integrity.READ_REMEDY)
     return {"dir": run_dir, "config": config, "rows": rows, "summary": summary or {}}
 
 

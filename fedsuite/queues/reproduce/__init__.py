@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 from rich.text import Text
 
-from fedsuite.records import rundir
+from fedsuite.records.paths import folder_problem
 from fedsuite.queues.reproduce.queue import (ReproduceError, check_recorded, completed, name_failed, other_folder, pending,
                                       queue_and_report)
 from fedsuite.queues.reproduce.report import write_report
@@ -53,7 +53,7 @@ def run_reproduce(target_name: str, rows: Sequence[str] | None, methods: Sequenc
         raise ReproduceError(f"--confidence must lie strictly between 0 and 1 (0.95: a 95% t-interval), got {confidence}")
     if report_only and retry_failed:
         raise ReproduceError("--report only writes the report; --retry-failed belongs to a queue that runs")
-    problem = rundir.folder_problem(output_dir)
+    problem = folder_problem(output_dir)
     if problem is not None:
         raise ReproduceError(f"--output-dir: {problem}")
     targets = load_targets(tables)

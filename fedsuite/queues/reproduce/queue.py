@@ -17,7 +17,7 @@ target's :class:`fedsuite.queues.reproduce.tables.RunSpec`, a sweep's ``SweepRun
   the hardware it asks for, and a partition and model its data can take), so that a run that would
   fail at once stops the queue in one line before anything starts;
 * a run is judged only from a record that passes the check ``--resume`` makes (``rundir.state``:
-  ``damaged`` otherwise, ``rundir.record_problem``: a checkpoint deleted, unreadable or another
+  ``damaged`` otherwise, ``integrity.record_problem``: a checkpoint deleted, unreadable or another
   run's, a summary or client state of another run): a damaged run is never counted done, never
   started, and named at the start of every queue and in the report, with why;
 * a run whose ``summary.json`` says ``completed`` with the rounds asked is skipped; a run directory
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from fedsuite.records import rundir
+from fedsuite.records import claim, rundir
 from fedsuite.errors import FedsuiteError
 from fedsuite.launch.processes import core_slices, fedsuite_first, stop_tree
 
@@ -262,7 +262,7 @@ def interrupt(*_: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the queue like Ctrl-C
 
 
-#: a run's state in the queue when another fedsuite process is running it (``rundir.held_elsewhere``)
+#: a run's state in the queue when another fedsuite process is running it (``claim.held_elsewhere``)
 IN_USE = "in use"
 
 
@@ -332,7 +332,7 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
             while todo or running:
                 while todo and len(running) < jobs:
                     spec = todo.pop(0)
-                    if rundir.held_elsewhere(spec.run_dir):
+                    if claim.held_elsewhere(spec.run_dir):
                         states[spec.run_dir] = IN_USE
                         console.print(f"{IN_USE:9s} {spec.label}: another fedsuite process runs it; left to that one",
                                       highlight=False)
@@ -345,7 +345,7 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
                         continue
                     del running[proc]
                     state = rundir.state(spec.run_dir, spec.rounds)
-                    if proc.returncode == 2 and rundir.held_elsewhere(spec.run_dir):  # taken while it started
+                    if proc.returncode == 2 and claim.held_elsewhere(spec.run_dir):  # taken while it started
                         state = IN_USE
                     states[spec.run_dir] = state if proc.returncode == 0 or state in ("failed", "damaged", IN_USE) \
                         else "failed"

@@ -39,7 +39,7 @@ from fedsuite.records.plots import has_server_momentum, plot_claims, plot_groups
 from fedsuite.records.provenance import report_lines, run_summaries
 from fedsuite.records.results import (CLIENT_READINGS, best_accuracy, client_readings, evaluations, momentum_loop_limit,
                               reading_columns, run_value, write_atomically)
-from fedsuite.records.rundir import read_metrics
+from fedsuite.records.rows import read_metrics
 
 
 def aggregate(values: Sequence[float], tails: Sequence[Sequence[float]] = (), metric: str = "accuracy",
