@@ -161,7 +161,8 @@ def test_a_batch_records_its_failed_run_and_runs_the_next_as_if_alone(bound_runs
 
 
 def test_a_batch_of_runs_that_need_different_simulations_is_refused_before_anything_is_written(tmp_path, data_root):
-    from fedsuite.launch.start import LaunchError, simulate_batch
+    from fedsuite.launch.start import simulate_batch
+    from fedsuite.launch.watch import LaunchError
 
     one, other = (build_config(values={**FAST, "data_root": str(data_root), **values})
                   for values in ({}, {"num_clients": 6, "clients_per_round": 3}))

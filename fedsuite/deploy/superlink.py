@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from fedsuite.launch import reaper
 from fedsuite.records import rundir
-from fedsuite.launch.start import LaunchError, watch
+from fedsuite.launch.watch import LaunchError, watch
 from fedsuite.launch.processes import STOP_GRACE_S, bin_path, flower_env, stop_tree
 
 #: the connection name fedsuite writes into ``$FLWR_HOME/config.toml``
@@ -148,7 +148,7 @@ def follow(run_id: int, env: dict[str, str], connection: str, run_dir: Path,
            on_progress: Callable[[list[dict[str, Any]]], None] | None = None,
            stall_timeout_s: float = 0.0, wrap: Sequence[str] = ()) -> None:
     """Stream a SuperLink run's logs (``flwr log --stream``) into flower.log and watch it
-    (``launch.watch``) until it ends. Flower's own teardown is not waited for: the caller stops the
+    (``fedsuite.launch.watch.watch``) until it ends. Flower's own teardown is not waited for: the caller stops the
     processes."""
     with (run_dir / "flower.log").open("ab") as log_file:
         proc = subprocess.Popen([*wrap, bin_path("flwr"), "log", str(run_id), connection, "--stream"], env=env,

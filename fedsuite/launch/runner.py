@@ -165,6 +165,7 @@ def _launch(cfg: BaseRunConfig, run_dir: Path, process: Any, console: Console | 
     from rich.text import Text
 
     from fedsuite.launch import start as launch
+    from fedsuite.launch.watch import LaunchError
     from fedsuite.engine import runtime
     from fedsuite.cli.support import RunProgress
 
@@ -187,7 +188,7 @@ def _launch(cfg: BaseRunConfig, run_dir: Path, process: Any, console: Console | 
     try:
         return launch.simulate(cfg, run_dir, progress.show if progress is not None else None, before_start=begin,
                                process=process)
-    except launch.LaunchError as exc:  # the stall watchdog stopped it
+    except LaunchError as exc:  # the stall watchdog stopped it
         raise RunFailed(str(exc), run_dir) from None
     finally:
         if progress is not None:

@@ -1,4 +1,5 @@
-"""Start and watch a run's simulation (``fedsuite simulate``): its app, its process, the watchdog.
+"""Start and watch a run's simulation (``fedsuite simulate``): its app, its process (the watchdog is
+``fedsuite.launch.watch``).
 
 Per run:
 
@@ -14,14 +15,15 @@ Per run:
    temporary directory of the run, or ``cfg.ray_address``'s cluster) while the caller checks the
    data, then gets ``start``: Flower's Simulation Engine with the ServerApp and the Ray-backed
    ClientApps (``fedsuite.launch.simulation``);
-4. draws progress from ``metrics.jsonl`` (with a stall watchdog) until ``summary.json`` appears or
-   the process ends; the outcome is ``summary.json``'s status, else the process's exit code;
+4. draws progress from ``metrics.jsonl`` (with a stall watchdog: ``fedsuite.launch.watch.watch``)
+   until ``summary.json`` appears or the process ends; the outcome is ``summary.json``'s status,
+   else the process's exit code;
 5. stops every process of the run, by that mark.
 
 The run's environment, and the scan and stop of its processes, are ``fedsuite.launch.processes``; what a
 run directory holds (may it be continued, how did it end) is read through ``fedsuite.records.rundir``. On the
-Deployment Engine the ServerApp runs under a SuperLink instead: ``fedsuite.deploy.superlink``, which uses
-:func:`write_app` and :func:`watch` from here.
+Deployment Engine the ServerApp runs under a SuperLink instead: ``fedsuite.deploy.superlink``, which
+watches its runs with the same ``fedsuite.launch.watch``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import tomli_w
 
 from fedsuite.launch import reaper
+from fedsuite.launch.watch import LaunchError, watch
 from fedsuite.records import claim, rundir
 from fedsuite.launch.processes import (STOP_GRACE_S, new_attempt, process_env, process_tree, run_env, stop_tree,
                                 terminate_all)
@@ -52,10 +54,6 @@ if TYPE_CHECKING:
 # This module imports torch, pydantic and the registry only where a function needs them (via
 # fedsuite.config): the CLI imports it first, to start a simulation process before its own imports
 # (start_simulation_process).
-
-
-class LaunchError(RuntimeError):
-    """The run could not be started or did not finish well."""
 
 
 @dataclass
@@ -90,44 +88,6 @@ def write_app_config(app_dir: Path, flat: dict[str, Any]) -> None:
     ]
     body = tomli_w.dumps({k: flat[k] for k in sorted(flat)})
     (app_dir / "pyproject.toml").write_text("\n".join(lines) + "\n" + body)
-
-
-class StallError(LaunchError):
-    """The watchdog fired: no progress for ``stall_timeout_s`` seconds."""
-
-
-def watch(run_dir: Path, running: Callable[[], bool],
-          on_progress: Callable[[list[dict[str, Any]]], None] | None = None, stall_timeout_s: float = 0.0) -> None:
-    """Report metrics as they land until the run has ended: ``summary.json`` exists (the ServerApp
-    writes it last, also on failure) or ``running()`` turns false.
-
-    Watchdog: progress is a new line in ``metrics.jsonl`` (round 0 = start-up done, then one per
-    round); with ``stall_timeout_s > 0``, that long without progress raises :class:`StallError`
-    (written to ``error.txt`` too)."""
-    from fedsuite.records.rows import read_metrics
-
-    summary = run_dir / "summary.json"
-    seen = -1
-    last_progress = time.monotonic()
-    while running() and not summary.exists():
-        rows = read_metrics(run_dir, tolerant=True)
-        if len(rows) != seen:
-            seen, last_progress = len(rows), time.monotonic()
-            if on_progress is not None:
-                on_progress(rows)
-        elif stall_timeout_s > 0 and time.monotonic() - last_progress > stall_timeout_s:
-            done = [r["round"] for r in rows if r.get("round", 0) > 0]
-            where = (f"after round {done[-1]}" if done else
-                     "during start-up (no round-0 evaluation yet)" if not rows else "in round 1")
-            message = (f"no progress for {stall_timeout_s:g} s (stall_timeout_s) {where}; the run was "
-                       f"stopped. Logs: {run_dir / 'flower.log'}")
-            err = run_dir / "error.txt"
-            if not err.exists():
-                err.write_text(f"StallError: {message}\n")
-            raise StallError(message)
-        time.sleep(0.25)
-    if on_progress is not None:
-        on_progress(read_metrics(run_dir, tolerant=True))
 
 
 def start_simulation_process() -> subprocess.Popen:
