@@ -355,7 +355,7 @@ def test_a_reproduce_report_shows_the_clients_accuracies_where_runs_have_them(tm
     import csv
 
     from fedsuite.queues.reproduce.report import write_report
-    from fedsuite.queues.reproduce.tables import plan
+    from fedsuite.queues.reproduce.planning import plan
     from tests.test_reproduce import _tiny_target, _write_runs
 
     target = _tiny_target(tmp_path, "")

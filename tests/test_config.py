@@ -285,7 +285,8 @@ def test_every_reproduce_cell_passes_simulates_setting_check(tmp_path):
     """A target's rows set the sections of several methods for all of them (fedmrur's rows:
     fedmrur.rho, mofedsam.rho, fedsam.rho): each run's command line must carry only its own, or
     its simulate would refuse it."""
-    from fedsuite.queues.reproduce.tables import SCALES, load_targets, plan
+    from fedsuite.queues.reproduce.planning import plan
+    from fedsuite.queues.reproduce.tables import SCALES, load_targets
     from fedsuite.launch.runner import resolve_config
 
     for target in load_targets().values():

@@ -35,7 +35,8 @@ from typer.testing import CliRunner
 from fedsuite.cli import main as cli
 from fedsuite.records import provenance
 from fedsuite.queues.reproduce.report import write_report
-from fedsuite.queues.reproduce.tables import parse_tables, plan
+from fedsuite.queues.reproduce.planning import plan
+from fedsuite.queues.reproduce.tables import parse_tables
 from fedsuite.records.rows import read_metrics
 from tests.test_reproduce import TINY
 

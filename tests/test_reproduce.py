@@ -48,7 +48,8 @@ from fedsuite.config import ConfigError, build_config
 from fedsuite.queues.reproduce.queue import (ReproduceError, check_recorded, missing_data, name_failed, pending, placement_options,
                                       run_queue)
 from fedsuite.queues.reproduce.report import aggregate, write_report
-from fedsuite.queues.reproduce.tables import SCALES, Target, load_targets, parse_tables, plan
+from fedsuite.queues.reproduce.planning import plan
+from fedsuite.queues.reproduce.tables import SCALES, Target, load_targets, parse_tables
 from fedsuite.method.activity import Component
 from fedsuite.queues.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, HOLDS, INERT_HERE, NOT_JUDGED, REVERSED,
                                          SMALLER_THAN_PAPERS, VERDICTS, Activity, Claim, claims,
@@ -1231,7 +1232,7 @@ def test_a_row_whose_runs_record_a_server_momentum_gets_its_figure(tmp_path, mon
     (FedProx and FedAvg record none) with 1/(1−α) for the one whose momentum is built from the
     normalised update (read from its runs' config.json, as ``fedsuite simulate`` writes it)."""
     from fedsuite.queues.reproduce import report as report_module
-    from fedsuite.queues.reproduce.tables import cell_overrides
+    from fedsuite.queues.reproduce.planning import cell_overrides
 
     target = _tiny_target(tmp_path, 'fedcm = { label = "FedCM", set = ["strategy=fedcm", "fedcm.alpha=0.2"] }\n'
                                     'fedcm-n = { label = "FedCM+N", set = ["strategy=fedcm", "fedcm.alpha=0.2", '

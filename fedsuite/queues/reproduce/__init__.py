@@ -6,7 +6,9 @@ checks that every dataset the runs need is on disk, works through the queue with
 simulations at once, and writes the report. One idea per module:
 
 * :mod:`fedsuite.queues.reproduce.tables`: the targets of ``experiments/<paper>/tables.toml`` (parsed and
-  validated) and the runs of a selection (:func:`~fedsuite.queues.reproduce.tables.plan`);
+  validated);
+* :mod:`fedsuite.queues.reproduce.planning`: the runs of a selection
+  (:func:`~fedsuite.queues.reproduce.planning.plan`), one per (row, method, seed);
 * :mod:`fedsuite.queues.reproduce.queue`: the runs as processes, ``--jobs`` at a time, finished runs
   skipped, interrupted ones resumed, Ctrl-C and kill safe (also ``fedsuite sweep``'s queue);
 * :mod:`fedsuite.queues.reproduce.report`: per cell the published and the obtained numbers (each run's
@@ -28,7 +30,8 @@ from fedsuite.records.paths import folder_problem
 from fedsuite.queues.reproduce.queue import (ReproduceError, check_recorded, completed, name_failed, other_folder, pending,
                                       queue_and_report)
 from fedsuite.queues.reproduce.report import write_report
-from fedsuite.queues.reproduce.tables import SCALES, Target, load_targets, plan
+from fedsuite.queues.reproduce.planning import plan
+from fedsuite.queues.reproduce.tables import SCALES, Target, load_targets
 from fedsuite.queues.reproduce.verdicts import DEFAULT_CONFIDENCE
 
 

@@ -2,7 +2,7 @@
 
 The queue of ``fedsuite reproduce``, ``fedsuite sweep`` and (its command line, environment and the
 checks before it starts) ``fedsuite sweep --search``. A queued run is a :class:`QueuedRun` (a
-target's :class:`fedsuite.queues.reproduce.tables.RunSpec`, a sweep's ``SweepRun``):
+target's :class:`fedsuite.queues.reproduce.planning.RunSpec`, a sweep's ``SweepRun``):
 
 * before anything starts (:func:`pending`), every run folder that holds a run is checked to hold
   the run asked for: its recorded ``config.json`` equals the run's config up to the rounds and the
@@ -148,7 +148,7 @@ def placed(cfg: Any, placement: Sequence[str]) -> Any:
 def check_runs(specs: Sequence[Any], placement: Sequence[str] = (),
                subject: Callable[[Any], str] = lambda spec: spec.label) -> None:
     """The checks ``fedsuite simulate`` makes before its run folder exists, beyond its config's
-    validation (which :func:`fedsuite.queues.reproduce.tables.plan` and ``fedsuite.queues.sweep.plan`` make), for
+    validation (which :func:`fedsuite.queues.reproduce.planning.plan` and ``fedsuite.queues.sweep.plan`` make), for
     every run of ``specs`` as ``placement`` places it: the hardware it asks for
     (``runtime.check_hardware``: a client's CPU cores, GPUs that exist, a reachable Ray cluster) and
     its data, partition and model (``runtime.check_data``: "a model that cannot take the data",

@@ -1,7 +1,7 @@
 """The report of a target: per row the published and obtained numbers and the verdicts, as files.
 
 :func:`write_report` (``fedsuite reproduce``'s last step, and ``--report`` alone) writes, for the
-runs of a target (:func:`fedsuite.queues.reproduce.tables.plan`), per cell the published value, the
+runs of a target (:func:`fedsuite.queues.reproduce.planning.plan`), per cell the published value, the
 obtained mean ± sample std over the completed seeds (each run's reading: ``fedsuite.records.results.run_value``,
 the same as ``sweep``'s and a search's; a cell's: :func:`aggregate`), the mean best accuracy, their
 difference (paper scale only) and, per row, each ordering the paper claims judged on the
@@ -31,7 +31,8 @@ import numpy as np
 
 from fedsuite.method import registry
 from fedsuite.records import rundir
-from fedsuite.queues.reproduce.tables import Row, RunSpec, Target
+from fedsuite.queues.reproduce.planning import RunSpec
+from fedsuite.queues.reproduce.tables import Row, Target
 from fedsuite.queues.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, DEFAULT_CONFIDENCE, HOLDS,
                                          INERT_HERE, NOT_JUDGED, REVERSED, SMALLER_THAN_PAPERS, VERDICTS, Activity,
                                          check_confidence, claims, verdict, verdict_rule)

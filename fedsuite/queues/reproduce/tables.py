@@ -1,19 +1,17 @@
-"""A paper's tables as data: the targets of ``experiments/<paper>/tables.toml``, and their runs.
+"""A paper's tables as data: the targets of ``experiments/<paper>/tables.toml``.
 
 A *target* is one table of a paper, read from ``experiments/<paper>/tables.toml`` (or a file given
 with ``--tables``, :func:`load_targets`): its grid (rows = settings, columns = methods; a row with
 ``methods = [...]`` runs only those), the config each cell runs (a ``RunConfig`` TOML plus
-``--set``-style overrides, see :func:`cell_overrides`) and the published numbers (optional: a study
-has none). :func:`parse_tables` validates a file (a missing or malformed key is one line naming the
-file and the key); :func:`plan` turns a selection of rows x methods x seeds into one
-:class:`RunSpec` (a ``fedsuite simulate`` run) each, every cell's config validated.
+``--set``-style overrides, see ``fedsuite.queues.reproduce.planning.cell_overrides``) and the
+published numbers (optional: a study has none). :func:`parse_tables` validates a file (a missing or
+malformed key is one line naming the file and the key); ``fedsuite.queues.reproduce.planning.plan``
+turns a selection of rows x methods x seeds into one ``RunSpec`` (a ``fedsuite simulate`` run)
+each, every cell's config validated.
 
-Runs live at ``<output-dir>/<paper>/<scale>/<setting>/<method>-s<seed>`` (``<paper>`` is the tables
-file's folder name, ``<setting>`` the row's ``setting``, default its name), so rows of different
-tables that name the same setting share their runs. A ``<paper>-claims`` target holds a paper's
-headline orderings as rows with ``claims``. Every claimed ordering needs the paper's own difference
-for its cell (the verdict weighs the runs' difference against it:
-:func:`fedsuite.queues.reproduce.verdicts.paired_verdict`): both methods ``published`` in the row, or,
+A ``<paper>-claims`` target holds a paper's headline orderings as rows with ``claims``. Every
+claimed ordering needs the paper's own difference for its cell (the verdict weighs the runs'
+difference against it: :func:`fedsuite.queues.reproduce.verdicts.paired_verdict`): both methods ``published`` in the row, or,
 where the paper has no such cell, an entry of the row's ``paper_differences`` naming the nearest
 cell of the paper's tables it comes from::
 
@@ -28,7 +26,7 @@ that the worse method lacks (``fedsuite.method.activity``; the names are ``fedsu
     components = { "fedmrur>fedmrur-n" = "fedmrur.hyperbolic" }
 
 The key is one of the row's claims; the better method's runs must use the component (checked when
-the runs are planned). Where those runs recorded it acting below its threshold, the ordering's
+the runs are planned: ``fedsuite.queues.reproduce.planning``). Where those runs recorded it acting below its threshold, the ordering's
 verdict is **inert here** (:mod:`fedsuite.queues.reproduce.verdicts`).
 
 A row whose runs train another model than the one the paper's numbers were measured with says so::
@@ -41,15 +39,13 @@ and its report compares orderings only: each cell's difference from the publishe
 
 from __future__ import annotations
 
-import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from fedsuite.method import registry
-from fedsuite.config import ConfigError, build_config, own_settings
-from fedsuite.queues.reproduce.queue import QueuedRun, ReproduceError
+from fedsuite.queues.reproduce.queue import ReproduceError
 from fedsuite.queues.reproduce.verdicts import paper_difference
 
 #: the tables files that ship with fedsuite: experiments/<paper>/tables.toml
@@ -314,102 +310,3 @@ def load_targets(extra: Sequence[Path] = ()) -> dict[str, Target]:
             raise ReproduceError(f"tables file not found: {path}")
         targets.update(parse_tables(path.resolve()))
     return targets
-
-
-# ------------------------------------------------------------------------------------------------
-# planning: one run per (row, method, seed)
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RunSpec(QueuedRun):
-    """One ``fedsuite simulate`` run of the grid (a run of :mod:`fedsuite.queues.reproduce.queue`)."""
-
-    row: Row
-    method: str
-    seed: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.row.setting} {self.method} s{self.seed}"
-
-
-def cell_overrides(target: Target, row: Row, method: str, scale: str) -> list[str]:
-    """The ``--set`` overrides of one cell, later ones winning: target.set, row.set, the method's
-    set, row.method_set[method]; at ``cpu`` scale then target.cpu.set, row.cpu_set and
-    row.cpu_method_set[method]."""
-    items = [*target.set, *row.set, *target.methods[method][1], *row.method_set.get(method, [])]
-    if scale == "cpu":
-        items += [*target.cpu_set, *row.cpu_set, *row.cpu_method_set.get(method, [])]
-    return items
-
-
-def _pick(kind: str, asked: Sequence[str] | None, known: Sequence[str], target: str) -> list[str]:
-    if not asked:
-        return list(known)
-    unknown = [a for a in asked if a not in known]
-    if unknown:
-        raise ReproduceError(f"unknown {kind} {', '.join(unknown)} in target {target}; allowed: {', '.join(known)}")
-    return [k for k in known if k in asked]
-
-
-def _check_components_used(target: Target, row: Row, method: str, cfg: Any) -> None:
-    """A component a row names for an ordering ``method`` is the better side of is one this method's
-    runs use (``cfg.components``): else its activity would never be recorded, and the ordering
-    never found inert whatever happened."""
-    used = [c.name for c in cfg.components]
-    for (better, worse), name in row.components.items():
-        if better == method and name not in used:
-            raise ReproduceError(f'{target.name}, row {row.name}: components."{better}>{worse}" = {name!r}, but '
-                                 f"{method}'s runs do not use it (they use: {', '.join(used) or 'no component'})")
-
-
-def plan(target: Target, scale: str, out: Path, rows: Sequence[str] | None = None,
-         methods: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
-         data_root: str | None = None) -> list[RunSpec]:
-    """The runs of the selected rows x methods x seeds, each config validated (a bad cell raises
-    :class:`ReproduceError` naming it). Rows sharing a setting share runs (listed once). A run's
-    overrides are the cell's less the settings of sections its run does not use
-    (``fedsuite.config.own_settings``): ``fedsuite simulate`` refuses those."""
-    if scale not in SCALES:
-        raise ReproduceError(f"unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
-    if scale == "cpu" and not target.has_cpu_scale:
-        raise ReproduceError(f"target {target.name} has no cpu scale (no [targets.{target.name}.cpu] section); "
-                             "run it at --scale paper")
-    picked_rows = _pick("row", rows, [r.name for r in target.rows], target.name)
-    picked_methods = _pick("method", methods, list(target.methods), target.name)
-    seed_list = list(seeds) if seeds else (target.cpu_seeds if scale == "cpu" else target.seeds)
-    specs: dict[Path, RunSpec] = {}
-    # seed-major: a queue stopped part-way leaves whole seeds (every method of a row), so the paired
-    # comparisons of the report (:func:`fedsuite.queues.reproduce.verdicts.claims`) have as many pairs as
-    # the time allowed
-    for seed in seed_list:
-        for row in target.rows:
-            if row.name not in picked_rows:
-                continue
-            folder = (out / target.paper_key / scale / row.setting).resolve()
-            for method in picked_methods:
-                if row.methods is not None and method not in row.methods:
-                    continue
-                run_dir = folder / f"{method}-s{seed}"
-                if run_dir in specs:
-                    continue
-                items = cell_overrides(target, row, method, scale) + [
-                    f"seed={seed}", f"output_dir={json.dumps(str(folder))}", f"run_name={json.dumps(run_dir.name)}"]
-                if data_root is not None:
-                    items.append(f"data_root={json.dumps(data_root)}")
-                try:
-                    cfg = build_config(row.config, items)
-                    # a row's or the target's settings may name other methods' sections (fedmrur's
-                    # rows set fedsam.rho and mofedsam.rho for every method): each run gets its own
-                    own = own_settings(cfg, items)
-                    if own != items:
-                        items, cfg = own, build_config(row.config, own)
-                except ConfigError as exc:
-                    raise ReproduceError(f"{target.name}, row {row.name}, method {method}: "
-                                         f"{str(exc).splitlines()[0]}") from None
-                _check_components_used(target, row, method, cfg)
-                dataset = (cfg.dataset, cfg.data_root, json.dumps(cfg.dataset_options, sort_keys=True))
-                specs[run_dir] = RunSpec(row, method, seed, run_dir=run_dir, config=row.config, overrides=items,
-                                         rounds=cfg.rounds, dataset=dataset, cfg=cfg)
-    return list(specs.values())
