@@ -8,7 +8,7 @@ complete); the Python API (``fedsuite.simulate``, ``fedsuite.load_run``) raises 
     ├── ConfigError    bad settings: an unknown key, a value out of range, hardware that is not there,
     │                  a run folder that exists or cannot be written (``fedsuite.config``)
     ├── DataError      the run's data is missing or cannot be partitioned as configured (``fedsuite.engine.runtime``)
-    ├── RunDirError    a run folder is in use by another fedsuite process (``fedsuite.records.claim``)
+    ├── RunDirError    a run folder is in use by another fedsuite process (``fedsuite.records.hold``)
     ├── ResultsError   a run folder's files cannot be read back (``fedsuite.records.results``)
     │   └── RecordError    ... because they are damaged: a record file that is a link, a folder,
     │                      unreadable, undecodable or inconsistent with the others (``fedsuite.records.integrity``);
@@ -40,7 +40,7 @@ class DataError(FedsuiteError):
 
 
 class RunDirError(FedsuiteError, RuntimeError):
-    """A run directory cannot be used as asked (another process holds it: ``fedsuite.records.claim.claimed``)."""
+    """A run directory cannot be used as asked (another process holds it: ``fedsuite.records.hold.claimed``)."""
 
 
 class ResultsError(FedsuiteError, ValueError):

@@ -61,7 +61,7 @@ EXCEPTIONS = {
         "the one check of the paths and names fedsuite is given (paths imports fedsuite.errors alone)",
     ("fedsuite.config.build", "fedsuite.records.paths"):
         "the one check of the paths and names fedsuite is given (paths imports fedsuite.errors alone)",
-    ("fedsuite.records.claim", "fedsuite.launch.processes"):
+    ("fedsuite.records.hold", "fedsuite.launch.processes"):
         "a run directory's holder is found by the process mark (processes imports no fedsuite module)",
     ("fedsuite.records.provenance", "fedsuite.launch.processes"):
         "the cores this process may use, recorded with the run (processes imports no fedsuite module)",

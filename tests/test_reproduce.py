@@ -42,7 +42,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from fedsuite.records import claim, rundir
+from fedsuite.records import hold, rundir
 from fedsuite.launch.processes import available_cores, core_slices
 from fedsuite.config import ConfigError, build_config
 from fedsuite.queues.reproduce.queue import (ReproduceError, check_recorded, missing_data, name_failed, pending, placement_options,
@@ -847,7 +847,7 @@ published = {{ fedavg = [50.0, 1.0], fedprox = [51.0, 1.0] }}
 
 def test_a_run_another_queue_is_running_is_left_to_it_and_not_called_failed(tmp_path):
     """Two queues of one target (``experiments/claims.sh``'s two lanes) reach the same run: the one
-    that finds its folder held by another fedsuite process (``claim.claimed``) starts nothing
+    that finds its folder held by another fedsuite process (``hold.claimed``) starts nothing
     there, leaves the folder as it is and says so ("in use", not "failed"); the run does not count
     as completed for this queue. A run no one holds is run as before."""
     import io
@@ -863,14 +863,14 @@ def test_a_run_another_queue_is_running_is_left_to_it_and_not_called_failed(tmp_
     held, free = specs
     held.run_dir.mkdir(parents=True)
     console = Console(file=io.StringIO(), width=200)
-    with claim.claimed(held.run_dir):  # this test process is the other queue, mid-run
-        assert claim.held_elsewhere(held.run_dir)  # a second open file of the folder, as another process's
+    with hold.claimed(held.run_dir):  # this test process is the other queue, mid-run
+        assert hold.held_elsewhere(held.run_dir)  # a second open file of the folder, as another process's
         states = run_queue(specs, console=console, poll_s=0.05, placement=["--engine", "inprocess"])
     said = console.file.getvalue()
     assert states == {held.run_dir: IN_USE, free.run_dir: "completed"}, said
     assert f"in use    {held.label}: another fedsuite process runs it; left to that one" in said
     assert "failed" not in said and list(held.run_dir.iterdir()) == []
-    assert claim.held_elsewhere(held.run_dir) is False  # released with the hold
+    assert hold.held_elsewhere(held.run_dir) is False  # released with the hold
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
@@ -1000,11 +1000,11 @@ def test_kill_and_restart_resumes_and_reports(tmp_path):
     assert proc.poll() is None, proc.stdout.read().decode()
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    # a run's process holds its folder (claim.claimed: a flock the kernel drops when the process ends)
+    # a run's process holds its folder (hold.claimed: a flock the kernel drops when the process ends)
     deadline = time.monotonic() + 60
-    while any(claim.held_elsewhere(run) for run in (first, second)) and time.monotonic() < deadline:
+    while any(hold.held_elsewhere(run) for run in (first, second)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not any(claim.held_elsewhere(run) for run in (first, second)), "a run outlived the killed command"
+    assert not any(hold.held_elsewhere(run) for run in (first, second)), "a run outlived the killed command"
     assert _state(first) == "completed" and _state(second) == "partial"
     before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
 
@@ -1453,7 +1453,7 @@ def test_the_queue_stops_in_one_line_on_runs_of_another_config(tmp_path):
 
 def test_claims_queue_status_names_each_unfinished_run_its_state_round_and_pace(tmp_path):
     """``experiments/claims.sh cifar10 status OUT``: each run folder with a checkpoint and no summary
-    is listed, as running while a fedsuite process holds it (``claim.claimed``, the lock a run takes)
+    is listed, as running while a fedsuite process holds it (``hold.claimed``, the lock a run takes)
     and waiting otherwise, with its round of its rounds and its pace over its last rounds; a finished
     run (a summary) is not listed; the units that the last ``run`` had not taken follow (its
     ``.units/next``), the next named first."""
@@ -1483,7 +1483,7 @@ def test_claims_queue_status_names_each_unfinished_run_its_state_round_and_pace(
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout.splitlines()
 
-    with claim.claimed(held):
+    with hold.claimed(held):
         lines = status()
     runs = [line for line in lines if line.startswith(("running", "waiting"))]
     assert runs == ["waiting  fednlr/claims-c10n20-dir0.3/fedavg-s7: round 4 of 500, 10.0 s a round, about 83 min left",

@@ -47,7 +47,7 @@ from typer.testing import CliRunner
 import fedsuite
 from fedsuite.cli import main as cli
 from fedsuite.launch import start as launch
-from fedsuite.records import claim, rundir
+from fedsuite.records import hold, rundir
 from fedsuite.config import ConfigError, apply_override, build_config
 from fedsuite.errors import RunDirError
 from fedsuite.launch.processes import process_tree
@@ -628,14 +628,14 @@ def test_resume_of_a_folder_without_config_is_refused_and_a_fresh_start_runs_in_
 
 
 def test_a_run_folder_is_created_with_its_config_in_one_step(tmp_path):
-    """``claim.create_run_dir`` makes the folder with config.json inside and renames it into place:
+    """``hold.create_run_dir`` makes the folder with config.json inside and renames it into place:
     there is no moment at which the folder exists without its config; an existing folder is left
     as it is."""
     run_dir = tmp_path / "out" / "r"
-    assert claim.create_run_dir(run_dir, {"seed": 3})
+    assert hold.create_run_dir(run_dir, {"seed": 3})
     assert json.loads((run_dir / "config.json").read_text()) == {"seed": 3}
     assert sorted(p.name for p in run_dir.parent.iterdir()) == ["r"]  # no hidden folder left
-    assert not claim.create_run_dir(run_dir, {"seed": 4})
+    assert not hold.create_run_dir(run_dir, {"seed": 4})
     assert json.loads((run_dir / "config.json").read_text()) == {"seed": 3}
 
 
@@ -645,7 +645,7 @@ def test_a_folder_that_is_not_a_start_up_is_never_removed(tmp_path):
     run_dir = tmp_path / "r"
     (run_dir / "app").mkdir(parents=True)
     (run_dir / "notes.txt").write_text("mine")
-    assert not claim.start_debris(run_dir)
+    assert not hold.start_debris(run_dir)
     for extra in ([], ["--resume"]):
         res = CliRunner().invoke(cli.app, ["simulate", "--output-dir", str(tmp_path), "--run-name", "r", *extra])
         assert res.exit_code == 2, res.output
@@ -829,7 +829,7 @@ def test_a_resume_while_the_run_goes_on_is_refused_and_the_run_is_unharmed(simul
 
 
 def test_a_run_folder_is_held_until_its_holder_and_the_runs_processes_are_gone(tmp_path):
-    """``claim.claimed``: refused while another process holds the folder; free once that process is
+    """``hold.claimed``: refused while another process holds the folder; free once that process is
     killed with SIGKILL (the kernel drops its lock); a process of an earlier attempt is waited for,
     and refused if it outlives the wait."""
     run_dir = tmp_path / "r"
@@ -841,21 +841,21 @@ def test_a_run_folder_is_held_until_its_holder_and_the_runs_processes_are_gone(t
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunDirError, match="in use by another fedsuite process"):
-            with claim.claimed(run_dir):
+            with hold.claimed(run_dir):
                 pass
     finally:
         holder.kill()
         holder.wait()
-    with claim.claimed(run_dir):  # the killed holder's lock went with it
+    with hold.claimed(run_dir):  # the killed holder's lock went with it
         with pytest.raises(RunDirError, match="in use"):  # and this process's holds against a second open
-            with claim.claimed(run_dir):
+            with hold.claimed(run_dir):
                 pass
     sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
     # a user's shell (or anything else) working in the folder is none of the run's: not waited for
     bystander = subprocess.Popen(sleeper, cwd=run_dir)
     try:
         started = time.monotonic()
-        with claim.claimed(run_dir, wait_s=30.0):
+        with hold.claimed(run_dir, wait_s=30.0):
             assert time.monotonic() - started < 5.0
     finally:
         bystander.kill()
@@ -869,16 +869,16 @@ def test_a_run_folder_is_held_until_its_holder_and_the_runs_processes_are_gone(t
         try:
             started = time.monotonic()
             with pytest.raises(RunDirError, match=f"still running \\(process {earlier.pid}: .*time.sleep"):
-                with claim.claimed(run_dir, wait_s=1.0):
+                with hold.claimed(run_dir, wait_s=1.0):
                     pass
             assert time.monotonic() - started >= 1.0  # it waited for the process to end first
             threading.Timer(0.5, earlier.kill).start()  # one that ends while the start waits is no obstacle
-            with claim.claimed(run_dir, wait_s=30.0):
+            with hold.claimed(run_dir, wait_s=30.0):
                 assert earlier.wait(timeout=5) == -signal.SIGKILL
         finally:
             earlier.kill()
             earlier.wait()
-    with claim.claimed(run_dir):
+    with hold.claimed(run_dir):
         assert list(run_dir.iterdir()) == []  # holding adds nothing to the folder
 
 

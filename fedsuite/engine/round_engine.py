@@ -7,7 +7,7 @@ called in this process, for tests, benchmarks, a debugger and quick runs). The s
 give the same ``metrics.jsonl`` (wall time aside), checkpoint and client state through both.
 
 1. record ``config.json`` (a folder not made yet is made with it in one step:
-   ``claim.create_run_dir``); collect what runs this start (``fedsuite.records.provenance``);
+   ``hold.create_run_dir``); collect what runs this start (``fedsuite.records.provenance``);
 2. ``connect()`` starts learning which node holds which partition (the ServerApp's handshake:
    ``fedsuite.engine.nodes.Handshake``, answered while this process loads the data); meanwhile load the
    dataset (test split for central evaluation), build w^0 from the seed and the central evaluator;
@@ -51,7 +51,7 @@ import torch
 
 from fedsuite.records import identity
 from fedsuite.records import provenance
-from fedsuite.records import claim
+from fedsuite.records import hold
 from fedsuite.engine import runtime
 from fedsuite.engine.client_eval import evaluate_clients
 from fedsuite.models import initial_arrays, make_model
@@ -92,13 +92,13 @@ def execute(cfg, run_dir: Path, transport: Transport, connect: Connect,
 def recorded(cfg, run_dir: Path) -> Iterator[tuple[RunRecorder, dict]]:
     """A run's record around its rounds, whoever drives them (:func:`execute`, or Flower's own loop:
     ``fedsuite.engine.flower_loop``): ``config.json`` first (the folder made with it in one step:
-    ``claim.create_run_dir``), then the :class:`RunRecorder` and the summary's extras (``timing``,
+    ``hold.create_run_dir``), then the :class:`RunRecorder` and the summary's extras (``timing``,
     ``provenance``: this start; the run's identity, ``fedsuite.records.identity``) for the rounds to fill; at
     the end ``summary.json`` with status ``completed``, or ``failed`` (``error.txt``, and a
     :class:`RoundFailure`'s record) when the block raised an ``Exception``, which propagates. A stop
     from outside (:data:`stop_requested`, or SystemExit/KeyboardInterrupt) records no outcome: the
     run stays partial."""
-    if not claim.create_run_dir(run_dir, cfg.active_dump()):  # made with its config (a kill leaves no folder without)
+    if not hold.create_run_dir(run_dir, cfg.active_dump()):  # made with its config (a kill leaves no folder without)
         write_json(run_dir / "config.json", cfg.active_dump())
     recorder = RunRecorder(run_dir, cfg.active_dump(),
                            tensorboard=tensorboard_installed() if cfg.tensorboard is None else cfg.tensorboard,

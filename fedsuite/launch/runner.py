@@ -89,7 +89,7 @@ def run_simulation(config: Path | None, overrides: Sequence[str], values: dict[s
         prestart = engine_asked(config, overrides, values) != "inprocess"
         with launch.simulation_process() if prestart else nullcontext() as process:
             from fedsuite.records import rundir
-            from fedsuite.records.claim import start_debris
+            from fedsuite.records.hold import start_debris
             from fedsuite.records.paths import folder_problem
             from fedsuite.engine import runtime
 
@@ -229,7 +229,7 @@ def interrupted_message(run_dir: Path | None, rounds: int, spelling: Spelling) -
 
     if run_dir is None or not (run_dir / "config.json").is_file():
         # before the ServerApp recorded the run: launch.simulate removed what it had created, or left
-        # a start-up's debris, which the next start of the same run clears (claim.start_debris)
+        # a start-up's debris, which the next start of the same run clears (hold.start_debris)
         return f"interrupted before the run started; nothing to continue: the same {spelling.invocation} starts it"
     return (f"interrupted after round {rundir.rounds_done(run_dir)} of {rounds}; continue the run with: "
             f"{spelling.resume(run_dir)}")

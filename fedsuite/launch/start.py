@@ -44,7 +44,7 @@ import tomli_w
 
 from fedsuite.launch import reaper
 from fedsuite.launch.watch import LaunchError, watch
-from fedsuite.records import claim, rundir
+from fedsuite.records import hold, rundir
 from fedsuite.launch.processes import (STOP_GRACE_S, new_attempt, process_env, process_tree, run_env, stop_tree,
                                 terminate_all)
 
@@ -139,31 +139,31 @@ def simulate(cfg: BaseRunConfig, run_dir: Path,
     run_dir = run_dir.resolve()
     created = _make_run_dir(run_dir, cfg)
     # this process's run until it returns: a second one is refused
-    with claim.claimed(run_dir, exclude=(process.pid,) if process is not None else ()):
+    with hold.claimed(run_dir, exclude=(process.pid,) if process is not None else ()):
         if cfg.engine == "inprocess":
             return _simulate_inprocess(cfg, run_dir, created, on_progress, before_start)
         return _simulate(cfg, run_dir, created, on_progress, before_start, process)
 
 
 def _make_run_dir(run_dir: Path, cfg: BaseRunConfig) -> Path | None:
-    """Make ``run_dir`` with its ``config.json`` in one step (``claim.create_run_dir``: no kill leaves
+    """Make ``run_dir`` with its ``config.json`` in one step (``hold.create_run_dir``: no kill leaves
     a run folder without its config), and its missing parents; return the outermost folder this
     made, which is removed if the run is called off before it starts (None: ``run_dir`` existed)."""
     outermost = run_dir
     while not outermost.parent.exists():
         outermost = outermost.parent
     made = None if outermost.exists() else outermost
-    claim.create_run_dir(run_dir, cfg.active_dump())
+    hold.create_run_dir(run_dir, cfg.active_dump())
     return made
 
 
 def _take_debris(cfg: BaseRunConfig, run_dir: Path) -> None:
-    """In a folder this process holds: a start-up's debris (``claim.start_debris``: left by a fedsuite
+    """In a folder this process holds: a start-up's debris (``hold.start_debris``: left by a fedsuite
     that made the folder before its config) is cleared and the run's ``config.json`` recorded before
     anything else is written."""
-    if claim.start_debris(run_dir):
-        claim.clear_start_debris(run_dir)
-        claim.record_config(run_dir, cfg.active_dump())
+    if hold.start_debris(run_dir):
+        hold.clear_start_debris(run_dir)
+        hold.record_config(run_dir, cfg.active_dump())
 
 
 def _simulate_inprocess(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
@@ -206,7 +206,7 @@ def _simulate(cfg: BaseRunConfig, run_dir: Path, created: Path | None,
               on_progress: Callable[[list[dict[str, Any]]], None] | None,
               before_start: Callable[[], None] | None,
               process: subprocess.Popen | None) -> RunOutcome:
-    """:func:`simulate` in a run directory this process holds (``claim.claimed``)."""
+    """:func:`simulate` in a run directory this process holds (``hold.claimed``)."""
     progress = None if on_progress is None else (lambda _run_dir, rows: on_progress(rows))
     return _simulate_runs([(cfg, run_dir)], [created] if created is not None else [], progress, before_start,
                           process)[0]
@@ -247,7 +247,7 @@ def simulate_batch(runs: list[tuple[BaseRunConfig, Path]],
     created = [folder for cfg, run_dir in resolved if (folder := _make_run_dir(run_dir, cfg)) is not None]
     with ExitStack() as held:
         for _, run_dir in resolved:
-            held.enter_context(claim.claimed(run_dir))
+            held.enter_context(hold.claimed(run_dir))
         return _simulate_runs(resolved, created, on_progress, None, None)
 
 

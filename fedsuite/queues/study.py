@@ -130,7 +130,7 @@ def lock_holder(folder: Path) -> int | None:
 
 class FolderLock:
     """A sweep's (or a search's) hold on its folder while it works in it: an exclusive ``flock`` on
-    the folder itself, as ``fedsuite.records.claim.claimed`` holds a run's folder. No file is added; the
+    the folder itself, as ``fedsuite.records.hold.claimed`` holds a run's folder. No file is added; the
     kernel drops it when the process ends, also on SIGKILL, so no stale lock ever blocks; the
     processes the sweep starts do not inherit it. A second command that would work in the same
     folder at once (two identical sweeps: both would start the same runs, each refused by the

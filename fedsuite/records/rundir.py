@@ -12,7 +12,7 @@ outcome here too.
 Beside it in ``fedsuite.records``: whether the run's record is whole (``fedsuite.records.integrity``:
 ``check_record``, ``record_problem``, ``checkpointed_round``, ``recorded_config``), its rows
 (``fedsuite.records.rows``: ``read_metrics``, ``read_clients``), making and holding the folder
-(``fedsuite.records.claim``: ``create_run_dir``, ``start_debris``, ``claimed``), and whether a folder
+(``fedsuite.records.hold``: ``create_run_dir``, ``start_debris``, ``claimed``), and whether a folder
 can take a run at all (``fedsuite.records.paths.folder_problem``, the one path check).
 """
 
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedsuite.records.claim import start_debris
+from fedsuite.records.hold import start_debris
 from fedsuite.records.integrity import check_record, record_problem, recorded_config
 from fedsuite.records.rows import read_metrics
 
@@ -45,7 +45,7 @@ def state(run_dir: Path, rounds: int | None = None) -> str:
     :func:`~fedsuite.records.integrity.record_problem`; a queue never counts it done nor continues
     it), ``debris`` (a directory without config.json: killed before the ServerApp started;
     ``fedsuite simulate`` starts the run anew in it when it holds only what a start-up writes,
-    :func:`~fedsuite.records.claim.start_debris`) or ``new``.
+    :func:`~fedsuite.records.hold.start_debris`) or ``new``.
 
     ``rounds``: the rounds the run is asked for (a queue's). A run that completed fewer is
     ``partial``: ``--resume`` with the larger count continues it from its last checkpoint, and its

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from fedsuite.records import claim, rundir
+from fedsuite.records import hold, rundir
 from fedsuite.errors import FedsuiteError
 from fedsuite.launch.processes import core_slices, fedsuite_first, stop_tree
 
@@ -262,7 +262,7 @@ def interrupt(*_: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the queue like Ctrl-C
 
 
-#: a run's state in the queue when another fedsuite process is running it (``claim.held_elsewhere``)
+#: a run's state in the queue when another fedsuite process is running it (``hold.held_elsewhere``)
 IN_USE = "in use"
 
 
@@ -332,7 +332,7 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
             while todo or running:
                 while todo and len(running) < jobs:
                     spec = todo.pop(0)
-                    if claim.held_elsewhere(spec.run_dir):
+                    if hold.held_elsewhere(spec.run_dir):
                         states[spec.run_dir] = IN_USE
                         console.print(f"{IN_USE:9s} {spec.label}: another fedsuite process runs it; left to that one",
                                       highlight=False)
@@ -345,7 +345,7 @@ def run_queue(specs: Sequence[Any], jobs: int = 1, placement: Sequence[str] = ()
                         continue
                     del running[proc]
                     state = rundir.state(spec.run_dir, spec.rounds)
-                    if proc.returncode == 2 and claim.held_elsewhere(spec.run_dir):  # taken while it started
+                    if proc.returncode == 2 and hold.held_elsewhere(spec.run_dir):  # taken while it started
                         state = IN_USE
                     states[spec.run_dir] = state if proc.returncode == 0 or state in ("failed", "damaged", IN_USE) \
                         else "failed"
