@@ -231,7 +231,7 @@ frozen_code() {  # frozen_code PAPER: the fedsuite of the commit pinned for PAPE
     echo "$(cd .. && pwd)/claims-code-$(cut -c1-12 "$pin")/.venv/bin/fedsuite"
 }
 
-held() {  # held FOLDER: whether a process holds an flock on FOLDER (fedsuite.records.rundir.claimed: a run is going
+held() {  # held FOLDER: whether a process holds an flock on FOLDER (fedsuite.records.hold.claimed: a run is going
            # on in it), read from /proc/locks by device and inode, so that looking never takes the lock
     local dev ino
     read -r dev ino < <(stat -c '%d %i' "$1")
