@@ -188,6 +188,22 @@ def test_every_layer_imports_only_the_layers_below_it():
     assert not stale, f"EXCEPTIONS that the code no longer has: {stale}"
 
 
+#: the most entries ``fedsuite/`` shows at its top level, and the most lines of any of its modules
+MAX_TOP_LEVEL_ENTRIES = 15
+MAX_MODULE_LINES = 400
+
+
+def test_the_layout_stays_readable():
+    """``fedsuite/`` holds at most :data:`MAX_TOP_LEVEL_ENTRIES` files and folders at its top level
+    (its layers, ``errors``, ``upstream`` and the public entry modules), and no module of it is over
+    :data:`MAX_MODULE_LINES` lines: a module that grows past it is split by what it does."""
+    entries = sorted(p.name for p in (ROOT / "fedsuite").iterdir() if p.name != "__pycache__")
+    assert len(entries) <= MAX_TOP_LEVEL_ENTRIES, entries
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "fedsuite").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
 def test_the_method_contract_imports_no_layer_above_it():
     """``fedsuite.method`` imports nothing of the engine, the records, the launcher, the queues,
     deployment or the CLI (and no exception allows it)."""
