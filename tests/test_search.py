@@ -59,11 +59,14 @@ def test_ranges_are_read_as_the_tune_domains_they_name():
 
 @pytest.mark.long
 def test_an_asha_search_stops_a_poor_trial_early_and_keeps_every_trials_run(tmp_path):
+    # one trial at a time: whether ASHA stops a trial at a rung depends on which trials reported
+    # there before it; with two at once that is a race between them (CI once saw all four trials
+    # complete), with one it follows the seeded order of the samples
     out = tmp_path / "out"
     folder = out / "lr-search"
     res = fedsuite_run(["sweep", "--search", "asha", "--samples", "4", "--space", "lr=choice:0.0005,0.1",
                                  "--grace-rounds", "1", *BASE, "--set", f"data_root={tmp_path / 'data'}",
-                                 "--output-dir", str(out), "--name", "lr-search", "--jobs", "2", "--last", "2",
+                                 "--output-dir", str(out), "--name", "lr-search", "--jobs", "1", "--last", "2",
                                  "--engine", "inprocess"], env=_env(), timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     with (folder / "trials.csv").open() as fh:
