@@ -153,6 +153,13 @@ def test_version_of_a_repository_follows_its_commits_and_edits(tmp_path):
     (broken / ".git").write_text("not a gitdir\n")
     note = provenance.git_state(broken)["commit_note"]
     assert note.startswith(f"git status in {broken} failed: fatal: ") and "\n" not in note
+    assert "HEAD is" not in note  # nothing to read a commit from either
+    # an index git cannot read (seen on a queue's worktree): no commit claimed, but the note names HEAD
+    (copy / ".git" / "index").write_bytes(b"DIRC\x00\x00\x00\x02\x00\x00\x00\x01" + b"ds" * 40)
+    state = provenance.git_state(copy)
+    assert (state["commit"], state["dirty"], state["changes"]) == (None, None, None)
+    assert re.fullmatch(rf"git status in {re.escape(str(copy))} failed: .*; HEAD is {second}, whether the code "
+                        r"differs from it is unknown", state["commit_note"]), state["commit_note"]
 
 
 # ------------------------------------------------------------------------------------------------

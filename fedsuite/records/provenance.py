@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -94,7 +95,7 @@ def git_state(root: Path) -> dict[str, Any]:
         return {**none, "commit_note": f"git could not run ({exc.strerror or exc})"}
     if done.returncode != 0:
         reason = next((line.strip() for line in done.stderr.splitlines() if line.strip()), f"exit code {done.returncode}")
-        return {**none, "commit_note": f"git status in {root} failed: {reason}"}
+        return {**none, "commit_note": f"git status in {root} failed: {reason}{head_note(root, env)}"}
     commit, changes = None, []
     for line in done.stdout.splitlines():
         if line.startswith("# branch.oid "):
@@ -113,6 +114,21 @@ def git_state(root: Path) -> dict[str, Any]:
         return {**none, "commit_note": f"{root} is a git checkout without a commit yet"}
     shown = changes[:MAX_CHANGES] + ([f"... and {len(changes) - MAX_CHANGES} more"] if len(changes) > MAX_CHANGES else [])
     return {"commit": commit, "dirty": bool(changes), "changes": shown, "commit_note": None}
+
+
+def head_note(root: Path, env: dict[str, str]) -> str:
+    """Where ``git status`` failed but the commit can still be read (an index git cannot read, say),
+    ``"; HEAD is <40 hex>, whether the code differs from it is unknown"``; else ``""``. The commit
+    stays unnamed in ``commit``: without the status, nothing says the files are that commit's."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "HEAD"], capture_output=True,
+                              text=True, timeout=GIT_TIMEOUT_S, env=env, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    head = done.stdout.strip()
+    if done.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40}", head):
+        return ""
+    return f"; HEAD is {head}, whether the code differs from it is unknown"
 
 
 def changed_count(changes: list[str]) -> int:
