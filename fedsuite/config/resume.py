@@ -35,7 +35,8 @@ def config_differences(recorded: dict[str, Any], cfg: BaseRunConfig) -> list[tup
     copied, as ``experiments/claims.sh`` copies committed records into a fresh ``--output-dir``;
     ``data_root``: the data moved) and what runs it (``num_cpus``, ``num_gpus``, ``device``,
     ``ray_address``: a queue's ``--num-gpus`` and ``--ray-address`` may change between two of its
-    starts; ``engine``, ``inprocess_threads``: the same numbers either way; ``eval_batch_size``, ``stall_timeout_s``, ``tensorboard``).
+    starts; ``engine``, ``inprocess_threads``: the same numbers either way; ``eval_batch_size``: the evaluation's
+    batching, which moves no more than the last bits of a test loss; ``stall_timeout_s``, ``tensorboard``).
 
     Both sides are validated and dumped as the ServerApp writes ``config.json`` (``active_dump``), so
     a field the record lacks (an older fedsuite wrote it) counts at its default. A method's section
