@@ -26,7 +26,7 @@ from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsuite.records import identity
-from fedsuite.engine import runtime
+from fedsuite.engine import allocator, runtime
 from fedsuite.engine.client_eval import evaluate_locally
 from fedsuite.data import DatasetError
 from fedsuite.engine.faults import FaultDraw
@@ -154,6 +154,7 @@ HANDLERS = {MessageType.TRAIN: train_content, MessageType.EVALUATE: evaluate_con
 def _received_model(cfg, content: RecordDict, context: Context, pid: int) -> tuple[torch.device, LocalData, torch.nn.Module]:
     """The device, this client's data on it, and the model holding the message's ``arrays``."""
     torch.set_num_threads(cfg.num_cpus)
+    allocator.tune()
     device = runtime.device_for(cfg)
     if device.type == "cuda" or cfg.num_cpus > 1:
         # cuDNN/cuBLAS and multi-threaded CPU kernels (an accumulating index_put) have faster

@@ -52,7 +52,7 @@ import torch
 from fedsuite.records import identity
 from fedsuite.records import provenance
 from fedsuite.records import hold
-from fedsuite.engine import runtime
+from fedsuite.engine import allocator, runtime
 from fedsuite.engine.client_eval import evaluate_clients
 from fedsuite.models import initial_arrays, make_model
 from fedsuite.launch.processes import available_cores
@@ -83,6 +83,7 @@ def execute(cfg, run_dir: Path, transport: Transport, connect: Connect,
     the run after recording it (``summary.json`` status ``failed``, ``error.txt``). ``on_round`` is
     called after each line of ``metrics.jsonl`` (round 0's too)."""
     torch.set_num_threads(max(1, cfg.num_cpus))
+    allocator.tune()
     with recorded(cfg, run_dir) as (recorder, extra):
         run_rounds(cfg, run_dir, transport, connect, recorder, extra["timing"], extra["provenance"],
                    on_round or (lambda: None), extra[identity.KEY])
