@@ -70,3 +70,42 @@ def test_tune_is_once_per_process_and_says_whether_it_took():
     first = allocator.tune()
     assert allocator.tune() is first
     assert first == glibc()
+
+
+#: one in-process run in a fresh process, glibc's thresholds fixed (``tuned``) or left as glibc sets
+#: them (``default``: the engine's call made a no-op); argv: mode, config values as JSON, run folder
+ONE_RUN = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from fedsuite.config import build_config
+    from fedsuite.engine import allocator
+    from fedsuite.launch import start
+    if sys.argv[1] == "default":
+        allocator.tune = lambda: False
+    outcome = start.simulate(build_config(values=json.loads(sys.argv[2])), Path(sys.argv[3]))
+    assert outcome.ok, outcome.details
+    assert allocator._result is (True if sys.argv[1] == "tuned" else None)
+""")
+
+
+@pytest.mark.skipif(not glibc(), reason="the C library is not glibc: allocator.tune changes nothing there")
+def test_the_thresholds_change_no_number_of_a_run(tmp_path, data_root):
+    """Where memory comes from moves no arithmetic: a run with the thresholds fixed and one with glibc's
+    own give the same records and model, bit for bit."""
+    import json
+
+    import torch
+    from conftest import FAST, assert_same_arrays
+
+    from fedsuite.records.rows import read_metrics
+
+    values = json.dumps({**FAST, "data_root": str(data_root), "engine": "inprocess", "rounds": 2})
+    runs = {}
+    for mode in ("default", "tuned"):
+        done = subprocess.run([sys.executable, "-c", ONE_RUN, mode, values, str(tmp_path / mode)],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in read_metrics(tmp_path / mode)]
+        runs[mode] = rows, torch.load(tmp_path / mode / "checkpoint.pt", weights_only=False)["arrays"]
+    assert runs["default"][0] == runs["tuned"][0]
+    assert_same_arrays(runs["default"][1], runs["tuned"][1])
