@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from rich.console import Console
@@ -51,7 +52,7 @@ from fedsuite.queues.reproduce.report import aggregate, write_report
 from fedsuite.queues.reproduce.planning import plan
 from fedsuite.queues.reproduce.tables import SCALES, Target, load_targets, parse_tables
 from fedsuite.method.activity import Component
-from fedsuite.queues.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, HOLDS, INERT_HERE, NOT_JUDGED, REVERSED,
+from fedsuite.queues.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, difference_over_rounds, COULD_NOT_TELL, HOLDS, INERT_HERE, NOT_JUDGED, REVERSED,
                                          SMALLER_THAN_PAPERS, VERDICTS, Activity, Claim, claims,
                                          paired_verdict, t_quantile, verdict, verdict_rule)
 from fedsuite.records.results import run_value, write_atomically, write_json
@@ -1693,3 +1694,36 @@ def test_two_claims_runs_share_one_gpu(tmp_path):
             spans.append((start, start + summary["total_seconds"]))
     spans.sort()
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans
+
+
+def test_the_difference_over_rounds_ends_at_the_verdicts_reading():
+    """``difference_over_rounds``: at the last round its mean and half-width are the verdict's d̄ and
+    h from the runs' values (the mean of the last ``last`` evaluations); at every round r they are
+    the same reading of the runs cut at r; rounds start where ``last`` evaluations exist in both runs
+    of every pair (round 0 left out, an unevaluated round skipped)."""
+    rng = np.random.default_rng(3)
+    last, pairs = 3, []
+    for _ in range(4):
+        pair = []
+        for shift in (0.02, 0.0):
+            rows = [{"round": 0, "test_accuracy": 0.1}]
+            rows += [{"round": r, "test_accuracy": None if r == 5 else float(min(1.0, 0.1 + 0.01 * r + shift
+                                                                                 + rng.normal(0, 0.01)))}
+                     for r in range(1, 13)]
+            pair.append(rows)
+        pairs.append(tuple(pair))
+
+    def values(rows, upto):
+        evals = [(r["round"], r["test_accuracy"]) for r in rows if 0 < r["round"] <= upto and r["test_accuracy"] is not None]
+        return run_value(evals, "accuracy", last)[0]
+
+    curve = difference_over_rounds(pairs, last, 0.95)
+    assert curve.rounds == [3, 4, 6, 7, 8, 9, 10, 11, 12]  # from the third evaluation on; 5 was not evaluated
+    for i, upto in enumerate(curve.rounds):
+        diffs = [values(b, upto) - values(w, upto) for b, w in pairs]
+        verdict = paired_verdict(diffs, 2.0, confidence=0.95)
+        assert curve.per_seed[:, i] == pytest.approx(diffs, abs=1e-9)
+        assert curve.mean[i] == pytest.approx(verdict.mean, abs=1e-9)
+        assert curve.half_width[i] == pytest.approx(verdict.half_width, abs=1e-9)
+    assert difference_over_rounds(pairs[:1], last).half_width is None  # one seed: no interval
+    assert difference_over_rounds([(pairs[0][0][:3], pairs[0][1])], last) is None  # fewer evaluations than `last`

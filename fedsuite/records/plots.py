@@ -279,6 +279,38 @@ def plot_claims(orderings: list[dict[str, Any]], path: Path, unit: str = "points
     plt.close(fig)
 
 
+def plot_differences(curves: list[dict[str, Any]], path: Path, level: str = "95%", title: str | None = None) -> None:
+    """Each claimed ordering's paired difference versus round, a panel each: the seeds' differences
+    (thin), their mean with its t-interval band (coloured by the final verdict), the paper's difference
+    (dashed) and zero. ``curves``: dicts with ``label``, ``curve`` (a ``DifferenceCurve`` of
+    ``fedsuite.queues.reproduce.verdicts``), ``paper`` and ``colour``."""
+    plt = pyplot()
+    cols = min(2, len(curves))
+    rows = -(-len(curves) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.6 * cols, 3.0 * rows), dpi=120, squeeze=False, layout="constrained")
+    for ax, o in zip(axes.flat, curves):
+        c, colour = o["curve"], o["colour"]
+        for seed in c.per_seed:
+            ax.plot(c.rounds, seed, color=colour, lw=0.6, alpha=0.35)
+        ax.plot(c.rounds, c.mean, color=colour, lw=1.5, label=f"mean of {len(c.per_seed)} seeds")
+        if c.half_width is not None:
+            ax.fill_between(c.rounds, c.mean - c.half_width, c.mean + c.half_width, color=colour, alpha=0.18,
+                            label=f"{level} t-interval")
+        ax.axhline(o["paper"], color="black", ls="--", lw=1.0, label="the paper's difference")
+        ax.axhline(0.0, color="black", lw=0.6, alpha=0.6)
+        ax.set_title(o["label"], fontsize=8)
+        ax.set_xlabel("round")
+        ax.set_ylabel("difference (points)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(curves):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+
+
 #: above this many clients a partition is drawn as an image (:func:`plot_partition`): bars, or even
 #: one filled step area per class, of 60,000 clients took minutes to draw
 PARTITION_BARS_MAX = 300

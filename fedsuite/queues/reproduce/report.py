@@ -35,8 +35,10 @@ from fedsuite.queues.reproduce.planning import RunSpec
 from fedsuite.queues.reproduce.tables import Row, Target
 from fedsuite.queues.reproduce.verdicts import (ACTIVITY_NOT_RECORDED, COULD_NOT_TELL, DEFAULT_CONFIDENCE, HOLDS,
                                          INERT_HERE, NOT_JUDGED, REVERSED, SMALLER_THAN_PAPERS, VERDICTS, Activity,
-                                         check_confidence, claims, verdict, verdict_rule)
-from fedsuite.records.plots import has_server_momentum, plot_claims, plot_groups, plot_server_momentum
+                                         check_confidence, claims, difference_over_rounds, verdict,
+                                         verdict_rule)
+from fedsuite.records.plots import (has_server_momentum, plot_claims, plot_differences, plot_groups,
+                                    plot_server_momentum)
 from fedsuite.records.provenance import report_lines, run_summaries
 from fedsuite.records.results import (CLIENT_READINGS, best_accuracy, client_readings, evaluations, momentum_loop_limit,
                               reading_columns, run_value, write_atomically)
@@ -115,11 +117,11 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str,
             continue
         methods = [m for m in target.methods if any(s.method == m for s in mine)]
         acc = row.cpu_target_accuracy if scale == "cpu" else row.target_accuracy
-        cells, curves, by_seed, activity = {}, {}, {}, {}
+        cells, curves, by_seed, activity, rows_by_seed = {}, {}, {}, {}, {}
         for m in methods:
             runs = [s for s in mine if s.method == m]
             values, tails, bests, seed_rows, readings = [], [], [], [], []
-            by_seed[m], activity[m] = {}, {}
+            by_seed[m], activity[m], rows_by_seed[m] = {}, {}, {}
             for s in runs:
                 if rundir.state(s.run_dir, s.rounds) != "completed":
                     continue
@@ -132,6 +134,7 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str,
                 tails.append(tail)
                 bests.append(100 * best_accuracy(evals))
                 seed_rows.append(metrics)
+                rows_by_seed[m][s.seed] = metrics
                 readings.append(client_readings(metrics, target.last))
                 # a run that never reached a rounds target counts as reaching it one round after
                 # its end (a lower bound), so that the paired difference stays finite
@@ -159,7 +162,7 @@ def collect(target: Target, specs: Sequence[RunSpec], scale: str,
                             components={pair: known[name] for pair, name in row.components.items()},
                             activity=activity, confidence=confidence)
         rows.append({"row": row, "cells": cells, "claims": row_claims, "verdict": verdict(row_claims),
-                     "curves": curves, "target_accuracy": acc})
+                     "curves": curves, "rows_by_seed": rows_by_seed, "target_accuracy": acc})
     return rows
 
 
@@ -312,6 +315,20 @@ def write_report(target: Target, specs: Sequence[RunSpec], scale: str, folder: P
             write_atomically(png, lambda tmp, curves=d["curves"], title=f"{row.label} ({scale} scale)":
                              plot_groups(curves, tmp, title=title))
             md += ["", f"![{row.label}]({png.name})"]
+        differences = [] if target.metric != "accuracy" else [
+            {"label": f"{target.methods[c.better][0]} > {target.methods[c.worse][0]}", "curve": curve,
+             "paper": c.paper_difference, "colour": VERDICT_COLOURS[c.verdict]}
+            for c in d["claims"] if c.differences
+            for curve in [difference_over_rounds([(d["rows_by_seed"][c.better][s], d["rows_by_seed"][c.worse][s])
+                                                  for s in sorted(c.differences)], target.last, confidence)]
+            if curve is not None]
+        if differences:
+            png = folder / f"{row.name}-differences.png"
+            write_atomically(png, lambda tmp, curves=differences, title=f"{row.label} ({scale} scale): each ordering's "
+                             f"difference over rounds, read as the verdict reads the last round":
+                             plot_differences(curves, tmp, level=level, title=title))
+            md += ["", f"![{row.label}: each ordering's paired difference over rounds, with its {level} t-interval, "
+                       f"as the verdict reads it at the end]({png.name})"]
         if any(has_server_momentum(rows) for runs in d["curves"].values() for rows in runs):
             png = folder / f"{row.name}-momentum.png"
             limits = _momentum_loop_limits(target, specs, row)

@@ -294,3 +294,40 @@ def verdict(row_claims: Sequence[Claim]) -> str:
         return "no claim"
     counts = {v: sum(1 for c in row_claims if c.verdict == v) for v in VERDICTS}
     return ", ".join(f"{n} {PLURALS.get(v, v) if n > 1 else v}" for v, n in counts.items() if n)
+
+
+class DifferenceCurve(NamedTuple):
+    """One ordering's paired difference over rounds (:func:`difference_over_rounds`)."""
+
+    rounds: list[int]
+    per_seed: np.ndarray  # seeds x rounds, in points
+    mean: np.ndarray
+    half_width: np.ndarray | None  # the t-interval's, None below two seeds
+
+
+def difference_over_rounds(pairs: Sequence[tuple[Sequence[Mapping], Sequence[Mapping]]], last: int,
+                           confidence: float = DEFAULT_CONFIDENCE, sign: float = 1.0) -> DifferenceCurve | None:
+    """The verdict's reading taken at every round instead of only the last: for each paired seed
+    ``(better's rows, worse's rows)`` (``metrics.jsonl``), at each round r evaluated in both runs,
+    d_s(r) = sign · 100 · (mean of the better run's last ``last`` evaluations up to r − the same of the
+    worse run's), in points; over the seeds, d̄(r) ± t·SE(r) as :func:`paired_verdict` takes it at
+    the run's end. Rounds are those every pair has (round 0 left out); None where none is. A curve
+    still moving at the last round says the verdict is one about that round, not about the method."""
+    series = []
+    for better, worse in pairs:
+        acc = [{r["round"]: r["test_accuracy"] for r in rows if r.get("round", 0) > 0 and r.get("test_accuracy") is not None}
+               for rows in (better, worse)]
+        common = sorted(set(acc[0]) & set(acc[1]))
+        if len(common) < last:
+            return None
+        diff = np.array([acc[0][r] - acc[1][r] for r in common]) * 100.0 * sign
+        trailing = np.convolve(diff, np.ones(last) / last, mode="valid")  # mean of the last `last` evaluations
+        series.append(dict(zip(common[last - 1:], trailing)))
+    rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    if not rounds:
+        return None
+    per_seed = np.array([[s[r] for r in rounds] for s in series])
+    mean = per_seed.mean(0)
+    half = (t_quantile(confidence, len(series)) * per_seed.std(0, ddof=1) / math.sqrt(len(series))
+            if len(series) > 1 else None)
+    return DifferenceCurve(rounds, per_seed, mean, half)
