@@ -7,12 +7,13 @@
 #   experiments/claims.sh SCALE run OUT DATA_ROOT      # the queue, unit by unit (a stop leaves whole
 #                                                      # runs' checkpoints); run it again to go on;
 #                                                      # NICE=19 in front: only the CPU other work leaves
-#   experiments/claims.sh SCALE report OUT [PAPER...]  # each report (+ CSVs, figures) and the finished
+#   experiments/claims.sh SCALE report OUT [NAME...]  # each report (+ CSVs, figures) and the finished
 #                                                      # runs' records into experiments/<paper>/results/claims-SCALE/
 #                                                      # (the committed records are copied into OUT first,
 #                                                      # so an empty OUT rewrites the reports from them alone)
-#   experiments/claims.sh SCALE save OUT [PAPER...]    # the in-flight runs' checkpoints into
+#   experiments/claims.sh SCALE save OUT [NAME...]    # the in-flight runs' checkpoints into
 #                                                      # experiments/<paper>/results/claims-SCALE-inflight/
+#   (NAME: a paper, or a variant such as fedmrur-1600, a target of its own beside the paper's: spec below)
 #   experiments/claims.sh SCALE status OUT             # where the queue stands: each unfinished run's
 #                                                      # round, pace and time left; the units not yet taken
 #
@@ -74,6 +75,9 @@ cpu)  # the targets `<paper>-claims` at reproduce's cpu scale (Fashion-MNIST)
 cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their own
     PAPERS=(fedmr fednlr fedinit fedmrur)
     SUFFIX=claims-cifar10 REPRODUCE_SCALE=paper FROZEN="${PAPERS[*]}"
+    # A variant is a target of its own beside a paper's (spec): FedMRUR's cell at the paper's 1600 rounds
+    # (experiments/fedmrur/claims-cifar10-1600.toml), made by FedMRUR's pinned commit
+    VARIANTS=(fedmrur-1600)
     # A unit is one row or
     # one run where runs are long (500 rounds of FedMR's CNN: about 50-95 min on one core, depending
     # on what else runs). FedMR: Table 1's CNN at α = 0.1, then α = 0.5 as the budget allows; FedNLR:
@@ -117,17 +121,37 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     # since they decide orderings already reported; the targets' seeds list them, so the reports count
     # them as planned. FedMRUR's undecided orderings get theirs with its 1600 rounds (a pin move).
     fednlr_seed 3; fedinit_seed 3; fednlr_seed 4; fedinit_seed 4
+    # FedMRUR's cell at the paper's 1600 rounds (2026-12-07), its 500-round curves still closing at round
+    # 500 (c10-dir0.3-differences.png): before FedMR's α = 0.5 row, which asks a new question, since
+    # these decide orderings already reported; seed by seed, the shortest runs of a seed first
+    fedmrur_1600() { local m; for m in fedavg mofedsam fedmrur-n-mean fedmrur-mean fedmrur-n fedmrur; do
+        UNITS+=("fedmrur-1600:$1:methods=$m"); done; }
+    fedmrur_1600 0; fedmrur_1600 1; fedmrur_1600 2
     UNITS+=(fedmr:1:rows=cnn-c10-0.5 fedmr:2:rows=cnn-c10-0.5 fedmr:3:rows=cnn-c10-0.5) ;;
 *)
     sed -n '2,19p' "$0"; exit 2 ;;
 esac
 shift
 RECORDS=claims-$SCALE  # the committed folder: experiments/<paper>/results/$RECORDS
+VARIANTS=(${VARIANTS[@]+"${VARIANTS[@]}"})
+
+spec() {  # spec NAME: a paper (PAPER) or a variant (PAPER-VARIANT: its own target, experiments/PAPER/
+          # claims-SCALE-VARIANT.toml, read through --tables by PAPER's pinned commit; its runs in
+          # OUT/VARIANT, its records in experiments/PAPER/results/claims-SCALE-VARIANT) -> paper, target,
+          # records, tables (reproduce's option) and sub (OUT's subfolder)
+    paper=${1%%-*} target=$1-$SUFFIX records=$RECORDS tables=() sub=
+    if [ "$paper" != "$1" ]; then
+        target=$paper-$SUFFIX-${1#*-} records=$RECORDS-${1#*-} sub=/${1#*-}
+        tables=(--tables "$PWD/experiments/$paper/$records.toml")
+    fi
+}
 
 restore() {  # committed records -> OUT (never over a run folder that is already there): the finished
              # runs' records, then the in-flight runs' checkpoints (save), which the queue continues
-    local paper=$1 out=$2 src rel runs="$2/$1/$REPRODUCE_SCALE" kept
-    for kept in "experiments/$paper/results/$RECORDS/runs" "experiments/$paper/results/$RECORDS-inflight"; do
+    local paper target records tables sub src rel runs kept
+    spec "$1"
+    runs="$2$sub/$paper/$REPRODUCE_SCALE"
+    for kept in "experiments/$paper/results/$records/runs" "experiments/$paper/results/$records-inflight"; do
         for src in "$kept"/*/*/; do
             [ -f "$src/config.json" ] || continue
             rel="${src#"$kept/"}"
@@ -141,7 +165,9 @@ save() {  # the in-flight runs of OUT (a checkpoint, no summary yet) -> experime
           # replacing what was there: commit it when a session ends, and a fresh machine continues them from
           # their last round (restore) instead of from round 0. A run's client state goes too (it is part of
           # what --resume needs); a run whose client state exceeds 20 MB is left out and named.
-    local paper=$1 out=$2 dest="experiments/$1/results/$RECORDS-inflight" run rel runs="$2/$1/$REPRODUCE_SCALE"
+    local paper target records tables sub dest run rel runs
+    spec "$1"
+    dest="experiments/$paper/results/$records-inflight" runs="$2$sub/$paper/$REPRODUCE_SCALE"
     rm -rf "$dest"
     for run in "$runs"/*/*-s[0-9]*/; do
         [ -f "$run/checkpoint.pt" ] && [ ! -f "$run/summary.json" ] || continue
@@ -163,8 +189,9 @@ report() {  # OUT's report of one paper and its finished runs' records -> the co
 }
 
 write_report() {
-    local paper=$1 out=$2 dest="experiments/$1/results/$RECORDS" run rel setting
-    local runs="$2/$1/$REPRODUCE_SCALE" target="$1-$SUFFIX" shadow
+    local paper target records tables sub dest run rel setting runs shadow
+    spec "$1"
+    dest="experiments/$paper/results/$records" runs="$2$sub/$paper/$REPRODUCE_SCALE"
     # The report is written into a folder of its own that sees OUT's run folders through links: a
     # unit's reproduce (the pinned code) writes its own report, of its seed and methods only, into
     # OUT's report folder when it ends, and one that ended between this --report and the copy below
@@ -174,7 +201,7 @@ write_report() {
         setting=${setting%/}
         [ "${setting##*/}" = "$target" ] || ln -s "$(cd "$setting" && pwd)" "$shadow/$paper/$REPRODUCE_SCALE/${setting##*/}"
     done
-    "$FEDSUITE" reproduce "$target" --scale "$REPRODUCE_SCALE" --output-dir "$shadow" --report
+    "$FEDSUITE" reproduce "$target" ${tables[@]+"${tables[@]}"} --scale "$REPRODUCE_SCALE" --output-dir "$shadow" --report
     rm -rf "$dest" && mkdir -p "$dest/runs"
     cp "$shadow/$paper/$REPRODUCE_SCALE/$target/"{report.md,report.csv,claims.csv} "$dest/"
     cp "$shadow/$paper/$REPRODUCE_SCALE/$target/"*.png "$dest/" 2>/dev/null || true  # no figure before a run ends
@@ -197,7 +224,8 @@ write_report() {
 
 run_unit() {  # run_unit PAPER SEED PART OUT DATA: that seed's runs; PART "rows=R" or "methods=M" (reproduce's
               # --rows R / --methods M) runs only that part of them, empty: all of them
-    local paper=$1 seed=$2 part=$3 out=$4 data=$5 target="$1-$SUFFIX" fedsuite=$FEDSUITE out_option=--output-dir
+    local paper target records tables sub seed=$2 part=$3 out=$4 data=$5 fedsuite=$FEDSUITE out_option=--output-dir name=$1
+    spec "$name"
     case " ${FROZEN:-} " in *" $paper "*) fedsuite=$(frozen_code "$paper") ;; esac
     local label="$target seed $seed${part:+ ($part)}" finished="$out/.finished-units"
     local unit="$label by $fedsuite"
@@ -213,13 +241,14 @@ run_unit() {  # run_unit PAPER SEED PART OUT DATA: that seed's runs; PART "rows=
     # timed out during startup") and failed four runs (2026-11-27). --retry-failed: a run failed by
     # something outside it, such as that time-out, goes on from its checkpoint; one that fails by its
     # own arithmetic (FedMut's non-finite models) fails again within a round and stays named.
-    if "$fedsuite" reproduce "$target" --scale "$REPRODUCE_SCALE" --seeds "$seed" ${part:+"--${part%%=*}" "${part#*=}"} \
-        --jobs 1 --engine inprocess --retry-failed --data-root "$data" "$out_option" "$out"; then
+    if "$fedsuite" reproduce "$target" ${tables[@]+"${tables[@]}"} --scale "$REPRODUCE_SCALE" --seeds "$seed" \
+        ${part:+"--${part%%=*}" "${part#*=}"} --jobs 1 --engine inprocess --retry-failed --data-root "$data" \
+        "$out_option" "$out$sub"; then
         echo "$unit" >> "$finished"  # one short line per append: the two workers' lines never mix
     else
         echo "=== $label: exit $?"
     fi
-    report "$paper" "$out"
+    report "$name" "$out"
 }
 
 frozen_code() {  # frozen_code PAPER: the fedsuite of the commit pinned for PAPER's runs (pinned and made on first use)
@@ -247,12 +276,13 @@ status() {  # status OUT: each run with a checkpoint and no summary yet, running
             # folder: held) or waiting for its unit, with its round, its pace over its
             # last 20 rounds and the time left at that pace; the units that the last `run` had not taken
             # yet (a finished unit is passed over in seconds)
-    local out=$1 paper run state running=0 next=0
-    for paper in "${PAPERS[@]}"; do
-        for run in "$out/$paper/$REPRODUCE_SCALE"/*/*-s[0-9]*/; do
+    local out=$1 name paper target records tables sub run state running=0 next=0
+    for name in "${PAPERS[@]}" ${VARIANTS[@]+"${VARIANTS[@]}"}; do
+        spec "$name"
+        for run in "$out$sub/$paper/$REPRODUCE_SCALE"/*/*-s[0-9]*/; do
             [ -f "$run/checkpoint.pt" ] && [ ! -f "$run/summary.json" ] || continue
             if held "$run"; then state=running running=$((running + 1)); else state=waiting; fi
-            "$(dirname "$FEDSUITE")/python" - "$run" "$state" "$paper/${run#"$out/$paper/$REPRODUCE_SCALE/"}" <<'PY'
+            "$(dirname "$FEDSUITE")/python" - "$run" "$state" "$name/${run#"$out$sub/$paper/$REPRODUCE_SCALE/"}" <<'PY'
 import json, sys
 from pathlib import Path
 
@@ -312,7 +342,7 @@ worker() {  # units one after another until the list is done, one run at a time,
 
 case "${1:-}" in
 run)
-    for paper in "${PAPERS[@]}"; do restore "$paper" "$2"; done
+    for paper in "${PAPERS[@]}" ${VARIANTS[@]+"${VARIANTS[@]}"}; do restore "$paper" "$2"; done
     rm -rf "$2/.units" && mkdir -p "$2/.units" && echo 0 > "$2/.units/next"
     if [ -n "${NICE:-}" ]; then renice -n "$NICE" -p $$ > /dev/null; autogroups "$NICE" & renicer=$!; fi
     worker "$2" "$3" 0 & lane0=$!
@@ -322,7 +352,7 @@ run)
 report)  # report OUT [PAPER ...]: every paper, or those named; OUT gets the committed records first
     out=$2
     shift 2
-    [ $# -gt 0 ] || set -- "${PAPERS[@]}"
+    [ $# -gt 0 ] || set -- "${PAPERS[@]}" ${VARIANTS[@]+"${VARIANTS[@]}"}
     for paper in "$@"; do restore "$paper" "$out" && report "$paper" "$out"; done ;;
 status)  # status OUT: where the queue stands
     [ -d "${2:-}" ] || { echo "claims.sh $SCALE status OUT: OUT must be the queue's runs folder (got '${2:-}')" >&2; exit 2; }
@@ -330,7 +360,7 @@ status)  # status OUT: where the queue stands
 save)  # save OUT [PAPER ...]: the in-flight runs' checkpoints, to commit when a session ends
     out=$2
     shift 2
-    [ $# -gt 0 ] || set -- "${PAPERS[@]}"
+    [ $# -gt 0 ] || set -- "${PAPERS[@]}" ${VARIANTS[@]+"${VARIANTS[@]}"}
     for paper in "$@"; do save "$paper" "$out"; done ;;
 *)
     sed -n '2,19p' "$0"; exit 2 ;;
