@@ -76,8 +76,9 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     PAPERS=(fedmr fednlr fedinit fedmrur)
     SUFFIX=claims-cifar10 REPRODUCE_SCALE=paper FROZEN="${PAPERS[*]}"
     # A variant is a target of its own beside a paper's (spec): FedMRUR's cell at the paper's 1600 rounds
-    # (experiments/fedmrur/claims-cifar10-1600.toml), made by FedMRUR's pinned commit
-    VARIANTS=(fedmrur-1600)
+    # (experiments/fedmrur/claims-cifar10-1600.toml), made by FedMRUR's pinned commit, and FedMR's cell at
+    # Dir α = 0.5 (experiments/fedmr/claims-cifar10-alpha0.5.toml), made by FedMR's
+    VARIANTS=(fedmrur-1600 fedmr-alpha0.5)
     # A unit is one row or
     # one run where runs are long (500 rounds of FedMR's CNN: about 50-95 min on one core, depending
     # on what else runs). FedMR: Table 1's CNN at α = 0.1, then α = 0.5 as the budget allows; FedNLR:
@@ -119,7 +120,7 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     # (docs/reproducing.md: FedInit's two orderings; FedNLR's FedNLR > FedAvg, FedDyn > FedAvg and the
     # superseded FedDyn + FedNLR > FedDyn), by the same pinned commits: before FedMR's α = 0.5 row,
     # since they decide orderings already reported; the targets' seeds list them, so the reports count
-    # them as planned. FedMRUR's undecided orderings get theirs with its 1600 rounds (a pin move).
+    # them as planned. FedMRUR's undecided orderings get theirs at its 1600 rounds (below).
     fednlr_seed 3; fedinit_seed 3; fednlr_seed 4; fedinit_seed 4
     # FedMRUR's cell at the paper's 1600 rounds (2026-12-07), its 500-round curves still closing at round
     # 500 (c10-dir0.3-differences.png): before FedMR's α = 0.5 row, which asks a new question, since
@@ -127,7 +128,18 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     fedmrur_1600() { local m; for m in fedavg mofedsam fedmrur-n-mean fedmrur-mean fedmrur-n fedmrur; do
         UNITS+=("fedmrur-1600:$1:methods=$m"); done; }
     fedmrur_1600 0; fedmrur_1600 1; fedmrur_1600 2
-    UNITS+=(fedmr:1:rows=cnn-c10-0.5 fedmr:2:rows=cnn-c10-0.5 fedmr:3:rows=cnn-c10-0.5) ;;
+    # its seeds 3 and 4 for the methods of the two orderings three seeds at 500 rounds did not decide at
+    # 95% (MoFedSAM > FedAvg, FedMRUR (m from Δ̄) > MoFedSAM)
+    for seed in 3 4; do
+        for m in fedavg mofedsam fedmrur-mean; do UNITS+=("fedmrur-1600:$seed:methods=$m"); done
+    done
+    # FedMR's Dir α = 0.5 cell (2026-12-07; experiments/fedmr/claims-cifar10-alpha0.5.toml, FedMR's pinned
+    # commit): each unit one method of one seed in both rows (momentum 0.9 and 0.5), FedMut at the
+    # FedMR repository's α = 5 last (at α = 0.1 it diverged in five runs of six, within ten rounds)
+    for seed in 1 2 3; do
+        for m in fedavg fedmr fedmut-a4; do UNITS+=("fedmr-alpha0.5:$seed:methods=$m"); done
+    done
+    UNITS+=(fedmr-alpha0.5:1:methods=fedmut fedmr-alpha0.5:2:methods=fedmut fedmr-alpha0.5:3:methods=fedmut) ;;
 *)
     sed -n '2,19p' "$0"; exit 2 ;;
 esac
