@@ -292,7 +292,7 @@ def plot_differences(curves: list[dict[str, Any]], path: Path, level: str = "95%
         c, colour = o["curve"], o["colour"]
         for seed in c.per_seed:
             ax.plot(c.rounds, seed, color=colour, lw=0.6, alpha=0.35)
-        ax.plot(c.rounds, c.mean, color=colour, lw=1.5, label=f"mean of {len(c.per_seed)} seeds")
+        ax.plot(c.rounds, c.mean, color=colour, lw=1.5, label=f"mean of {len(c.per_seed)} seeds" if len(c.per_seed) > 1 else "one seed")
         if c.half_width is not None:
             ax.fill_between(c.rounds, c.mean - c.half_width, c.mean + c.half_width, color=colour, alpha=0.18,
                             label=f"{level} t-interval")
