@@ -81,7 +81,7 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     VARIANTS=(fedmrur-1600 fedmr-alpha0.5)
     # A unit is one row or
     # one run where runs are long (500 rounds of FedMR's CNN: about 50-95 min on one core, depending
-    # on what else runs). FedMR: Table 1's CNN at α = 0.1, then α = 0.5 as the budget allows; FedNLR:
+    # on what else runs). FedMR: Table 1's CNN at α = 0.1 (its α = 0.5 cell: the variant, last); FedNLR:
     # FedAvg and FedNLR (500 rounds), then that seed's four FedDyn runs (200 rounds); FedInit: its
     # four methods; FedMRUR: its four methods. FedNLR's, FedInit's and FedMRUR's runs record how much each method's own component acted
     # (summary.json's activity), which their verdicts need: their pinned commit is one that does.
@@ -118,12 +118,12 @@ cifar10)  # the targets `<paper>-claims-cifar10`: paper-scale targets of their o
     UNITS+=(fedmr:3:rows=cnn-c10-0.1)
     # Seeds 3 and 4 (2026-12-07), where an ordering of the cell is not decided at 95% with three seeds
     # (docs/reproducing.md: FedInit's two orderings; FedNLR's FedNLR > FedAvg, FedDyn > FedAvg and the
-    # superseded FedDyn + FedNLR > FedDyn), by the same pinned commits: before FedMR's α = 0.5 row,
+    # superseded FedDyn + FedNLR > FedDyn), by the same pinned commits: before FedMR's α = 0.5 cell,
     # since they decide orderings already reported; the targets' seeds list them, so the reports count
     # them as planned. FedMRUR's undecided orderings get theirs at its 1600 rounds (below).
     fednlr_seed 3; fedinit_seed 3; fednlr_seed 4; fedinit_seed 4
     # FedMRUR's cell at the paper's 1600 rounds (2026-12-07), its 500-round curves still closing at round
-    # 500 (c10-dir0.3-differences.png): before FedMR's α = 0.5 row, which asks a new question, since
+    # 500 (c10-dir0.3-differences.png): before FedMR's α = 0.5 cell, which asks a new question, since
     # these decide orderings already reported; seed by seed, the shortest runs of a seed first
     fedmrur_1600() { local m; for m in fedavg mofedsam fedmrur-n-mean fedmrur-mean fedmrur-n fedmrur; do
         UNITS+=("fedmrur-1600:$1:methods=$m"); done; }
