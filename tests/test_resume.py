@@ -850,9 +850,17 @@ def test_a_run_folder_is_held_until_its_holder_and_the_runs_processes_are_gone(t
         with pytest.raises(RunDirError, match="in use"):  # and this process's holds against a second open
             with hold.claimed(run_dir):
                 pass
-    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    sleeper = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
+
+    def started_sleeper(args=(), **kwargs) -> subprocess.Popen:
+        # Popen returns once the child has exec'd, but the kernel fills in its /proc environ and
+        # cmdline a moment later: a process is only findable once it has run a line of its own
+        proc = subprocess.Popen(sleeper + list(args), stdout=subprocess.PIPE, text=True, **kwargs)
+        assert proc.stdout.readline().strip() == "up"
+        return proc
+
     # a user's shell (or anything else) working in the folder is none of the run's: not waited for
-    bystander = subprocess.Popen(sleeper, cwd=run_dir)
+    bystander = started_sleeper(cwd=run_dir)
     try:
         started = time.monotonic()
         with hold.claimed(run_dir, wait_s=30.0):
@@ -864,8 +872,8 @@ def test_a_run_folder_is_held_until_its_holder_and_the_runs_processes_are_gone(t
     # and its simulation process (python -m fedsuite.launch.simulation, working in the folder)
     for earlier_kind in ({"env": {**os.environ, "FLWR_HOME": str(run_dir / ".flwr")}},
                          {"cwd": run_dir, "args": ["fedsuite.launch.simulation"]}):
-        earlier = subprocess.Popen(sleeper + earlier_kind.get("args", []), env=earlier_kind.get("env"),
-                                   cwd=earlier_kind.get("cwd"))
+        earlier = started_sleeper(earlier_kind.get("args", []), env=earlier_kind.get("env"),
+                                  cwd=earlier_kind.get("cwd"))
         try:
             started = time.monotonic()
             with pytest.raises(RunDirError, match=f"still running \\(process {earlier.pid}: .*time.sleep"):
